@@ -1,0 +1,3 @@
+"""gpumon: a terminal GPU monitor and launcher for NVIDIA machines."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,68 @@
+"""Snapshots read back from a recording (`--record FILE` writes one JSON document per line).
+
+A bad line (a crash mid-write leaves a truncated last line) is skipped with a warning; a file
+with no readable snapshot at all is a usage error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from collections.abc import Iterator
+
+from gpumon.errors import UsageError
+from gpumon.model import Snapshot, Topology
+
+log = logging.getLogger(__name__)
+
+
+def read_recording(path: str) -> Iterator[Snapshot]:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield Snapshot.from_dict(json.loads(line), backend="replay")
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    log.warning("%s:%d: skipped unreadable snapshot (%s)", path, number, exc)
+    except (OSError, EOFError) as exc:
+        raise UsageError(f"cannot read recording {path}: {exc}") from None
+
+
+class ReplayBackend:
+    name = "replay"
+    real_pids = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.snapshots = list(read_recording(path))
+        if not self.snapshots:
+            raise UsageError(f"recording {path} holds no readable snapshot")
+        self.position = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.position >= len(self.snapshots)
+
+    def sample(self) -> Snapshot:
+        """The next recorded snapshot; at the end, the last one again."""
+        snapshot = self.snapshots[min(self.position, len(self.snapshots) - 1)]
+        self.position += 1
+        return snapshot
+
+    def topology(self) -> Topology:
+        gpus = self.snapshots[0].gpus
+        n = len(gpus)
+        return Topology(
+            indices=tuple(g.index for g in gpus),
+            links=tuple(tuple("X" if i == j else None for j in range(n)) for i in range(n)),
+            nvlinks=tuple(tuple(0 for _ in range(n)) for _ in range(n)),
+            cpu_affinity=tuple(g.cpu_affinity for g in gpus),
+            numa_node=tuple(g.numa_node for g in gpus),
+        )
+
+    def close(self) -> None:
+        pass

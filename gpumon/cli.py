@@ -1,0 +1,147 @@
+"""Command line: parse arguments, run a subcommand, turn errors into one line and an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from gpumon import __version__
+from gpumon.errors import EXIT_OK, EXIT_USAGE, GpumonError, UsageError
+
+SUBCOMMANDS = ("snapshot", "topo")
+MIN_INTERVAL = 0.1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the bad part, with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= MIN_INTERVAL:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} s, got {text}")
+    return value
+
+
+def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    # Subcommands repeat the global options (so `gpumon snapshot --demo` works); SUPPRESS keeps a
+    # subparser's defaults from overwriting values given before the subcommand.
+    d = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
+    g = parser.add_argument_group("global options")
+    g.add_argument("--interval", type=_interval, default=d(1.0), metavar="SECONDS",
+                   help="seconds between samples (default 1.0, at least 0.1)")
+    g.add_argument("--demo", nargs="?", const="default", default=d(None), metavar="SCENARIO",
+                   help="simulated GPUs, no driver needed: default, workstation, hot, lost")
+    g.add_argument("--seed", type=int, default=d(0), help="random seed of --demo (default 0)")
+    g.add_argument("--replay", default=d(None), metavar="FILE", help="play back a recording")
+    g.add_argument("--nvml-lib", default=d(None), metavar="PATH",
+                   help="load this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    g.add_argument("--theme", default=d(None), metavar="NAME", help="TUI colour theme")
+    g.add_argument("--no-color", action="store_true", default=d(False),
+                   help="no colours (also when $NO_COLOR is set)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA machines.")
+    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    _add_global_options(parser, suppress=False)
+    parser.add_argument("--readonly", action="store_true", help="TUI: no process actions")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("snapshot", help="print one sample as a table or JSON")
+    p.add_argument("--json", action="store_true", help="the schema-1 JSON document")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_topo)
+    return parser
+
+
+def _normalise_argv(argv: list[str]) -> list[str]:
+    """`--demo snapshot` means the default scenario, not a scenario called "snapshot"."""
+    out = []
+    for i, arg in enumerate(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if arg == "--demo" and (nxt is None or nxt.startswith("-") or nxt in SUBCOMMANDS):
+            arg = "--demo=default"
+        out.append(arg)
+    return out
+
+
+def _backend(args: argparse.Namespace):
+    from gpumon.backends import open_backend
+
+    if args.demo is not None and args.replay is not None:
+        raise UsageError("--demo and --replay cannot be used together")
+    return open_backend(demo=args.demo, replay=args.replay, nvml_lib=args.nvml_lib, seed=args.seed)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from gpumon.report import snapshot_text
+    from gpumon.sampler import sample_once
+
+    backend = _backend(args)
+    try:
+        snapshot = sample_once(backend)
+    finally:
+        backend.close()
+    if args.json:
+        json.dump(snapshot.to_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(snapshot_text(snapshot))
+    return EXIT_OK
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    from gpumon.report import topology_text
+
+    backend = _backend(args)
+    try:
+        topo = backend.topology()
+    finally:
+        backend.close()
+    if args.json:
+        json.dump(topo.to_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(topology_text(topo))
+    return EXIT_OK
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from gpumon.tui.app import run_app
+
+    return run_app(args, _backend(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("GPUMON_LOG", "WARNING").upper(),
+                        format="gpumon: %(message)s")
+    try:
+        args = build_parser().parse_args(_normalise_argv(list(sys.argv[1:] if argv is None else argv)))
+        return args.func(args)
+    except GpumonError as exc:
+        print(f"gpumon: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `gpumon snapshot | head`
+        sys.stderr.close()
+        return EXIT_OK
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE

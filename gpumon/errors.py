@@ -1,0 +1,22 @@
+"""Errors that end gpumon with a one-line message and a documented exit status."""
+
+EXIT_OK = 0
+EXIT_ALERT = 1
+EXIT_USAGE = 2
+EXIT_NO_DRIVER = 3
+
+
+class GpumonError(Exception):
+    """A problem the user can act on; `cli.main` prints it as one line."""
+
+    exit_status = EXIT_USAGE
+
+
+class UsageError(GpumonError):
+    """Bad command-line input, config or file (exit status 2)."""
+
+
+class NoDriverError(GpumonError):
+    """The NVIDIA driver or its library cannot be used (exit status 3)."""
+
+    exit_status = EXIT_NO_DRIVER

@@ -1,0 +1,174 @@
+"""What gpumon knows about the machine at one instant: immutable, in the units of the JSON schema.
+
+Backends build these, the sampler enriches and publishes them, and every view only reads them.
+`None` means "the driver does not say" and is shown as null / "N/A", never as 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# NVML clock-event (throttle) reason bits, by the names DESIGN.md gives them.
+THROTTLE_REASONS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "applications_clocks",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
+
+
+def throttle_names(mask: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    pid: int
+    type: str  # "compute" | "graphics"
+    gpu_memory: int | None = None  # bytes
+    sm_util: int | None = None  # percent
+    user: str | None = None
+    command: str | None = None
+    cpu_percent: float | None = None
+    rss: int | None = None  # bytes
+    started: float | None = None  # unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    state: str = "ok"  # "ok" | "lost" | "error"
+    utilization_gpu: int | None = None
+    utilization_memory: int | None = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    memory_free: int | None = None
+    temperature: int | None = None
+    fan: int | None = None
+    power_draw: float | None = None  # watts
+    power_limit: float | None = None  # watts
+    clock_sm: int | None = None  # MHz
+    clock_mem: int | None = None  # MHz
+    pstate: str | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    ecc_errors_uncorrected: int | None = None
+    pcie_tx: int | None = None  # bytes/s
+    pcie_rx: int | None = None  # bytes/s
+    encoder_util: int | None = None
+    decoder_util: int | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = None  # "0-15,32-47"
+    processes: tuple[ProcessSample, ...] = ()
+    error: str | None = None  # why state is not "ok", for people
+
+    @property
+    def memory_percent(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return 100.0 * self.memory_used / self.memory_total
+
+    @property
+    def power_percent(self) -> float | None:
+        if self.power_draw is None or not self.power_limit:
+            return None
+        return 100.0 * self.power_draw / self.power_limit
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    time: float
+    host: str
+    backend: str  # "nvml" | "demo" | "replay"
+    driver_version: str | None
+    cuda_driver_version: str | None
+    gpus: tuple[GpuSample, ...] = ()
+    # Not part of the schema: set by the sampler when this is old data re-published.
+    stale: bool = field(default=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schema-1 JSON document of DESIGN.md."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "time": self.time,
+            "host": self.host,
+            "backend": self.backend,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "gpus": [_gpu_to_dict(gpu) for gpu in self.gpus],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], backend: str | None = None) -> Snapshot:
+        """Inverse of to_dict (for recordings); raises ValueError/TypeError/KeyError on bad data."""
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"unsupported schema version {data.get('schema')!r}")
+        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes"}
+        proc_fields = {f.name for f in dataclasses.fields(ProcessSample)}
+        gpus = []
+        for raw in data["gpus"]:
+            values = {k: v for k, v in raw.items() if k in gpu_fields}
+            if values.get("throttle_reasons") is not None:
+                values["throttle_reasons"] = tuple(values["throttle_reasons"])
+            procs = tuple(
+                ProcessSample(**{k: v for k, v in p.items() if k in proc_fields})
+                for p in raw.get("processes", ())
+            )
+            gpus.append(GpuSample(**values, processes=procs))
+        return cls(
+            time=float(data["time"]),
+            host=str(data["host"]),
+            backend=backend or str(data["backend"]),
+            driver_version=data.get("driver_version"),
+            cuda_driver_version=data.get("cuda_driver_version"),
+            gpus=tuple(gpus),
+        )
+
+
+def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
+    out = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(GpuSample)}
+    out.pop("error")
+    if gpu.throttle_reasons is not None:
+        out["throttle_reasons"] = list(gpu.throttle_reasons)
+    out["processes"] = [dataclasses.asdict(p) for p in gpu.processes]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How the cards connect. `links[i][j]` uses nvidia-smi's legend: X, NV#, PIX, PXB, PHB, NODE, SYS."""
+
+    indices: tuple[int, ...]
+    links: tuple[tuple[str | None, ...], ...]
+    nvlinks: tuple[tuple[int, ...], ...]  # active NVLink count per pair
+    cpu_affinity: tuple[str | None, ...]
+    numa_node: tuple[int | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": [
+                {
+                    "index": idx,
+                    "links": {str(other): self.links[i][j] for j, other in enumerate(self.indices)},
+                    "nvlinks": {
+                        str(other): self.nvlinks[i][j]
+                        for j, other in enumerate(self.indices)
+                        if self.nvlinks[i][j]
+                    },
+                    "cpu_affinity": self.cpu_affinity[i],
+                    "numa_node": self.numa_node[i],
+                }
+                for i, idx in enumerate(self.indices)
+            ]
+        }

@@ -1,0 +1,91 @@
+"""Plain-text tables for the terminal: `gpumon snapshot` and `gpumon topo`."""
+
+from __future__ import annotations
+
+import time
+
+from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.units import format_bytes
+
+NA = "N/A"
+
+
+def _fmt(value: object, suffix: str = "") -> str:
+    if value is None:
+        return NA
+    if isinstance(value, float):
+        return f"{value:.0f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def table(rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """Align columns; columns in `right` are right-aligned (numbers)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _memory(gpu: GpuSample) -> str:
+    if gpu.memory_used is None:
+        return NA
+    return f"{format_bytes(gpu.memory_used)} / {format_bytes(gpu.memory_total)}"
+
+
+def _power(gpu: GpuSample) -> str:
+    if gpu.power_draw is None:
+        return NA
+    return f"{gpu.power_draw:.0f} / {_fmt(gpu.power_limit, 'W')}"
+
+
+def snapshot_text(snapshot: Snapshot) -> str:
+    header = (
+        f"{snapshot.host}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.time))}  "
+        f"driver {snapshot.driver_version or NA}  CUDA {snapshot.cuda_driver_version or NA}"
+    )
+    if snapshot.backend != "nvml":
+        header += f"  [{snapshot.backend.upper()}: simulated data]" if snapshot.backend == "demo" else f"  [{snapshot.backend.upper()}]"
+    if not snapshot.gpus:
+        return header + "\n\nNo NVIDIA GPUs found.\n"
+    gpu_rows = [["GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "FAN", "POWER", "SM CLK", "PSTATE", "BUS ID"]]
+    for g in snapshot.gpus:
+        if g.state != "ok" and g.utilization_gpu is None:
+            gpu_rows.append([str(g.index), g.name, g.state.upper(), "", "", "", "", "", "", "", g.pci_bus_id])
+            continue
+        gpu_rows.append([
+            str(g.index), g.name, g.state.upper(), _fmt(g.utilization_gpu, "%"), _memory(g),
+            _fmt(g.temperature, "C"), _fmt(g.fan, "%"), _power(g), _fmt(g.clock_sm, "MHz"),
+            g.pstate or NA, g.pci_bus_id,
+        ])
+    out = [header, "", table(gpu_rows, right={0, 3, 5, 6, 8})]
+    proc_rows = [["GPU", "PID", "USER", "TYPE", "GPU MEM", "SM%", "CPU%", "COMMAND"]]
+    for g in snapshot.gpus:
+        for p in sorted(g.processes, key=lambda p: -(p.gpu_memory or 0)):
+            proc_rows.append([
+                str(g.index), str(p.pid), p.user or "?", p.type[0].upper(), format_bytes(p.gpu_memory),
+                _fmt(p.sm_util), _fmt(p.cpu_percent), (p.command or "?")[:120],
+            ])
+    out.append("")
+    out.append(table(proc_rows, right={0, 1, 4, 5, 6}) if len(proc_rows) > 1 else "No processes on any GPU.")
+    return "\n".join(out) + "\n"
+
+
+TOPOLOGY_LEGEND = """Legend:
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks"""
+
+
+def topology_text(topo: Topology) -> str:
+    names = [f"GPU{i}" for i in topo.indices]
+    rows = [[""] + names + ["CPU Affinity", "NUMA Affinity"]]
+    for i, name in enumerate(names):
+        rows.append([name] + [cell or NA for cell in topo.links[i]]
+                    + [topo.cpu_affinity[i] or NA, _fmt(topo.numa_node[i])])
+    return table(rows) + "\n\n" + TOPOLOGY_LEGEND + "\n"

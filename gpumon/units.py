@@ -1,0 +1,87 @@
+"""Parsing and formatting of sizes, durations and CPU lists: the units users type and read."""
+
+from __future__ import annotations
+
+import re
+
+from gpumon.errors import UsageError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(text: str, total: int | None = None) -> int:
+    """'8G', '8GiB', '512M', '1024' (bytes) or '50%' of `total` -> bytes.
+
+    Binary units throughout, as nvidia-smi and the frameworks use them: 1G = 1 GiB.
+    """
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise UsageError(f"bad size {text!r}: expected e.g. 8G, 512M or 50%") from None
+        if not 0 < pct <= 100:
+            raise UsageError(f"bad size {text!r}: a percentage must be in (0, 100]")
+        if total is None:
+            raise UsageError(f"size {text!r} is relative, but the card's total memory is unknown")
+        return int(total * pct / 100)
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"bad size {text!r}: expected e.g. 8G, 8GiB, 512M or 50%")
+    number, prefix, _ = match.groups()
+    size = int(float(number) * 1024 ** _POWERS[prefix.upper()])
+    if size <= 0:
+        raise UsageError(f"bad size {text!r}: must be more than zero")
+    return size
+
+
+def parse_duration(text: str) -> float:
+    """'500ms', '30s', '10m', '1h' -> seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise UsageError(f"bad duration {text!r}: expected e.g. 500ms, 30s, 10m or 1h")
+    return float(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+
+
+def format_bytes(value: int | None, na: str = "N/A") -> str:
+    """Bytes as a short binary size: '512M', '3.2G', '80G'."""
+    if value is None:
+        return na
+    size = float(value)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(size) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{int(size)}B"
+            return f"{size:.1f}{unit}" if size < 10 else f"{size:.0f}{unit}"
+        size /= 1024
+    return f"{size:.0f}P"  # pragma: no cover - loop always returns
+
+
+def format_cpu_list(cpus: list[int] | tuple[int, ...]) -> str:
+    """[0,1,2,3,8,9] -> '0-3,8-9', the form taskset and nvidia-smi use."""
+    ranges: list[str] = []
+    ordered = sorted(set(cpus))
+    start = prev = None
+    for cpu in ordered + [None]:
+        if start is not None and (cpu is None or cpu != prev + 1):
+            ranges.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if cpu is not None and start is None:
+            start = cpu
+        prev = cpu
+    return ",".join(ranges)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8-9' -> [0, 1, 2, 3, 8, 9]."""
+    cpus: list[int] = []
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        try:
+            cpus.extend(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise UsageError(f"bad CPU list {text!r}") from None
+    return cpus

@@ -1,0 +1,856 @@
+/*
+ * A fake libnvidia-ml.so.1 for gpumon's tests.
+ *
+ * The real nvidia-ml-py bindings load this library exactly as they would load
+ * the driver's, so the whole NVML path of gpumon runs without a GPU.
+ *
+ * Everything it reports comes from a text file named by $FAKE_NVML_CONFIG,
+ * re-read whenever it changes (tests move values by rewriting it):
+ *
+ *   driver 550.54.15
+ *   cuda 12040
+ *   init_error 18                      # nvmlInit fails with this NVML code
+ *   delay nvmlDeviceGetUtilizationRates 300   # ms; "*" delays every call
+ *   topo_default 50                    # common-ancestor level for unlisted pairs
+ *   gpu name="NVIDIA H100" uuid=GPU-... bus=00000000:17:00.0 mem_total=N
+ *       mem_used=N util=40 mem_util=20 temp=30..90 ...   (one line, see gpu_set)
+ *   proc gpu=0 pid=1234 mem=N type=compute sm=40
+ *   link 0 1 10                        # nvmlDeviceGetTopologyCommonAncestor level
+ *   nvlink 0 1 4                       # four active NVLinks between cards 0 and 1
+ *   xid gpu=1 at=2.5 code=79           # XID event 2.5 s after nvmlInit
+ *
+ * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s).
+ * Faults: per card lost_after=SECONDS, handle_error=CODE, unsupported=f1,f2,
+ * fail=field:code,...; functions are removed at link time by the test suite.
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OK 0
+#define E_UNINITIALIZED 1
+#define E_INVALID_ARGUMENT 2
+#define E_NOT_SUPPORTED 3
+#define E_NO_PERMISSION 4
+#define E_NOT_FOUND 6
+#define E_INSUFFICIENT_SIZE 7
+#define E_TIMEOUT 10
+#define E_GPU_IS_LOST 15
+#define E_LIB_RM_VERSION_MISMATCH 18
+#define E_ARGUMENT_VERSION_MISMATCH 25
+#define E_UNKNOWN 999
+
+#define MAX_GPUS 64
+#define MAX_PROCS 8192
+#define MAX_LINKS 256
+#define MAX_XIDS 64
+#define MAX_DELAYS 32
+#define MAX_FAILS 16
+#define MAX_NVLINKS 18
+#define CPU_WORDS 16 /* 1024 CPUs */
+
+typedef struct { double lo, hi; } val_t;
+
+typedef struct {
+    char field[24];
+    int code;
+} fail_t;
+
+struct gpu {
+    int present;
+    int index;
+    char name[96];
+    char uuid[96];
+    char bus[32];
+    unsigned int pci_device_id;
+    val_t mem_total, mem_used, mem_reserved, util, mem_util, temp, fan, power_mw,
+        power_limit_mw, clock_sm, clock_mem, pstate, throttle, ecc_uncorrected,
+        pcie_tx_kbs, pcie_rx_kbs, enc, dec;
+    unsigned long long cpus[CPU_WORDS];
+    int has_cpus;
+    int numa;
+    double lost_after; /* < 0: never */
+    int handle_error;
+    fail_t fails[MAX_FAILS];
+    int nfails;
+    int nvlink_peer[MAX_NVLINKS];
+    int nvlinks;
+};
+
+struct proc {
+    int gpu;
+    unsigned int pid;
+    val_t mem;
+    int graphics;
+    val_t sm, mem_util;
+    int has_util;
+};
+
+struct xid {
+    int gpu;
+    double at;
+    unsigned long long code;
+    int delivered;
+};
+
+struct delay {
+    char fn[64];
+    int ms;
+};
+
+static struct {
+    char driver[80];
+    int cuda;
+    int init_error;
+    int topo_default;
+    int ngpus;
+    struct gpu gpus[MAX_GPUS];
+    int nprocs;
+    struct proc procs[MAX_PROCS];
+    int nlinks;
+    int links[MAX_LINKS][3];
+    int nxids;
+    struct xid xids[MAX_XIDS];
+    int ndelays;
+    struct delay delays[MAX_DELAYS];
+} C;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int initialized;
+static double init_time;
+static double last_check;
+static struct timespec loaded_mtime;
+static off_t loaded_size = -1;
+
+static double now_mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static unsigned long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000;
+}
+
+static double value(val_t v) {
+    if (v.lo == v.hi) return v.lo;
+    double phase = now_mono() / 10.0;
+    phase -= (long long)phase;
+    double tri = phase < 0.5 ? phase * 2 : (1 - phase) * 2;
+    return v.lo + (v.hi - v.lo) * tri;
+}
+
+static val_t parse_val(const char *s) {
+    val_t v;
+    const char *dots = strstr(s, "..");
+    v.lo = strtod(s, NULL);
+    v.hi = dots ? strtod(dots + 2, NULL) : v.lo;
+    return v;
+}
+
+static void parse_cpus(const char *s, unsigned long long *mask) {
+    memset(mask, 0, CPU_WORDS * sizeof *mask);
+    while (*s) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (end == s) break;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        for (long c = a; c <= b && c < CPU_WORDS * 64; c++) mask[c / 64] |= 1ULL << (c % 64);
+        s = *end == ',' ? end + 1 : end;
+    }
+}
+
+static void add_fail(struct gpu *g, const char *field, int code) {
+    if (g->nfails >= MAX_FAILS) return;
+    snprintf(g->fails[g->nfails].field, sizeof g->fails[0].field, "%s", field);
+    g->fails[g->nfails++].code = code;
+}
+
+/* "a,b,c" -> each field fails with code; "a:4,b:999" -> per-field codes */
+static void parse_fails(struct gpu *g, const char *s, int default_code) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        char *colon = strchr(tok, ':');
+        int code = default_code;
+        if (colon) {
+            *colon = 0;
+            code = atoi(colon + 1);
+        }
+        add_fail(g, tok, code);
+    }
+}
+
+/* Split "key=value" tokens; values may be double-quoted. */
+static char *next_token(char **p, char **key, char **val) {
+    char *s = *p;
+    while (*s && isspace((unsigned char)*s)) s++;
+    if (!*s) return NULL;
+    *key = s;
+    while (*s && *s != '=' && !isspace((unsigned char)*s)) s++;
+    if (*s != '=') {
+        *val = s;
+        if (*s) *s++ = 0;
+        *p = s;
+        return *key;
+    }
+    *s++ = 0;
+    if (*s == '"') {
+        *val = ++s;
+        while (*s && *s != '"') s++;
+    } else {
+        *val = s;
+        while (*s && !isspace((unsigned char)*s)) s++;
+    }
+    if (*s) *s++ = 0;
+    *p = s;
+    return *key;
+}
+
+static void gpu_set(struct gpu *g, const char *k, const char *v) {
+#define NUM(f) if (!strcmp(k, #f)) { g->f = parse_val(v); return; }
+    NUM(mem_total) NUM(mem_used) NUM(mem_reserved) NUM(util) NUM(mem_util) NUM(temp)
+    NUM(fan) NUM(power_mw) NUM(power_limit_mw) NUM(clock_sm) NUM(clock_mem) NUM(pstate)
+    NUM(throttle) NUM(ecc_uncorrected) NUM(pcie_tx_kbs) NUM(pcie_rx_kbs) NUM(enc) NUM(dec)
+#undef NUM
+    if (!strcmp(k, "name")) snprintf(g->name, sizeof g->name, "%s", v);
+    else if (!strcmp(k, "uuid")) snprintf(g->uuid, sizeof g->uuid, "%s", v);
+    else if (!strcmp(k, "bus")) snprintf(g->bus, sizeof g->bus, "%s", v);
+    else if (!strcmp(k, "pci_device_id")) g->pci_device_id = strtoul(v, NULL, 0);
+    else if (!strcmp(k, "cpus")) { parse_cpus(v, g->cpus); g->has_cpus = 1; }
+    else if (!strcmp(k, "numa")) g->numa = atoi(v);
+    else if (!strcmp(k, "lost_after")) g->lost_after = atof(v);
+    else if (!strcmp(k, "handle_error")) g->handle_error = atoi(v);
+    else if (!strcmp(k, "unsupported")) parse_fails(g, v, E_NOT_SUPPORTED);
+    else if (!strcmp(k, "fail")) parse_fails(g, v, E_UNKNOWN);
+    else fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
+}
+
+static void gpu_defaults(struct gpu *g, int index) {
+    memset(g, 0, sizeof *g);
+    g->present = 1;
+    g->index = index;
+    snprintf(g->name, sizeof g->name, "Fake GPU %d", index);
+    snprintf(g->uuid, sizeof g->uuid, "GPU-00000000-0000-0000-0000-%012d", index);
+    snprintf(g->bus, sizeof g->bus, "00000000:%02X:00.0", 0x10 + index);
+    g->pci_device_id = 0x233010DE;
+    g->mem_total.lo = g->mem_total.hi = 16.0 * (1 << 30);
+    g->power_limit_mw.lo = g->power_limit_mw.hi = 300000;
+    g->numa = -1;
+    g->lost_after = -1;
+}
+
+static void load_config(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    memset(&C, 0, sizeof C);
+    snprintf(C.driver, sizeof C.driver, "550.54.15");
+    C.cuda = 12040;
+    C.topo_default = 50;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#');
+        if (hash && (hash == line || isspace((unsigned char)hash[-1]))) *hash = 0;
+        char *p = line, *k, *v;
+        char word[32];
+        if (sscanf(line, "%31s", word) != 1) continue;
+        p = strstr(line, word) + strlen(word);
+        if (!strcmp(word, "driver")) sscanf(p, "%79s", C.driver);
+        else if (!strcmp(word, "cuda")) C.cuda = atoi(p);
+        else if (!strcmp(word, "init_error")) C.init_error = atoi(p);
+        else if (!strcmp(word, "topo_default")) C.topo_default = atoi(p);
+        else if (!strcmp(word, "delay") && C.ndelays < MAX_DELAYS) {
+            struct delay *d = &C.delays[C.ndelays];
+            if (sscanf(p, "%63s %d", d->fn, &d->ms) == 2) C.ndelays++;
+        } else if (!strcmp(word, "gpu") && C.ngpus < MAX_GPUS) {
+            struct gpu *g = &C.gpus[C.ngpus];
+            gpu_defaults(g, C.ngpus);
+            while (next_token(&p, &k, &v)) gpu_set(g, k, v);
+            C.ngpus++;
+        } else if (!strcmp(word, "proc") && C.nprocs < MAX_PROCS) {
+            struct proc *pr = &C.procs[C.nprocs++];
+            memset(pr, 0, sizeof *pr);
+            while (next_token(&p, &k, &v)) {
+                if (!strcmp(k, "gpu")) pr->gpu = atoi(v);
+                else if (!strcmp(k, "pid")) pr->pid = strtoul(v, NULL, 10);
+                else if (!strcmp(k, "mem")) pr->mem = parse_val(v);
+                else if (!strcmp(k, "type")) pr->graphics = !strcmp(v, "graphics");
+                else if (!strcmp(k, "sm")) { pr->sm = parse_val(v); pr->has_util = 1; }
+                else if (!strcmp(k, "mem_util")) pr->mem_util = parse_val(v);
+            }
+        } else if (!strcmp(word, "link") && C.nlinks < MAX_LINKS) {
+            int *l = C.links[C.nlinks];
+            if (sscanf(p, "%d %d %d", &l[0], &l[1], &l[2]) == 3) C.nlinks++;
+        } else if (!strcmp(word, "nvlink")) {
+            int a, b, n;
+            if (sscanf(p, "%d %d %d", &a, &b, &n) == 3 && a < MAX_GPUS && b < MAX_GPUS) {
+                for (int i = 0; i < n; i++) {
+                    struct gpu *ga = &C.gpus[a], *gb = &C.gpus[b];
+                    if (ga->nvlinks < MAX_NVLINKS) ga->nvlink_peer[ga->nvlinks++] = b;
+                    if (gb->nvlinks < MAX_NVLINKS) gb->nvlink_peer[gb->nvlinks++] = a;
+                }
+            }
+        } else if (!strcmp(word, "xid") && C.nxids < MAX_XIDS) {
+            struct xid *x = &C.xids[C.nxids++];
+            memset(x, 0, sizeof *x);
+            while (next_token(&p, &k, &v)) {
+                if (!strcmp(k, "gpu")) x->gpu = atoi(v);
+                else if (!strcmp(k, "at")) x->at = atof(v);
+                else if (!strcmp(k, "code")) x->code = strtoull(v, NULL, 10);
+            }
+        }
+    }
+    fclose(f);
+}
+
+/* Re-read the config when the file changed; checked at most every 50 ms. */
+static void maybe_reload(void) {
+    double t = now_mono();
+    if (t - last_check < 0.05 && loaded_size >= 0) return;
+    last_check = t;
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return;
+    if (st.st_size == loaded_size && st.st_mtim.tv_sec == loaded_mtime.tv_sec &&
+        st.st_mtim.tv_nsec == loaded_mtime.tv_nsec)
+        return;
+    /* Keep delivered flags so a reload does not replay XID events. */
+    int delivered[MAX_XIDS];
+    int nx = C.nxids;
+    for (int i = 0; i < nx; i++) delivered[i] = C.xids[i].delivered;
+    load_config(path);
+    for (int i = 0; i < nx && i < C.nxids; i++) C.xids[i].delivered = delivered[i];
+    loaded_size = st.st_size;
+    loaded_mtime = st.st_mtim;
+}
+
+static void apply_delay(const char *fn) {
+    int ms = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < C.ndelays; i++)
+        if (!strcmp(C.delays[i].fn, fn) || !strcmp(C.delays[i].fn, "*")) ms += C.delays[i].ms;
+    pthread_mutex_unlock(&lock);
+    if (ms > 0) usleep((useconds_t)ms * 1000);
+}
+
+static int gpu_error(struct gpu *g, const char *field) {
+    if (!initialized) return E_UNINITIALIZED;
+    if (!g || !g->present) return E_INVALID_ARGUMENT;
+    if (g->lost_after >= 0 && now_mono() - init_time >= g->lost_after) return E_GPU_IS_LOST;
+    for (int i = 0; i < g->nfails; i++)
+        if (!strcmp(g->fails[i].field, field)) return g->fails[i].code;
+    return OK;
+}
+
+/* Every device entry point: optional delay, lock, reload, fault checks. */
+#define ENTER(dev, field)                     \
+    apply_delay(__func__);                    \
+    pthread_mutex_lock(&lock);                \
+    maybe_reload();                           \
+    int rc_ = gpu_error((dev), (field));      \
+    if (rc_) {                                \
+        pthread_mutex_unlock(&lock);          \
+        return rc_;                           \
+    }
+#define LEAVE(rc)                 \
+    do {                          \
+        pthread_mutex_unlock(&lock); \
+        return (rc);              \
+    } while (0)
+
+typedef struct gpu *nvmlDevice_t;
+typedef int nvmlReturn_t;
+
+/* ---- library ---- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    loaded_size = -1;
+    maybe_reload();
+    int err = C.init_error;
+    if (!err) {
+        if (!initialized) init_time = now_mono();
+        initialized = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return err;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) {
+    initialized = 0;
+    return OK;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case OK: return "Success";
+    case E_UNINITIALIZED: return "Uninitialized";
+    case E_INVALID_ARGUMENT: return "Invalid Argument";
+    case E_NOT_SUPPORTED: return "Not Supported";
+    case E_NO_PERMISSION: return "Insufficient Permissions";
+    case E_NOT_FOUND: return "Not Found";
+    case E_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case E_TIMEOUT: return "Timeout";
+    case 13: return "Function Not Found";
+    case E_GPU_IS_LOST: return "GPU is lost";
+    case E_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case E_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
+    if (strlen(src) + 1 > len) return E_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return OK;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialized) return E_UNINITIALIZED;
+    return copy_str(version, length, C.driver);
+}
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return nvmlSystemGetDriverVersion(version, length);
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (!initialized) return E_UNINITIALIZED;
+    *v = C.cuda;
+    return OK;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    apply_delay(__func__);
+    if (!initialized) return E_UNINITIALIZED;
+    pthread_mutex_lock(&lock);
+    maybe_reload();
+    *count = C.ngpus;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev) {
+    apply_delay(__func__);
+    if (!initialized) return E_UNINITIALIZED;
+    if (index >= (unsigned)C.ngpus) return E_INVALID_ARGUMENT;
+    if (C.gpus[index].handle_error) return C.gpus[index].handle_error;
+    *dev = &C.gpus[index];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByIndex_v2(i, d);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev) {
+    if (!initialized) return E_UNINITIALIZED;
+    for (int i = 0; i < C.ngpus; i++)
+        if (!strcmp(C.gpus[i].uuid, uuid)) {
+            *dev = &C.gpus[i];
+            return OK;
+        }
+    return E_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *dev) {
+    if (!initialized) return E_UNINITIALIZED;
+    for (int i = 0; i < C.ngpus; i++)
+        if (!strcasecmp(C.gpus[i].bus, bus)) {
+            *dev = &C.gpus[i];
+            return OK;
+        }
+    return E_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
+    ENTER(dev, "index");
+    *index = dev->index;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
+    ENTER(dev, "minor");
+    *minor = dev->index;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
+    ENTER(dev, "name");
+    LEAVE(copy_str(name, length, dev->name));
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    ENTER(dev, "uuid");
+    LEAVE(copy_str(uuid, length, dev->uuid));
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+static void fill_pci(struct gpu *g, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    unsigned int dom = 0, bus = 0, devn = 0, fn = 0;
+    sscanf(g->bus, "%x:%x:%x.%x", &dom, &bus, &devn, &fn);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom, bus, devn, fn);
+    snprintf(pci->busId, sizeof pci->busId, "%s", g->bus);
+    pci->domain = dom;
+    pci->bus = bus;
+    pci->device = devn;
+    pci->pciDeviceId = g->pci_device_id;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    ENTER(dev, "pci");
+    fill_pci(dev, pci);
+    LEAVE(OK);
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(dev, pci);
+}
+nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(dev, pci);
+}
+
+/* ---- memory, utilisation, sensors ---- */
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 0x02000028
+
+static unsigned long long mem_used(struct gpu *g) {
+    double used = value(g->mem_used);
+    /* Default: the sum of this card's processes, as a real driver would show. */
+    if (used == 0)
+        for (int i = 0; i < C.nprocs; i++)
+            if (C.procs[i].gpu == g->index) used += value(C.procs[i].mem);
+    return (unsigned long long)used;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
+    ENTER(dev, "mem");
+    m->total = (unsigned long long)value(dev->mem_total);
+    /* v1 counts the driver's reservation as used, like real drivers do. */
+    m->used = mem_used(dev) + (unsigned long long)value(dev->mem_reserved);
+    m->free = m->used > m->total ? 0 : m->total - m->used;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
+    ENTER(dev, "mem");
+    if (m->version != NVML_MEMORY_V2) LEAVE(E_ARGUMENT_VERSION_MISMATCH);
+    m->total = (unsigned long long)value(dev->mem_total);
+    m->reserved = (unsigned long long)value(dev->mem_reserved);
+    m->used = mem_used(dev);
+    m->free = m->used + m->reserved > m->total ? 0 : m->total - m->used - m->reserved;
+    LEAVE(OK);
+}
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
+    ENTER(dev, "util");
+    u->gpu = (unsigned int)value(dev->util);
+    u->memory = (unsigned int)value(dev->mem_util);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int *t) {
+    ENTER(dev, "temp");
+    if (sensor != 0) LEAVE(E_INVALID_ARGUMENT);
+    *t = (unsigned int)value(dev->temp);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *speed) {
+    ENTER(dev, "fan");
+    *speed = (unsigned int)value(dev->fan);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *mw) {
+    ENTER(dev, "power");
+    *mw = (unsigned int)value(dev->power_mw);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *mw) {
+    ENTER(dev, "power_limit");
+    *mw = (unsigned int)value(dev->power_limit_mw);
+    LEAVE(OK);
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int *mw) {
+    return nvmlDeviceGetEnforcedPowerLimit(dev, mw);
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    ENTER(dev, "clocks");
+    if (type == 1) *mhz = (unsigned int)value(dev->clock_sm);
+    else if (type == 2) *mhz = (unsigned int)value(dev->clock_mem);
+    else if (type == 0) *mhz = (unsigned int)value(dev->clock_sm);
+    else LEAVE(E_NOT_SUPPORTED);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int *pstate) {
+    ENTER(dev, "pstate");
+    *pstate = (int)value(dev->pstate);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *r) {
+    ENTER(dev, "throttle");
+    *r = (unsigned long long)value(dev->throttle);
+    LEAVE(OK);
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *r) {
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, r);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int type, int counter,
+                                         unsigned long long *count) {
+    ENTER(dev, "ecc");
+    (void)counter;
+    *count = type == 1 ? (unsigned long long)value(dev->ecc_uncorrected) : 0;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned int *kbs) {
+    ENTER(dev, "pcie");
+    *kbs = (unsigned int)value(counter == 0 ? dev->pcie_tx_kbs : dev->pcie_rx_kbs);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) {
+    ENTER(dev, "enc");
+    *u = (unsigned int)value(dev->enc);
+    *period = 167000;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) {
+    ENTER(dev, "dec");
+    *u = (unsigned int)value(dev->dec);
+    *period = 167000;
+    LEAVE(OK);
+}
+
+/* ---- processes ---- */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
+static nvmlReturn_t list_procs(struct gpu *g, int graphics, unsigned int *count, void *out,
+                               size_t stride) {
+    unsigned int n = 0;
+    for (int i = 0; i < C.nprocs; i++)
+        if (C.procs[i].gpu == g->index && C.procs[i].graphics == graphics) n++;
+    if (!out || *count < n) {
+        unsigned int had = *count;
+        *count = n;
+        return (n == 0 && had == 0) ? OK : (n <= had ? OK : E_INSUFFICIENT_SIZE);
+    }
+    unsigned int j = 0;
+    for (int i = 0; i < C.nprocs; i++) {
+        struct proc *p = &C.procs[i];
+        if (p->gpu != g->index || p->graphics != graphics) continue;
+        char *slot = (char *)out + j++ * stride;
+        if (stride == sizeof(nvmlProcessInfo_v1_t)) {
+            nvmlProcessInfo_v1_t *o = (void *)slot;
+            o->pid = p->pid;
+            o->usedGpuMemory = (unsigned long long)value(p->mem);
+        } else {
+            nvmlProcessInfo_v2_t *o = (void *)slot;
+            o->pid = p->pid;
+            o->usedGpuMemory = (unsigned long long)value(p->mem);
+            o->gpuInstanceId = 0xFFFFFFFF;
+            o->computeInstanceId = 0xFFFFFFFF;
+        }
+    }
+    *count = n;
+    return OK;
+}
+
+#define PROC_FN(name, graphics, type)                                                 \
+    nvmlReturn_t name(nvmlDevice_t dev, unsigned int *count, type *infos) {           \
+        ENTER(dev, graphics ? "graphics_procs" : "compute_procs");                    \
+        LEAVE(list_procs(dev, graphics, count, infos, sizeof(type)));                 \
+    }
+PROC_FN(nvmlDeviceGetComputeRunningProcesses_v3, 0, nvmlProcessInfo_v2_t)
+PROC_FN(nvmlDeviceGetComputeRunningProcesses_v2, 0, nvmlProcessInfo_v2_t)
+PROC_FN(nvmlDeviceGetComputeRunningProcesses, 0, nvmlProcessInfo_v1_t)
+PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, nvmlProcessInfo_v2_t)
+PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, nvmlProcessInfo_v2_t)
+PROC_FN(nvmlDeviceGetGraphicsRunningProcesses, 1, nvmlProcessInfo_v1_t)
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *s,
+                                             unsigned int *count, unsigned long long last_seen) {
+    ENTER(dev, "proc_util");
+    unsigned long long ts = now_us();
+    unsigned int n = 0;
+    for (int i = 0; i < C.nprocs; i++)
+        if (C.procs[i].gpu == dev->index && C.procs[i].has_util) n++;
+    /* Like the driver: nothing newer than last_seen means no samples. */
+    if (n == 0 || ts <= last_seen) LEAVE(E_NOT_FOUND);
+    if (!s || *count < n) {
+        *count = n;
+        LEAVE(E_INSUFFICIENT_SIZE);
+    }
+    unsigned int j = 0;
+    for (int i = 0; i < C.nprocs; i++) {
+        struct proc *p = &C.procs[i];
+        if (p->gpu != dev->index || !p->has_util) continue;
+        s[j].pid = p->pid;
+        s[j].timeStamp = ts;
+        s[j].smUtil = (unsigned int)value(p->sm);
+        s[j].memUtil = (unsigned int)value(p->mem_util);
+        s[j].encUtil = s[j].decUtil = 0;
+        j++;
+    }
+    *count = n;
+    LEAVE(OK);
+}
+
+/* ---- topology ---- */
+
+nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t dev, unsigned int words, unsigned long *set) {
+    ENTER(dev, "cpu_affinity");
+    if (!dev->has_cpus) LEAVE(E_NOT_SUPPORTED);
+    for (unsigned int i = 0; i < words; i++) set[i] = i < CPU_WORDS ? dev->cpus[i] : 0;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t dev, unsigned int words, unsigned long *set,
+                                         int scope) {
+    ENTER(dev, "numa");
+    (void)scope;
+    if (dev->numa < 0) LEAVE(E_NOT_SUPPORTED);
+    for (unsigned int i = 0; i < words; i++) set[i] = 0;
+    if ((unsigned)dev->numa / 64 < words) set[dev->numa / 64] = 1UL << (dev->numa % 64);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    ENTER(a, "topo");
+    if (gpu_error(b, "topo")) LEAVE(gpu_error(b, "topo"));
+    if (a == b) {
+        *level = 0;
+        LEAVE(OK);
+    }
+    *level = C.topo_default;
+    for (int i = 0; i < C.nlinks; i++) {
+        int *l = C.links[i];
+        if ((l[0] == a->index && l[1] == b->index) || (l[0] == b->index && l[1] == a->index))
+            *level = l[2];
+    }
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *active) {
+    ENTER(dev, "nvlink");
+    if (dev->nvlinks == 0) LEAVE(E_NOT_SUPPORTED);
+    if (link >= MAX_NVLINKS) LEAVE(E_INVALID_ARGUMENT);
+    *active = link < (unsigned)dev->nvlinks;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link,
+                                                 nvmlPciInfo_t *pci) {
+    ENTER(dev, "nvlink");
+    if (dev->nvlinks == 0) LEAVE(E_NOT_SUPPORTED);
+    if (link >= (unsigned)dev->nvlinks) LEAVE(E_INVALID_ARGUMENT);
+    fill_pci(&C.gpus[dev->nvlink_peer[link]], pci);
+    LEAVE(OK);
+}
+
+/* ---- events (XID) ---- */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+struct eventset {
+    unsigned long long registered[MAX_GPUS];
+};
+typedef struct eventset *nvmlEventSet_t;
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!initialized) return E_UNINITIALIZED;
+    *set = calloc(1, sizeof(struct eventset));
+    return *set ? OK : E_UNKNOWN;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    free(set);
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
+    ENTER(dev, "events");
+    *types = 0x8 | 0x4 | 0x2; /* XID, double-bit ECC, single-bit ECC */
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+    ENTER(dev, "events");
+    set->registered[dev->index] |= types;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    double deadline = now_mono() + timeout_ms / 1000.0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        maybe_reload();
+        double elapsed = now_mono() - init_time;
+        for (int i = 0; i < C.nxids; i++) {
+            struct xid *x = &C.xids[i];
+            if (x->delivered || x->at > elapsed || x->gpu >= C.ngpus) continue;
+            if (!(set->registered[x->gpu] & 0x8)) continue;
+            x->delivered = 1;
+            memset(data, 0, sizeof *data);
+            data->device = &C.gpus[x->gpu];
+            data->eventType = 0x8;
+            data->eventData = x->code;
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFF;
+            pthread_mutex_unlock(&lock);
+            return OK;
+        }
+        pthread_mutex_unlock(&lock);
+        if (now_mono() >= deadline) return E_TIMEOUT;
+        usleep(10000);
+    }
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
