@@ -331,6 +331,29 @@ static void maybe_reload(void) {
     loaded_mtime = st.st_mtim;
 }
 
+/* Calls per function name, for tests that check what gpumon asks (fakeNvmlCallCount). */
+#define MAX_COUNTED 128
+static struct { const char *fn; unsigned long n; } counted[MAX_COUNTED];
+
+static void count_call(const char *fn) {
+    for (int i = 0; i < MAX_COUNTED; i++) {
+        if (counted[i].fn == fn || !counted[i].fn) {
+            counted[i].fn = fn;
+            counted[i].n++;
+            return;
+        }
+    }
+}
+
+unsigned long fakeNvmlCallCount(const char *fn) {
+    unsigned long n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_COUNTED && counted[i].fn; i++)
+        if (!strcmp(counted[i].fn, fn)) n += counted[i].n;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 static void apply_delay(const char *fn) {
     int ms = 0;
     pthread_mutex_lock(&lock);
@@ -353,6 +376,7 @@ static int gpu_error(struct gpu *g, const char *field) {
 #define ENTER(dev, field)                     \
     apply_delay(__func__);                    \
     pthread_mutex_lock(&lock);                \
+    count_call(__func__);                     \
     maybe_reload();                           \
     int rc_ = gpu_error((dev), (field));      \
     if (rc_) {                                \

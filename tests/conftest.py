@@ -1,0 +1,116 @@
+"""Shared fixtures: the compiled fake driver, a fake machine per test, and running the real CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakenvml import GIB, Card, CompilerMissing, FakeMachine, build  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_tool(name: str) -> str:
+    """A system tool the test needs: skip without it here, fail without it in CI."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if IN_CI:
+        pytest.fail(f"{name} is required in CI (.ci/run installs it)")
+    pytest.skip(f"{name} is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's own config, state and jobs out of every test."""
+    home = tmp_path_factory.mktemp("home")
+    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data")):
+        monkeypatch.setenv(var, str(home / sub))
+    for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def fake_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fakenvml")
+
+
+@pytest.fixture(scope="session")
+def build_fake(fake_lib_dir: Path):
+    """build_fake(omit=(...)) -> path of a libnvidia-ml.so.1 lacking those functions."""
+
+    def _build(omit: tuple[str, ...] = ()) -> Path:
+        try:
+            return build(fake_lib_dir, omit)
+        except CompilerMissing as exc:
+            if IN_CI:
+                pytest.fail(f"the fake driver must build in CI: {exc}")
+            pytest.skip(str(exc))
+
+    return _build
+
+
+@pytest.fixture
+def fake_lib(build_fake) -> Path:
+    return build_fake()
+
+
+class FakeDriver:
+    """A fake machine for one test: edit `machine`, call `write()`, run gpumon against it."""
+
+    def __init__(self, lib: Path, config: Path) -> None:
+        self.lib = lib
+        self.config = config
+        self.machine = FakeMachine()
+
+    def write(self) -> FakeDriver:
+        self.machine.write(self.config)
+        return self
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["GPUMON_NVML_LIB"] = str(self.lib)
+        env["FAKE_NVML_CONFIG"] = str(self.config)
+        return env
+
+    def run(self, *args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
+        """Run the real gpumon command against this driver."""
+        return subprocess.run(
+            [sys.executable, "-m", "gpumon", *args], env=self.env, capture_output=True,
+            text=True, timeout=timeout, **kwargs,
+        )
+
+
+@pytest.fixture
+def fake_driver(fake_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    driver = FakeDriver(fake_lib, tmp_path / "fake-nvml.conf")
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(driver.config))
+    return driver
+
+
+@pytest.fixture
+def idle_processes() -> Iterator[list[subprocess.Popen]]:
+    """Real processes to list as GPU processes, so psutil has something real to read."""
+    started: list[subprocess.Popen] = []
+
+    def spawn(*argv: str) -> subprocess.Popen:
+        proc = subprocess.Popen(list(argv) or [sys.executable, "-c", "import time; time.sleep(600)"])
+        started.append(proc)
+        return proc
+
+    yield spawn  # type: ignore[misc]
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+__all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "IN_CI"]
