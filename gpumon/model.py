@@ -41,6 +41,12 @@ class ProcessSample:
     cpu_percent: float | None = None
     rss: int | None = None  # bytes
     started: float | None = None  # unix seconds
+    # Not in the JSON schema: used by the TUI (may we signal it? which container is it in?).
+    uid: int | None = None
+    container: str | None = None
+
+
+_PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +147,7 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     out.pop("error")
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
-    out["processes"] = [dataclasses.asdict(p) for p in gpu.processes]
+    out["processes"] = [{name: getattr(p, name) for name in _PROCESS_JSON_FIELDS} for p in gpu.processes]
     return out
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from gpumon.actions import container_of
 from gpumon.model import ProcessSample
 
 
@@ -21,6 +22,8 @@ class _Known:
     user: str | None
     command: str | None
     started: float
+    uid: int | None
+    container: str | None
 
 
 def _command_line(proc: psutil.Process) -> str | None:
@@ -48,6 +51,13 @@ def _user(proc: psutil.Process) -> str | None:
         return None
 
 
+def _uid(proc: psutil.Process) -> int | None:
+    try:
+        return proc.uids().real
+    except psutil.Error:
+        return None
+
+
 class ProcessEnricher:
     def __init__(self) -> None:
         self._known: dict[int, _Known] = {}
@@ -62,7 +72,8 @@ class ProcessEnricher:
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
-                known = _Known(proc, _user(proc), _command_line(proc), proc.create_time())
+                known = _Known(proc, _user(proc), _command_line(proc), proc.create_time(),
+                               _uid(proc), container_of(pid))
             proc.cpu_percent()  # primes the counter; the first real reading comes next sample
         except psutil.Error:
             return None, False
@@ -85,7 +96,7 @@ class ProcessEnricher:
             cpu, rss = None, None
         return dataclasses.replace(
             sample, user=known.user, command=known.command, cpu_percent=cpu, rss=rss,
-            started=known.started,
+            started=known.started, uid=known.uid, container=known.container,
         )
 
     def forget_missing(self, alive: set[int]) -> None:

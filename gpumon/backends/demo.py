@@ -11,6 +11,7 @@ import math
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon.errors import UsageError
@@ -75,7 +76,8 @@ class DemoBackend:
     name = "demo"
     real_pids = False
 
-    def __init__(self, scenario: str = "default", seed: int = 0, cards: int | None = None) -> None:
+    def __init__(self, scenario: str = "default", seed: int = 0, cards: int | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if scenario not in SCENARIOS:
             raise UsageError(f"unknown demo scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
         self.scenario = scenario
@@ -92,14 +94,15 @@ class DemoBackend:
             for i in range(count)
         ]
         self.step = 0
-        self.started = time.time()
+        self.clock = clock
+        self.started = clock()
         self.host = "demo-" + socket.gethostname()
 
     def sample(self) -> Snapshot:
         self.step += 1
         gpus = tuple(self._card(i, spec) for i, spec in enumerate(self.specs))
         return Snapshot(
-            time=time.time(), host=self.host, backend=self.name,
+            time=self.clock(), host=self.host, backend=self.name,
             driver_version=DRIVER, cuda_driver_version=CUDA, gpus=gpus,
         )
 

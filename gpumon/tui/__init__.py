@@ -1,0 +1,1 @@
+"""The Textual UI. It only reads Snapshots; it never calls NVML."""

@@ -1,0 +1,121 @@
+"""The Textual app: owns the sampler and the themes, and hands snapshots to the main screen.
+
+`create_app` is the one way to build it: the CLI, the tests and the screenshot script all use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+
+from textual.app import App
+from textual.binding import Binding
+
+from gpumon.backends import Backend
+from gpumon.errors import EXIT_OK, UsageError
+from gpumon.model import Snapshot
+from gpumon.sampler import Sampler
+from gpumon.tui.screens.help import HelpScreen
+from gpumon.tui.screens.main import MainScreen
+from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
+
+log = logging.getLogger(__name__)
+
+
+class GpumonApp(App[int]):
+    CSS_PATH = "gpumon.tcss"
+    TITLE = "gpumon"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("c", "next_theme", "Theme", show=False),
+    ]
+
+    def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
+                 env: Mapping[str, str] | None = None, sample_count: int | None = None) -> None:
+        super().__init__()
+        self.sampler = sampler
+        self.readonly = readonly
+        self.requested_theme = theme
+        self.sample_count = sample_count
+        self.theme_problems: list[str] = []
+        self.theme_names: list[str] = []
+        self.main_screen = MainScreen(sampler.history, sampler.interval, sampler.backend.real_pids, readonly, env)
+
+    def on_mount(self) -> None:
+        themes, self.theme_problems = load_themes()
+        for theme in themes:
+            self.register_theme(theme)
+        self.theme_names = [t.name for t in themes]
+        self.theme = self._initial_theme()
+        for problem in self.theme_problems:
+            self.notify(problem, severity="warning", timeout=8)
+        self.push_screen(self.main_screen)
+        self.sampler.subscribe(self._on_snapshot)
+        self.run_worker(self.sampler.run(self.sample_count), name="sampler", group="sampler")
+
+    def _initial_theme(self) -> str:
+        if self.no_color:
+            return MONOCHROME
+        if self.requested_theme is None:
+            return DEFAULT
+        if self.requested_theme not in self.available_themes:
+            # Checked again here for themes from the user's directory; the CLI checks first.
+            self.notify(f"unknown theme {self.requested_theme!r}; using {DEFAULT}", severity="warning")
+            return DEFAULT
+        return self.requested_theme
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if self.main_screen.is_attached:
+            self.main_screen.show_snapshot(snapshot)
+
+    def on_unmount(self) -> None:
+        self.sampler.stop()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.readonly))
+
+    def action_next_theme(self) -> None:
+        names = self.theme_names or [DEFAULT]
+        current = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(current + 1) % len(names)]
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    async def action_quit(self) -> None:
+        self.sampler.stop()
+        self.exit(EXIT_OK)
+
+
+def create_app(backend: Backend, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
+               env: Mapping[str, str] | None = None, sample_count: int | None = None) -> GpumonApp:
+    return GpumonApp(Sampler(backend, interval=interval), readonly=readonly, theme=theme, env=env,
+                     sample_count=sample_count)
+
+
+def _check_theme(name: str | None) -> None:
+    if name is None:
+        return
+    themes, _ = load_themes()
+    names = [t.name for t in themes]
+    if name not in names:
+        raise UsageError(f"unknown theme {name!r}; choose from {', '.join(names)}")
+
+
+def run_app(args: argparse.Namespace, backend: Backend) -> int:
+    _check_theme(args.theme)
+    if args.no_color:
+        os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
+    # Log lines on stderr would tear the screen; they go nowhere unless GPUMON_LOG asks for them.
+    logging.getLogger().handlers.clear()
+    if os.environ.get("GPUMON_LOG_FILE"):
+        logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
+    app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme)
+    try:
+        status = app.run()
+    finally:
+        backend.close()
+    return status if isinstance(status, int) else EXIT_OK

@@ -1,0 +1,275 @@
+"""The main screen: status line, card panels with history charts beside them, the process table.
+
+It is handed each Snapshot by the app and patches its widgets; while a dialog covers it, it only
+keeps the newest snapshot and catches up when it is shown again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.events import Resize, ScreenResume
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+
+from gpumon import actions
+from gpumon.cuda_order import cuda_ordinals
+from gpumon.model import Snapshot
+from gpumon.sampler import History
+from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.environment import EnvironmentScreen
+from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
+from gpumon.tui.widgets.process_table import ProcessTable, rows_from
+from gpumon.tui.widgets.status_bar import StatusBar
+
+CHART_METRICS = ("util", "mem", "temp", "power")
+WIDE = 140  # columns from which history charts sit beside the cards
+CHART_MIN_HEIGHT = 8
+FULL_PANEL_LINES = 4  # a full card panel: title, bars, details, blank line
+
+
+class MainScreen(Screen):
+    BINDINGS = [
+        Binding("a", "toggle_scope", "All/one card"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("x", "signal('terminate')", "Terminate"),
+        Binding("X", "signal('kill')", "Kill"),
+        Binding("i", "signal('interrupt')", "Interrupt", show=False),
+        Binding("e", "environment", "Env"),
+        Binding("w", "cycle_window", "Window", show=False),
+    ]
+
+    def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
+                 env: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.history = history
+        self.interval = interval
+        self.real_pids = real_pids
+        self.readonly = readonly
+        self.env = dict(os.environ if env is None else env)
+        self.snapshot: Snapshot | None = None
+        self.only_selected = False
+        self.filter_text = ""
+        self.window = WINDOWS[0]
+        self.alerts: dict[int, tuple[str, ...]] = {}
+        self._ordinals_for: tuple | None = None
+        self._ordinals: dict[int, str] | None = None
+        self._layout_key: tuple | None = None
+        self._top_height = 0
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.interval, id="status")
+        with Horizontal(id="top"):
+            yield CardList(id="cards")
+            with Vertical(id="charts"):
+                for metric in CHART_METRICS:
+                    yield HistoryChart(metric, id=f"chart-{metric}")
+        yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
+        yield ProcessTable(actions.invisible_reason(), id="processes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter").display = False
+        self.query_one(CardList).focus()
+
+    # -- data in --
+
+    def show_snapshot(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        if self.app.screen is self:
+            self._apply()
+
+    def on_screen_resume(self, event: ScreenResume) -> None:
+        if self.snapshot is not None:
+            self._apply()
+
+    def on_resize(self, event: Resize) -> None:
+        if self.snapshot is not None:
+            self._apply()
+
+    @property
+    def selected_gpu(self):
+        if not self.snapshot or not self.snapshot.gpus:
+            return None
+        cards = self.query_one(CardList)
+        return self.snapshot.gpus[min(cards.selected, len(self.snapshot.gpus) - 1)]
+
+    def _ordinals_of(self, snapshot: Snapshot) -> dict[int, str] | None:
+        identity = tuple((g.index, g.uuid, g.pci_bus_id, g.name) for g in snapshot.gpus)
+        if identity != self._ordinals_for:
+            self._ordinals_for = identity
+            self._ordinals = cuda_ordinals(snapshot.gpus, self.env)
+        return self._ordinals
+
+    def _apply(self) -> None:
+        snap = self.snapshot
+        assert snap is not None
+        with self.app.batch_update():
+            self._layout(len(snap.gpus))
+            firing = sum(len(a) for a in self.alerts.values())
+            self.query_one(StatusBar).show(snap, alerts=firing)
+            cards = self.query_one(CardList)
+            ordinals = self._ordinals_of(snap)
+            for panel, gpu in zip(cards.panels, snap.gpus):
+                panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
+                           self.alerts.get(gpu.index, ()))
+            self._fit_cards()
+            self._update_charts()
+            self._update_table()
+
+    def _layout(self, count: int) -> None:
+        """Compact or full panels, chart visibility and heights, from the size and card count."""
+        width, height = self.size
+        key = (count, width, height)
+        if key == self._layout_key:
+            return
+        self._layout_key = key
+        room = max(3, height - 2)  # less status line and footer
+        compact = count == 0 or FULL_PANEL_LINES * count + 2 > 0.6 * room
+        self.query_one(CardList).set_count(count, compact)
+        self.query_one("#charts").display = width >= WIDE and not compact
+
+    def _fit_cards(self) -> None:
+        """Give the cards the lines their panels need, up to a share of the screen."""
+        cards = self.query_one(CardList)
+        room = max(3, self.size.height - 2)
+        if not cards.panels or cards.panels[0].compact:
+            needed, cap = len(cards.panels) + 2, int(room * 0.5)
+        else:
+            width = max(20, cards.size.width - 4 if cards.size.width else self.size.width // 2)
+            # Lines of each panel, a blank line between panels, and the border.
+            needed = sum(len(p.lines(width)) + 1 for p in cards.panels) + 1
+            cap = int(room * 0.6)
+            if self.query_one("#charts").display:  # tall screens: room for all four charts
+                needed = max(needed, len(CHART_METRICS) * CHART_MIN_HEIGHT + 2)
+        top = max(3, min(needed, cap))
+        if top != self._top_height:  # setting a style triggers a layout pass: only on change
+            self._top_height = top
+            self.query_one("#top").styles.height = top
+        fitting = max(1, top // CHART_MIN_HEIGHT)
+        for i, metric in enumerate(CHART_METRICS):
+            self.query_one(f"#chart-{metric}").display = i < fitting
+
+    def _update_charts(self) -> None:
+        if not self.query_one("#charts").display:
+            return
+        gpu = self.selected_gpu
+        if gpu is None:
+            return
+        for chart in self.query(HistoryChart):
+            if chart.display:
+                _, values = self.history.series(gpu.uuid, chart.metric, self.window)
+                chart.show(values, max(2, int(self.window / self.interval)), self.window, f"GPU {gpu.index}")
+
+    def _update_table(self) -> None:
+        table = self.query_one(ProcessTable)
+        gpu = self.selected_gpu
+        only = gpu.index if self.only_selected and gpu is not None else None
+        rows = rows_from(self.snapshot, only, self.filter_text)
+        table.show(rows)
+        scope = f"GPU {only}" if only is not None else "all cards"
+        title = f"Processes · {scope} · {len(rows)}"
+        if self.filter_text:
+            title += f" · filter “{self.filter_text}”"
+        table.border_title = title
+        table.border_subtitle = "a: all/one card  s: sort  /: filter"
+
+    # -- selection and keys --
+
+    def on_card_list_selected(self, message: CardList.Selected) -> None:
+        if self.snapshot is not None:
+            self._apply()
+
+    def on_process_table_sort_changed(self, message: ProcessTable.SortChanged) -> None:
+        if self.snapshot is not None:
+            self._update_table()
+
+    def action_toggle_scope(self) -> None:
+        self.only_selected = not self.only_selected
+        if self.snapshot is not None:
+            self._update_table()
+
+    def action_cycle_window(self) -> None:
+        self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
+        self.notify(f"charts show the last {self.window // 60} min", timeout=2)
+        if self.snapshot is not None:
+            self._update_charts()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if not box.display and not self.filter_text:
+            return
+        box.value = ""
+        box.display = False
+        self.filter_text = ""
+        self.query_one(ProcessTable).focus()
+        if self.snapshot is not None:
+            self._update_table()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        if self.snapshot is not None:
+            self._update_table()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if not self.filter_text:
+            event.input.display = False
+        self.query_one(ProcessTable).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("signal", "environment"):
+            # Not offered where they cannot work: read-only mode, or simulated/replayed pids.
+            return not self.readonly and self.real_pids if action == "signal" else self.real_pids
+        return True
+
+    def _selected_process(self):
+        row = self.query_one(ProcessTable).selected_row
+        if row is None:
+            self.notify("no process selected", severity="warning", timeout=3)
+        return row
+
+    def action_signal(self, kind: str) -> None:
+        row = self._selected_process()
+        if row is None:
+            return
+        p = row.process
+        if p.user is None and p.command is None:
+            self.notify(f"process {p.pid}: {actions.invisible_reason()}", severity="warning")
+            return
+        if not actions.may_signal(p.uid):
+            self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
+            return
+        signame = actions.SIGNALS[kind].name
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.notify(actions.send_signal(p.pid, p.started, kind), timeout=4)
+            except actions.ActionError as exc:
+                self.notify(str(exc), severity="error")
+
+        self.app.push_screen(
+            ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
+
+    def action_environment(self) -> None:
+        row = self._selected_process()
+        if row is None:
+            return
+        try:
+            env = actions.environment(row.process.pid, row.process.started)
+        except actions.ActionError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))

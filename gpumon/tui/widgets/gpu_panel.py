@@ -1,0 +1,314 @@
+"""One panel per card, and the focusable list that holds them and tracks the selected card.
+
+A panel repaints only when what it shows changed. Full panels show every field the card reports;
+compact panels (small terminals, many cards) fit a card in one line, bars included.
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.events import Click
+from textual.message import Message
+from textual.widget import Widget
+
+from gpumon.model import GpuSample
+from gpumon.units import format_bytes
+
+EIGHTHS = " ▏▎▍▌▋▊▉"
+NA = "N/A"
+
+
+def bar(fraction: float | None, width: int) -> tuple[str, str]:
+    """(filled, empty) parts of a horizontal bar with 1/8-cell resolution."""
+    if width <= 0:
+        return "", ""
+    if fraction is None:
+        return "", " " * width
+    cells = max(0.0, min(1.0, fraction)) * width
+    full = int(cells)
+    filled = "█" * full
+    if full < width:
+        filled += EIGHTHS[int((cells - full) * 8)].strip()
+    return filled, " " * (width - len(filled))
+
+
+def short_name(name: str) -> str:
+    for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
+        name = name.replace(prefix, "")
+    return name
+
+
+def level(value: float | None, warn: float, crit: float) -> str:
+    if value is None or value < warn:
+        return "ok"
+    return "warn" if value < crit else "crit"
+
+
+class GpuPanel(Widget):
+    COMPONENT_CLASSES = {
+        "gpu-panel--title", "gpu-panel--label", "gpu-panel--muted", "gpu-panel--bar",
+        "gpu-panel--empty", "gpu-panel--ok", "gpu-panel--warn", "gpu-panel--crit", "gpu-panel--lost",
+    }
+
+    class Clicked(Message):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, position: int) -> None:
+        super().__init__(id=f"gpu-{position}")
+        self.position = position  # place in the list (not necessarily the NVML index)
+        self.gpu: GpuSample | None = None
+        self.stale = False
+        self.ordinal: str | None = None
+        self.alerts: tuple[str, ...] = ()
+        self._shown: tuple | None = None
+        self._height = 0
+
+    def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = ()) -> None:
+        key = (gpu, stale, ordinal, alerts)
+        if key == self._shown:
+            return
+        self._shown = key
+        self.gpu, self.stale, self.ordinal, self.alerts = gpu, stale, ordinal, alerts
+        self.refresh()
+
+    @property
+    def compact(self) -> bool:
+        return self.has_class("-compact")
+
+    def on_click(self, event: Click) -> None:
+        self.post_message(self.Clicked(self.position))
+
+    def on_resize(self) -> None:
+        self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return len(self.lines(width))
+
+    def render(self) -> Text:
+        lines = self.lines(self.content_region.width or self.size.width)
+        if len(lines) != self._height:
+            self._height = len(lines)
+            self.call_after_refresh(self.refresh, layout=True)
+        return Text("\n").join(lines)
+
+    # -- building the lines --
+
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(f"gpu-panel--{name}")
+
+    def _bar(self, label: str, fraction: float | None, width: int, tone: str, value: str) -> Text:
+        filled, empty = bar(fraction, width)
+        text = Text(label, style=self._style("label"))
+        text.append("▕", style=self._style("muted"))
+        text.append(filled, style=self._style(tone))
+        text.append(empty, style=self._style("empty"))
+        text.append("▏", style=self._style("muted"))
+        text.append(value)
+        return text
+
+    def _title(self, gpu: GpuSample, width: int) -> Text:
+        title = Text(f"{gpu.index} ", style=self._style("title"))
+        title.append(gpu.name, style=self._style("title"))
+        right = Text(style=self._style("muted"))
+        if gpu.uuid:
+            right.append(gpu.uuid[:12])
+        if self.ordinal is not None:
+            right.append(f"  CUDA {self.ordinal}")
+        if gpu.pci_bus_id:
+            right.append("  " + gpu.pci_bus_id.split(":", 1)[-1])
+        if gpu.numa_node is not None:
+            right.append(f"  NUMA {gpu.numa_node}")
+        badge = self._badge(gpu)
+        gap = width - len(title) - len(right) - len(badge)
+        if gap < 1:  # narrow: keep name and badge, drop the identifiers
+            return title + Text(" ") + badge if badge else title
+        return title + Text(" " * gap) + right + badge
+
+    def _badge(self, gpu: GpuSample) -> Text:
+        badge = Text()
+        if gpu.state != "ok":
+            badge.append(f"  {gpu.state.upper()} ", style=self._style("lost"))
+        if self.stale:
+            badge.append("  STALE", style=self._style("warn"))
+        for alert in self.alerts:
+            badge.append(f"  ⚠ {alert}", style=self._style("crit"))
+        return badge
+
+    def lines(self, width: int) -> list[Text]:
+        gpu = self.gpu
+        if gpu is None:
+            return [Text("…")]
+        width = max(width, 20)
+        if self.compact:
+            return [self._compact_line(gpu, width)]
+        lines = [self._title(gpu, width)]
+        if gpu.state == "lost":
+            lines.append(Text(f"  LOST: {gpu.error or 'GPU is lost'}. The card fell off the bus or needs a reset; "
+                              "other cards keep updating.", style=self._style("lost")))
+            return lines
+        if gpu.state == "error":
+            lines.append(Text(f"  ERROR: {gpu.error}", style=self._style("crit")))
+        bar_width = max(5, (width - 44) // 2)
+        mem_pct = gpu.memory_percent
+        mem_value = NA if gpu.memory_used is None else (
+            f" {format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)} {mem_pct:3.0f}%")
+        util_value = NA if gpu.utilization_gpu is None else f" {gpu.utilization_gpu:3d}%"
+        bars = self._bar("UTIL ", _frac(gpu.utilization_gpu), bar_width, "bar", util_value.ljust(6))
+        bars.append("  ")
+        bars.append_text(self._bar("MEM ", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value))
+        lines.append(bars)
+        lines.extend(_flow(self._detail_tokens(gpu), width))
+        return lines
+
+    def _detail_tokens(self, gpu: GpuSample) -> list[Text]:
+        tokens = [
+            self._field("TEMP", f"{gpu.temperature}°C" if gpu.temperature is not None else None,
+                        level(gpu.temperature, 80, 87)),
+            self._field("FAN", _pct(gpu.fan)),
+            self._field("POWER", _power(gpu), level(gpu.power_percent, 90, 98)),
+            self._field("SM", f"{gpu.clock_sm}MHz" if gpu.clock_sm is not None else None),
+            self._field("MEMCLK", f"{gpu.clock_mem}MHz" if gpu.clock_mem is not None else None),
+            self._field("", gpu.pstate),
+            self._field("ENC", _pct(gpu.encoder_util)),
+            self._field("DEC", _pct(gpu.decoder_util)),
+            self._field("PCIe", _pcie(gpu)),
+            self._field("ECC", None if gpu.ecc_errors_uncorrected is None else str(gpu.ecc_errors_uncorrected),
+                        "crit" if gpu.ecc_errors_uncorrected else "ok"),
+        ]
+        throttled = [r for r in gpu.throttle_reasons or () if r not in ("gpu_idle", "applications_clocks")]
+        if throttled:
+            tokens.append(self._field("THROTTLE", ",".join(throttled), "warn"))
+        return tokens
+
+    def _field(self, label: str, value: str | None, tone: str = "ok") -> Text:
+        text = Text(f"{label} " if label else "", style=self._style("label"))
+        if value is None:
+            text.append(NA, style=self._style("muted"))
+        else:
+            text.append(value, style=self._style(tone) if tone != "ok" else "")
+        return text
+
+    def _compact_line(self, gpu: GpuSample, width: int) -> Text:
+        line = Text(f"{gpu.index:>2} ", style=self._style("title"))
+        name_width = 14 if width >= 70 else 9
+        line.append(short_name(gpu.name)[:name_width].ljust(name_width), style=self._style("title"))
+        if gpu.state == "lost":
+            line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - len(line)], style=self._style("lost"))
+            return line
+        tail = Text()
+        if gpu.temperature is not None:
+            tail.append(f" {gpu.temperature:>3}°C", style=self._style(level(gpu.temperature, 80, 87)))
+        if gpu.power_draw is not None:
+            tail.append(f" {gpu.power_draw:>4.0f}W")
+        tail.append_text(self._badge(gpu))
+        mem_pct = gpu.memory_percent
+        mem_value = NA if gpu.memory_used is None else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}"
+        util_value = NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%"
+        fixed = len(line) + len(tail) + 2 * 4 + len(util_value) + len(mem_value.rjust(10)) + 4
+        bar_width = max(3, (width - fixed) // 2)
+        line.append(" ")
+        line.append_text(self._bar("", _frac(gpu.utilization_gpu), bar_width, "bar", util_value))
+        line.append(" ")
+        line.append_text(self._bar("", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value.rjust(10)))
+        line.append_text(tail)
+        line.truncate(width)
+        return line
+
+
+def _frac(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100
+
+
+def _pct(value: int | None) -> str | None:
+    return None if value is None else f"{value}%"
+
+
+def _power(gpu: GpuSample) -> str | None:
+    if gpu.power_draw is None:
+        return None
+    limit = f"/{gpu.power_limit:.0f}" if gpu.power_limit else ""
+    return f"{gpu.power_draw:.0f}{limit}W"
+
+
+def _pcie(gpu: GpuSample) -> str | None:
+    if gpu.pcie_tx is None and gpu.pcie_rx is None:
+        return None
+    return f"▲{format_bytes(gpu.pcie_tx)}/s ▼{format_bytes(gpu.pcie_rx)}/s"
+
+
+def _flow(tokens: list[Text], width: int) -> list[Text]:
+    """Lay tokens out left to right, wrapping to a new line when the next one does not fit."""
+    lines: list[Text] = []
+    line = Text("")
+    for token in tokens:
+        if len(line) and len(line) + 2 + len(token) > width:
+            lines.append(line)
+            line = Text("")
+        if len(line):
+            line.append("  ")
+        line.append_text(token)
+    if len(line):
+        lines.append(line)
+    return lines
+
+
+class CardList(VerticalScroll, can_focus=True):
+    """The cards, one panel each; ↑/↓ or j/k (or a click) select one."""
+
+    BINDINGS = [
+        Binding("up,k", "move(-1)", "Prev card", show=False),
+        Binding("down,j", "move(1)", "Next card", show=False),
+        Binding("home", "select_position(0)", show=False),
+        Binding("end", "select_position(-1)", show=False),
+    ]
+
+    class Selected(Message):
+        def __init__(self, position: int) -> None:
+            super().__init__()
+            self.position = position
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.selected = 0
+        self.panels: list[GpuPanel] = []
+
+    def set_count(self, count: int, compact: bool) -> None:
+        """Make as many panels as cards (cards rarely come and go)."""
+        while len(self.panels) < count:
+            panel = GpuPanel(len(self.panels))
+            self.panels.append(panel)
+            self.mount(panel)
+        while len(self.panels) > count:
+            self.panels.pop().remove()
+        for panel in self.panels:
+            panel.set_class(compact, "-compact")
+        self._mark_selected()
+
+    def _mark_selected(self) -> None:
+        self.selected = min(self.selected, max(0, len(self.panels) - 1))
+        for panel in self.panels:
+            panel.set_class(panel.position == self.selected, "-selected")
+
+    def select(self, position: int) -> None:
+        if not self.panels:
+            return
+        self.selected = position % len(self.panels)
+        self._mark_selected()
+        self.panels[self.selected].scroll_visible(animate=False)
+        self.post_message(self.Selected(self.selected))
+
+    def action_move(self, delta: int) -> None:
+        if self.panels:
+            self.select(max(0, min(len(self.panels) - 1, self.selected + delta)))
+
+    def action_select_position(self, position: int) -> None:
+        self.select(position if position >= 0 else len(self.panels) - 1)
+
+    def on_gpu_panel_clicked(self, message: GpuPanel.Clicked) -> None:
+        self.focus()
+        self.select(message.index)

@@ -1,0 +1,53 @@
+"""The top line: where we are, which driver, how often, and whether the data is live."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widget import Widget
+
+from gpumon.model import Snapshot
+
+
+class StatusBar(Widget):
+    COMPONENT_CLASSES = {"status-bar--badge", "status-bar--stale", "status-bar--muted", "status-bar--alert"}
+
+    def __init__(self, interval: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.interval = interval
+        self.snapshot: Snapshot | None = None
+        self.alerts = 0
+        self.extra = ""
+        self._shown: tuple | None = None
+
+    def show(self, snapshot: Snapshot, alerts: int = 0, extra: str = "") -> None:
+        key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.stale, snapshot.backend, alerts, extra)
+        self.snapshot, self.alerts, self.extra = snapshot, alerts, extra
+        if key != self._shown:  # the clock has one-second resolution: no repaint in between
+            self._shown = key
+            self.refresh()
+
+    def render(self) -> Text:
+        snap = self.snapshot
+        text = Text(" gpumon ", style="bold")
+        if snap is None:
+            return text.append("starting…", style=self.get_component_rich_style("status-bar--muted"))
+        muted = self.get_component_rich_style("status-bar--muted")
+        text.append(snap.host, style="bold")
+        text.append(f"  driver {snap.driver_version or 'N/A'}  CUDA {snap.cuda_driver_version or 'N/A'}", style=muted)
+        text.append(f"  every {self.interval:g}s  ", style=muted)
+        text.append(time.strftime("%H:%M:%S", time.localtime(snap.time)))
+        if snap.backend != "nvml":
+            text.append("  ")
+            text.append(f" {snap.backend.upper()} ", style=self.get_component_rich_style("status-bar--badge"))
+        if snap.stale:
+            text.append("  ")
+            text.append(" STALE: driver slow to answer ", style=self.get_component_rich_style("status-bar--stale"))
+        if self.alerts:
+            text.append("  ")
+            text.append(f" {self.alerts} ALERT{'S' if self.alerts > 1 else ''} ",
+                        style=self.get_component_rich_style("status-bar--alert"))
+        if self.extra:
+            text.append(f"  {self.extra}", style=muted)
+        return text
