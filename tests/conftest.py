@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
         monkeypatch.setenv(var, str(home / sub))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
+    # Clocks on screen are in local time; pin it so screens compare equal anywhere.
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
 
 
 @pytest.fixture(scope="session")

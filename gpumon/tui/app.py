@@ -109,6 +109,10 @@ def run_app(args: argparse.Namespace, backend: Backend) -> int:
     _check_theme(args.theme)
     if args.no_color:
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
+    # Exported COLUMNS/LINES (shell rc files, CI) override the real terminal size in Textual and
+    # freeze the layout at that size; the terminal itself knows better.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
     # Log lines on stderr would tear the screen; they go nowhere unless GPUMON_LOG asks for them.
     logging.getLogger().handlers.clear()
     if os.environ.get("GPUMON_LOG_FILE"):

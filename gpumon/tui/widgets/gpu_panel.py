@@ -166,36 +166,39 @@ class GpuPanel(Widget):
         return lines
 
     def _detail_tokens(self, gpu: GpuSample) -> list[Text]:
-        tokens = [
-            self._field("TEMP", f"{gpu.temperature}°C" if gpu.temperature is not None else None,
-                        level(gpu.temperature, 80, 87)),
-            self._field("FAN", _pct(gpu.fan)),
-            self._field("POWER", _power(gpu), level(gpu.power_percent, 90, 98)),
-            self._field("SM", f"{gpu.clock_sm}MHz" if gpu.clock_sm is not None else None),
-            self._field("MEMCLK", f"{gpu.clock_mem}MHz" if gpu.clock_mem is not None else None),
-            self._field("", gpu.pstate),
-            self._field("ENC", _pct(gpu.encoder_util)),
-            self._field("DEC", _pct(gpu.decoder_util)),
-            self._field("PCIe", _pcie(gpu)),
-            self._field("ECC", None if gpu.ecc_errors_uncorrected is None else str(gpu.ecc_errors_uncorrected),
-                        "crit" if gpu.ecc_errors_uncorrected else "ok"),
-        ]
+        # Every field is always present and padded to a fixed width, so a panel's height depends
+        # only on the terminal width: panels never jump when a value or throttle reason changes.
         throttled = [r for r in gpu.throttle_reasons or () if r not in ("gpu_idle", "applications_clocks")]
-        if throttled:
-            tokens.append(self._field("THROTTLE", ",".join(throttled), "warn"))
-        return tokens
+        throttle = ",".join(throttled) if throttled else ("none" if gpu.throttle_reasons is not None else None)
+        return [
+            self._field("TEMP", f"{gpu.temperature}°C" if gpu.temperature is not None else None, 5,
+                        level(gpu.temperature, 80, 87)),
+            self._field("FAN", _pct(gpu.fan), 4),
+            self._field("POWER", _power(gpu), 9, level(gpu.power_percent, 90, 98)),
+            self._field("SM", f"{gpu.clock_sm}MHz" if gpu.clock_sm is not None else None, 7),
+            self._field("MEMCLK", f"{gpu.clock_mem}MHz" if gpu.clock_mem is not None else None, 8),
+            self._field("", gpu.pstate, 3),
+            self._field("ENC", _pct(gpu.encoder_util), 4),
+            self._field("DEC", _pct(gpu.decoder_util), 4),
+            self._field("PCIe", _pcie(gpu), 17),
+            self._field("ECC", None if gpu.ecc_errors_uncorrected is None else str(gpu.ecc_errors_uncorrected), 3,
+                        "crit" if gpu.ecc_errors_uncorrected else "ok"),
+            self._field("THROTTLE", throttle, 24, "warn" if throttled else "ok"),
+        ]
 
-    def _field(self, label: str, value: str | None, tone: str = "ok") -> Text:
+    def _field(self, label: str, value: str | None, width: int, tone: str = "ok") -> Text:
         text = Text(f"{label} " if label else "", style=self._style("label"))
         if value is None:
-            text.append(NA, style=self._style("muted"))
+            text.append(NA.ljust(width), style=self._style("muted"))
         else:
-            text.append(value, style=self._style(tone) if tone != "ok" else "")
+            if len(value) > width:
+                value = value[: width - 1] + "…"
+            text.append(value.ljust(width), style=self._style(tone) if tone != "ok" else "")
         return text
 
     def _compact_line(self, gpu: GpuSample, width: int) -> Text:
         line = Text(f"{gpu.index:>2} ", style=self._style("title"))
-        name_width = 14 if width >= 70 else 9
+        name_width = 16 if width >= 76 else 10
         line.append(short_name(gpu.name)[:name_width].ljust(name_width), style=self._style("title"))
         if gpu.state == "lost":
             line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - len(line)], style=self._style("lost"))

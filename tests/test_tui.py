@@ -1,0 +1,397 @@
+"""The TUI driven by keys (Textual Pilot), on the demo backend and on the fake driver."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import GIB, Card
+from gpumon.backends.demo import DemoBackend
+from gpumon.backends.nvml import NvmlBackend
+from gpumon.tui.app import create_app
+from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.environment import EnvironmentScreen
+from gpumon.tui.screens.help import HelpScreen
+from gpumon.tui.widgets.gpu_panel import CardList, GpuPanel
+from gpumon.tui.widgets.process_table import ProcessTable
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def started(pilot):
+    """The main screen once the first snapshot is on it and the layout has settled."""
+    while pilot.app.sampler.latest is None:
+        await pilot.pause(0.05)
+    await pilot.pause(0.3)
+    return pilot.app.main_screen
+
+
+def table_pids(screen) -> list[int]:
+    table = screen.query_one(ProcessTable)
+    return [int(table.get_row_at(i)[1].plain) for i in range(table.row_count)]
+
+
+def test_keys_select_cards_and_scope_the_process_table():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            cards = screen.query_one(CardList)
+            assert cards.selected == 0 and len(cards.panels) == 4
+            await pilot.press("j", "j")
+            assert cards.selected == 2
+            assert cards.panels[2].has_class("-selected") and not cards.panels[0].has_class("-selected")
+            await pilot.press("k")
+            assert cards.selected == 1
+            await pilot.press("down")
+            await pilot.press("a")  # only the selected card's processes
+            await pilot.pause(0.3)
+            table = screen.query_one(ProcessTable)
+            gpus = {int(table.get_row_at(i)[0].plain) for i in range(table.row_count)}
+            assert gpus == {2} and table.row_count == 2
+            assert "GPU 2" in table.border_title
+            await pilot.press("a")
+            await pilot.pause(0.3)
+            assert table.row_count == 4
+
+    run(go())
+
+
+def test_click_selects_a_card():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            await pilot.click("#gpu-3")
+            assert screen.query_one(CardList).selected == 3
+
+    run(go())
+
+
+def test_sort_cycles_and_orders_rows():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            table = screen.query_one(ProcessTable)
+            assert table.sort_key == "gpu_mem"
+            mems = [table.rows_by_key[k].process.gpu_memory for k in table._order]
+            assert mems == sorted(mems, reverse=True)
+            await pilot.press("tab")
+            for expected in ("sm", "cpu", "pid"):
+                await pilot.press("s")
+                assert table.sort_key == expected
+            await pilot.pause(0.3)
+            assert "PID▲" in table.columns["pid"].label.plain
+            assert table_pids(screen) == sorted(table_pids(screen))
+            await pilot.press("S")
+            await pilot.pause(0.3)
+            assert table_pids(screen) == sorted(table_pids(screen), reverse=True)
+
+    run(go())
+
+
+def test_filter_by_text_and_escape_clears():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            await pilot.press("slash", *"vllm")
+            await pilot.pause(0.3)
+            assert table_pids(screen) == [52904]
+            assert "vllm" in screen.query_one(ProcessTable).border_title
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            assert len(table_pids(screen)) == 4
+
+    run(go())
+
+
+def test_help_lists_every_key_and_closes():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("question_mark")
+            assert isinstance(pilot.app.screen, HelpScreen)
+            from gpumon.tui.screens.help import KEYS
+            described = {key for _, keys in KEYS for key, _ in keys}
+            for binding_key in ("j k", "a", "/", "x", "X", "i", "e", "q", "?", "w", "c"):
+                assert any(binding_key in k for k in described), binding_key
+            await pilot.press("escape")
+            assert not isinstance(pilot.app.screen, HelpScreen)
+
+    run(go())
+
+
+def test_theme_key_cycles_and_no_color_is_monochrome(monkeypatch):
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(80, 24)) as pilot:
+            await started(pilot)
+            assert pilot.app.theme == "gpumon-dark"
+            await pilot.press("c")
+            assert pilot.app.theme != "gpumon-dark"
+        monkeypatch.setenv("NO_COLOR", "1")
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(80, 24)) as pilot:
+            await started(pilot)
+            assert pilot.app.theme == "monochrome"
+
+    run(go())
+
+
+def test_broken_user_theme_is_a_notification_not_a_crash(tmp_path):
+    theme_dir = tmp_path / "config" / "gpumon" / "themes"
+    theme_dir.mkdir(parents=True)
+    (theme_dir / "broken.toml").write_text("name = 'x'\nprimary = \n")
+    (theme_dir / "mine.toml").write_text("name = 'mine'\nprimary = '#ff0000'\n")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+
+    async def go():
+        app = create_app(DemoBackend(), interval=0.1, theme="mine")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot)
+            assert app.theme == "mine"
+            assert any("broken.toml" in p for p in app.theme_problems)
+
+    run(go())
+
+
+@pytest.mark.parametrize(("size", "compact"), [((80, 24), True), ((120, 40), False), ((200, 60), False)])
+def test_layout_fits_the_terminal(size, compact):
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=size) as pilot:
+            screen = await started(pilot)
+            panels = screen.query(GpuPanel)
+            assert all(p.compact == compact for p in panels)
+            assert screen.query_one("#charts").display == (size[0] >= 140)
+            table = screen.query_one(ProcessTable)
+            assert table.size.height >= 6, "the process table keeps room"
+
+    run(go())
+
+
+def test_sixteen_cards_and_resizing_never_crash():
+    async def go():
+        async with create_app(DemoBackend(cards=16), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            assert len(screen.query(GpuPanel)) == 16
+            for size in [(80, 24), (200, 60), (60, 15), (250, 70), (120, 40)]:
+                await pilot.resize_terminal(*size)
+                await pilot.pause(0.2)
+            await pilot.press("end")
+            assert screen.query_one(CardList).selected == 15
+            assert screen.query_one(ProcessTable).size.height >= 4
+
+    run(go())
+
+
+def test_keys_are_answered_while_a_sample_is_in_flight():
+    release = threading.Event()
+
+    class SlowDemo(DemoBackend):
+        def sample(self):
+            if self.step >= 1:
+                release.wait(10)
+            return super().sample()
+
+    async def go():
+        async with create_app(SlowDemo(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            while not pilot.app.sampler.in_flight:
+                await pilot.pause(0.02)
+            await pilot.press("j")
+            await pilot.press("question_mark")
+            # Both keys took effect while the driver call was still blocked.
+            assert pilot.app.sampler.in_flight
+            assert screen.query_one(CardList).selected == 1
+            assert isinstance(pilot.app.screen, HelpScreen)
+            release.set()
+
+    run(go())
+
+
+def test_stale_data_is_marked():
+    release = threading.Event()
+
+    class SlowDemo(DemoBackend):
+        def sample(self):
+            if self.step >= 1:
+                release.wait(10)
+            return super().sample()
+
+    async def go():
+        async with create_app(SlowDemo(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            await pilot.pause(0.5)
+            panel = screen.query_one(CardList).panels[0]
+            assert panel.stale
+            assert "STALE" in "".join(line.plain for line in panel.lines(100))
+            release.set()
+
+    run(go())
+
+
+def test_demo_and_readonly_offer_no_process_actions():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            assert screen.check_action("signal", ("kill",)) is False
+            await pilot.press("tab", "X")
+            assert not isinstance(pilot.app.screen, ConfirmScreen)
+
+    run(go())
+
+
+@pytest.fixture
+def nvml_app(fake_driver):
+    """An app on the fake driver with one real child process on card 1."""
+
+    def make(readonly=False, env=None):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES="GPU-test-1", MARKER="yes"))
+        make.children.append(child)
+        fake_driver.machine.cards = [Card("NVIDIA A10"), Card("NVIDIA A10")]
+        fake_driver.machine.procs = [dict(gpu=1, pid=child.pid, mem=2 * GIB, sm=50)]
+        fake_driver.write()
+        backend = NvmlBackend(lib_path=str(fake_driver.lib))
+        make.backends.append(backend)
+        return create_app(backend, interval=0.2, readonly=readonly, env=env), child
+
+    make.children, make.backends = [], []
+    yield make
+    for child in make.children:
+        child.kill()
+        child.wait()
+    for backend in make.backends:
+        backend.close()
+
+
+def test_terminate_a_real_process_after_confirming(nvml_app):
+    app, child = nvml_app()
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            await pilot.press("tab")
+            assert screen.query_one(ProcessTable).selected_row.process.pid == child.pid
+            await pilot.press("x")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("n")  # declined: nothing happens
+            await pilot.pause(0.2)
+            assert child.poll() is None
+            await pilot.press("x")
+            await pilot.press("y")
+            await pilot.pause(0.2)
+
+    run(go())
+    assert child.wait(5) == -signal.SIGTERM
+
+
+def test_signalling_an_exited_process_is_shown_not_raised(nvml_app):
+    app, child = nvml_app()
+    notes = []
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            app.notify = lambda message, **kw: notes.append(message)  # collect what the user is told
+            await pilot.press("tab", "X")
+            assert isinstance(app.screen, ConfirmScreen)
+            child.kill()  # exits while the user reads the question
+            child.wait()
+            await pilot.press("y")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, ConfirmScreen)
+
+    run(go())
+    assert any("already exited" in n for n in notes), notes
+
+
+def test_readonly_turns_actions_off(nvml_app):
+    app, child = nvml_app(readonly=True)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            assert screen.check_action("signal", ("terminate",)) is False
+            await pilot.press("tab", "x")
+            assert not isinstance(app.screen, ConfirmScreen)
+
+    run(go())
+    assert child.poll() is None
+
+
+def test_environment_of_a_process_shows_cuda_variables(nvml_app):
+    app, child = nvml_app()
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("tab", "e")
+            assert isinstance(app.screen, EnvironmentScreen)
+            assert app.screen.env["CUDA_VISIBLE_DEVICES"] == "GPU-test-1"
+            assert app.screen.env["MARKER"] == "yes"
+
+    run(go())
+
+
+def test_cuda_ordinal_shown_from_the_environment(nvml_app):
+    app, _ = nvml_app(env={"CUDA_VISIBLE_DEVICES": "1"})
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            panels = screen.query_one(CardList).panels
+            assert panels[0].ordinal == "hidden" and panels[1].ordinal == "0"
+            assert "CUDA hidden" in panels[0].lines(110)[0].plain
+
+    run(go())
+
+
+def test_lost_card_says_lost_while_others_update(fake_driver):
+    fake_driver.machine.cards = [Card(extra=dict(util="0..100")), Card(extra=dict(lost_after=0.5))]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        async with create_app(backend, interval=0.2).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            await pilot.pause(1.0)
+            panels = screen.query_one(CardList).panels
+            assert "LOST" in "".join(line.plain for line in panels[1].lines(110))
+            before = panels[0].gpu
+            await pilot.pause(0.6)
+            assert panels[0].gpu.utilization_gpu != before.utilization_gpu or panels[0].gpu is not before
+
+    try:
+        run(go())
+    finally:
+        backend.close()
+
+
+def test_quit_key_exits_with_status_0():
+    async def go():
+        app = create_app(DemoBackend(), interval=0.1)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot)
+            await pilot.press("q")
+        return app.return_value
+
+    assert run(go()) == 0
+
+
+def test_no_textual_in_the_data_layer():
+    code = ("import sys, gpumon.cli, gpumon.sampler, gpumon.backends.nvml, gpumon.backends.demo, "
+            "gpumon.report, gpumon.actions, gpumon.cuda_order; print('textual' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_fast_start_imports_nothing_heavy_for_snapshot():
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gpumon", "--version"], check=True, capture_output=True)
+    assert time.perf_counter() - t0 < 30  # sanity only; start-up cost is measured by benchmarks/
