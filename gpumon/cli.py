@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 
 from gpumon import __version__
-from gpumon.errors import EXIT_OK, EXIT_USAGE, GpumonError, UsageError
+from gpumon.errors import EXIT_ALERT, EXIT_OK, EXIT_USAGE, GpumonError, UsageError
 
-SUBCOMMANDS = ("snapshot", "topo")
+SUBCOMMANDS = ("snapshot", "topo", "select")
 MIN_INTERVAL = 0.1
 
 
@@ -31,6 +31,37 @@ def _interval(text: str) -> float:
     if not value >= MIN_INTERVAL:  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} s, got {text}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100, got {text}")
+    return value
+
+
+def _size(text: str) -> str:
+    """Checks SIZE syntax now; a percentage is resolved later against each card's total."""
+    from gpumon.units import parse_size
+
+    try:
+        parse_size(text, total=1 << 40)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -68,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the same as JSON")
     _add_global_options(p, suppress=True)
     p.set_defaults(func=cmd_topo)
+
+    p = sub.add_parser("select", help="print a CUDA_VISIBLE_DEVICES value for the best free cards")
+    p.add_argument("--count", type=_positive_int, default=1, metavar="N", help="how many cards (default 1)")
+    p.add_argument("--min-free", type=_size, metavar="SIZE", help="free memory each card needs: 8G, 512M, 50%%")
+    p.add_argument("--max-util", type=_percent, metavar="PCT", help="highest utilisation allowed")
+    p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_select)
     return parser
 
 
@@ -120,6 +159,28 @@ def cmd_topo(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(topology_text(topo))
+    return EXIT_OK
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from gpumon.placement import choose
+    from gpumon.sampler import sample_once
+
+    backend = _backend(args)
+    try:
+        snapshot = sample_once(backend)
+        topo = backend.topology() if args.count > 1 else None
+    finally:
+        backend.close()
+    try:
+        choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util)
+    except ValueError as exc:
+        print(f"gpumon: {exc}", file=sys.stderr)
+        return EXIT_ALERT  # like grep: ran fine, found nothing
+    if args.verbose:
+        for reason in choice.reasons:
+            print(f"gpumon: {reason}", file=sys.stderr)
+    print(",".join(g.uuid for g in choice.gpus))
     return EXIT_OK
 
 

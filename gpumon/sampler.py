@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumon.backends import Backend
-from gpumon.model import GpuSample, Snapshot
+from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.procinfo import ProcessEnricher
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,13 @@ class Sampler:
         self.in_flight = False
         self._subscribers: list[Subscriber] = []
         self._stop = asyncio.Event()
+        self._topology: Topology | None = None
+
+    async def topology(self) -> Topology:
+        """The backend's topology, read once in the worker thread (it does not change)."""
+        if self._topology is None:
+            self._topology = await _run_in_daemon_thread(self.backend.topology)
+        return self._topology
 
     def subscribe(self, callback: Subscriber) -> None:
         self._subscribers.append(callback)

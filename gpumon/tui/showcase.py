@@ -20,6 +20,7 @@ SHOTS: list[tuple[str, dict, tuple[int, int], tuple[str, ...]]] = [
     ("hot-120x40.svg", {"scenario": "hot"}, (120, 40), ()),
     ("lost-120x40.svg", {"scenario": "lost"}, (120, 40), ()),
     ("sixteen-cards-120x40.svg", {"cards": 16}, (120, 40), ()),
+    ("topology-80x24.svg", {"cards": 8}, (80, 24), ("down", "t")),
 ]
 
 

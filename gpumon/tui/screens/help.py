@@ -15,6 +15,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("↑ ↓  j k", "select a card (or click it)"),
         ("Tab", "move focus between cards and processes"),
         ("w", "chart window: 1, 5 or 10 minutes"),
+        ("t", "topology: links between cards, CPU and NUMA affinity, best partners"),
     ]),
     ("Processes", [
         ("a", "all cards' processes / only the selected card's"),
@@ -33,7 +34,6 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     ("Reserved (coming)", [
         ("r", "launch a command pinned to the selected card"),
         ("m", "memory limit for jobs on the selected card"),
-        ("t", "topology view"),
         ("J", "jobs panel"),
     ]),
 ]

@@ -22,6 +22,7 @@ from gpumon.model import Snapshot
 from gpumon.sampler import History
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
+from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
@@ -43,6 +44,7 @@ class MainScreen(Screen):
         Binding("i", "signal('interrupt')", "Interrupt", show=False),
         Binding("e", "environment", "Env"),
         Binding("w", "cycle_window", "Window", show=False),
+        Binding("t", "topology", "Topology"),
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
@@ -200,6 +202,11 @@ class MainScreen(Screen):
         self.notify(f"charts show the last {self.window // 60} min", timeout=2)
         if self.snapshot is not None:
             self._update_charts()
+
+    async def action_topology(self) -> None:
+        topo = await self.app.sampler.topology()
+        gpu = self.selected_gpu
+        self.app.push_screen(TopologyScreen(topo, gpu.index if gpu else 0))
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

@@ -1,0 +1,87 @@
+"""`t`: the link matrix (as `nvidia-smi topo -m`), the selected card's row and column highlighted,
+links coloured by quality, and that card's best partners in order."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from gpumon.model import Topology
+from gpumon.placement import best_partners, describe_link, link_rank
+
+LEGEND = ("X self · NV# NVLinks · PIX one PCIe switch · PXB several switches · "
+          "PHB host bridge · NODE same NUMA node · SYS across sockets")
+
+
+class TopologyScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,q,t", "dismiss", "Close"),
+        Binding("up,k", "move(-1)", "Prev card"),
+        Binding("down,j", "move(1)", "Next card"),
+    ]
+
+    def __init__(self, topo: Topology, selected: int) -> None:
+        super().__init__()
+        self.topo = topo
+        self.selected = selected if selected in topo.indices else (topo.indices[0] if topo.indices else 0)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="topo-body") as body:
+            body.border_title = "Topology"
+            body.border_subtitle = "↑/↓ card · Esc close"
+            yield Static(id="topo-matrix")
+            yield Static(id="topo-partners")
+            yield Static(LEGEND, id="topo-legend")
+
+    def on_mount(self) -> None:
+        self._draw()
+
+    def action_move(self, delta: int) -> None:
+        if self.topo.indices:
+            pos = self.topo.indices.index(self.selected)
+            self.selected = self.topo.indices[(pos + delta) % len(self.topo.indices)]
+            self._draw()
+
+    def _quality(self, link: str | None) -> Style:
+        theme = self.app.current_theme
+        rank = link_rank(link)
+        if link == "X":
+            return Style(dim=True)
+        colour = theme.success if rank < 1 else theme.primary if rank <= 2 else theme.warning if rank <= 4 else theme.error
+        return Style(color=colour, bold=rank < 1)
+
+    def _draw(self) -> None:
+        topo = self.topo
+        if not topo.indices:
+            self.query_one("#topo-matrix", Static).update("No cards.")
+            return
+        accent = Style(bgcolor=self.app.current_theme.panel, bold=True)
+        table = Table(box=None, padding=(0, 1), show_edge=False, pad_edge=False)
+        table.add_column("")
+        for idx in topo.indices:
+            table.add_column(f"GPU{idx}", justify="center", header_style=accent if idx == self.selected else "bold")
+        table.add_column("CPU Affinity")
+        table.add_column("NUMA", justify="right")
+        for i, idx in enumerate(topo.indices):
+            cells = []
+            for j, other in enumerate(topo.indices):
+                link = topo.links[i][j]
+                style = self._quality(link)
+                if self.selected in (idx, other):
+                    style += Style(bgcolor=self.app.current_theme.panel)
+                cells.append(Text(link or "N/A", style=style))
+            name_style = accent if idx == self.selected else Style(bold=True)
+            numa = topo.numa_node[i]
+            table.add_row(Text(f"GPU{idx}", style=name_style), *cells, topo.cpu_affinity[i] or "N/A",
+                          "N/A" if numa is None else str(numa))
+        self.query_one("#topo-matrix", Static).update(table)
+        partners = best_partners(topo, self.selected)
+        text = Text(f"\nBest partners for GPU {self.selected}: ", style="bold")
+        text.append(", ".join(f"GPU {o} ({describe_link(link)})" for o, link in partners) or "none")
+        self.query_one("#topo-partners", Static).update(text)
