@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from gpumon import __version__
 from gpumon.errors import EXIT_ALERT, EXIT_OK, EXIT_USAGE, GpumonError, UsageError
 
-SUBCOMMANDS = ("snapshot", "topo", "select")
+SUBCOMMANDS = ("snapshot", "topo", "select", "watch", "alerts")
 MIN_INTERVAL = 0.1
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpumon, not the user's input
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,7 +70,7 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     # subparser's defaults from overwriting values given before the subcommand.
     d = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
     g = parser.add_argument_group("global options")
-    g.add_argument("--interval", type=_interval, default=d(1.0), metavar="SECONDS",
+    g.add_argument("--interval", type=_interval, default=d(None), metavar="SECONDS",
                    help="seconds between samples (default 1.0, at least 0.1)")
     g.add_argument("--demo", nargs="?", const="default", default=d(None), metavar="SCENARIO",
                    help="simulated GPUs, no driver needed: default, workstation, hot, lost")
@@ -80,6 +81,10 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     g.add_argument("--theme", default=d(None), metavar="NAME", help="TUI colour theme")
     g.add_argument("--no-color", action="store_true", default=d(False),
                    help="no colours (also when $NO_COLOR is set)")
+    g.add_argument("--config", default=d(None), metavar="FILE",
+                   help="config file (default ~/.config/gpumon/config.toml, or $GPUMON_CONFIG)")
+    g.add_argument("--record", default=d(None), metavar="FILE",
+                   help="append every sample to FILE as JSON lines (.gz: compressed)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     _add_global_options(parser, suppress=False)
     parser.add_argument("--readonly", action="store_true", help="TUI: no process actions")
+    parser.add_argument("--alert", action="append", default=[], metavar="RULE",
+                        help="TUI: show a badge on cards where RULE fires (repeatable)")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
 
@@ -107,6 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
     _add_global_options(p, suppress=True)
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("watch", help="headless: sample, evaluate alert rules, print events")
+    p.add_argument("--alert", action="append", default=[], metavar="RULE",
+                   help="alert rule, e.g. 'temp > 85 for 30s' (repeatable; adds to the config's)")
+    p.add_argument("--format", choices=("jsonl", "text"), help="event lines (default: jsonl unless a terminal)")
+    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N samples")
+    p.add_argument("--exit-on-alert", action="store_true", help="exit with status 1 at the first firing alert")
+    p.add_argument("--on-alert", metavar="CMD", help="run CMD with sh -c per event; event on stdin and in GPUMON_*")
+    p.add_argument("--hook-timeout", type=_interval, metavar="SECONDS", help="kill a hook after this long (default 10)")
+    p.add_argument("--prometheus", metavar="ADDR", help="serve metrics on PORT or HOST:PORT (default host 127.0.0.1)")
+    p.add_argument("--prometheus-processes", action="store_true", help="also export per-process GPU memory")
+    p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_watch)
+
+    p = sub.add_parser("alerts", help="alert rules: export them for Prometheus")
+    alerts = p.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser, required=True)
+    e = alerts.add_parser("export", help="write the configured rules as a Prometheus alerting-rules file")
+    e.add_argument("--prometheus-rules", action="store_true", required=True, help="Prometheus rules YAML")
+    e.add_argument("--alert", action="append", default=[], metavar="RULE", help="rule (adds to the config's)")
+    _add_global_options(e, suppress=True)
+    e.set_defaults(func=cmd_alerts_export)
     return parser
 
 
@@ -184,10 +213,75 @@ def cmd_select(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _config(args: argparse.Namespace):
+    from gpumon.config import load_config
+
+    config = load_config(args.config)
+    if args.interval is None:
+        args.interval = config.interval or 1.0
+    return config
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpumon.alerts import AlertEngine, parse_rules
+    from gpumon.export import EventWriter
+    from gpumon.hooks import HookRunner
+    from gpumon.record import Recorder
+    from gpumon.sampler import Sampler
+    from gpumon.watch import Watch
+
+    config = _config(args)
+    rules = parse_rules(config.watch_rules + config.rules + args.alert)
+    fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
+    backend = _backend(args)
+    replaying = args.replay is not None
+    count = args.count
+    if replaying:  # as fast as the data comes: rule durations use the recorded times
+        remaining = len(backend.snapshots)
+        count = min(count, remaining) if count else remaining
+    on_alert = args.on_alert or config.on_alert
+    hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
+    recorder = Recorder(args.record) if args.record else None
+    watch = Watch(
+        Sampler(backend, interval=0.0 if replaying else args.interval), AlertEngine(rules),
+        EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
+    )
+    server = None
+    try:
+        address = args.prometheus or config.prometheus
+        if address:
+            server = watch.serve_prometheus(address, args.prometheus_processes or config.prometheus_processes)
+        return asyncio.run(watch.run())
+    finally:
+        if server is not None:
+            server.shutdown()
+        if hooks is not None:
+            hooks.close()
+        if recorder is not None:
+            recorder.close()
+        backend.close()
+
+
+def cmd_alerts_export(args: argparse.Namespace) -> int:
+    from gpumon.alerts import parse_rules
+    from gpumon.export import prometheus_rules
+
+    config = _config(args)
+    sys.stdout.write(prometheus_rules(parse_rules(config.watch_rules + config.rules + args.alert)))
+    return EXIT_OK
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
+    from gpumon.alerts import parse_rules
     from gpumon.tui.app import run_app
 
-    return run_app(args, _backend(args))
+    config = _config(args)
+    rules = parse_rules(config.rules + config.watch_rules + args.alert)
+    args.theme = args.theme or config.theme
+    args.readonly = args.readonly or config.readonly
+    return run_app(args, _backend(args), rules)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,3 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except Exception as exc:  # a bug: one line for the user, the traceback on request
+        if os.environ.get("GPUMON_DEBUG"):
+            raise
+        print(f"gpumon: internal error: {type(exc).__name__}: {exc} (GPUMON_DEBUG=1 shows the traceback; "
+              "please report it)", file=sys.stderr)
+        return EXIT_INTERNAL

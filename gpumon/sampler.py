@@ -101,7 +101,8 @@ class Sampler:
         self.backend = backend
         self.interval = interval
         self.enricher = enricher if enricher is not None else (ProcessEnricher() if backend.real_pids else None)
-        self.history = History(capacity=max(1, int(history_seconds / interval) + 1))
+        # Interval 0 (replaying as fast as possible) sizes history as if sampled every 0.1 s.
+        self.history = History(capacity=int(history_seconds / max(interval, 0.1)) + 1)
         self.latest: Snapshot | None = None
         self.in_flight = False
         self._subscribers: list[Subscriber] = []
@@ -152,7 +153,7 @@ class Sampler:
             self.in_flight = True
             snapshot = await self._await_pass(pass_, started)
             self.in_flight = False
-            if snapshot is not None:
+            if snapshot is not None and snapshot is not self.latest:  # a paused replay repeats itself
                 self.latest = snapshot
                 self.history.add(snapshot)
                 self._publish(snapshot)

@@ -395,3 +395,67 @@ def test_fast_start_imports_nothing_heavy_for_snapshot():
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gpumon", "--version"], check=True, capture_output=True)
     assert time.perf_counter() - t0 < 30  # sanity only; start-up cost is measured by benchmarks/
+
+
+def test_alert_badges_on_cards_and_the_alerts_list():
+    from gpumon.alerts import parse_rules
+    from gpumon.tui.screens.alerts import AlertsScreen
+
+    async def go():
+        app = create_app(DemoBackend("hot"), interval=0.1, rules=parse_rules(["temp > 85", "util > 99"]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            while 0 not in app.engine.firing():
+                await pilot.pause(0.1)
+            await pilot.pause(0.2)
+            panels = screen.query_one(CardList).panels
+            assert "⚠ temp > 85" in panels[0].lines(110)[0].plain
+            assert "⚠" not in panels[1].lines(110)[0].plain
+            assert "ALERT" in screen.query_one("#status").render().plain
+            await pilot.press("exclamation_mark")
+            assert isinstance(app.screen, AlertsScreen)
+            assert any(e.event == "firing" and e.gpu == 0 for e in app.alert_log)
+
+    run(go())
+
+
+def test_replay_pause_step_and_speed(tmp_path):
+    from gpumon.backends.replay import ReplayBackend
+    from gpumon.record import Recorder
+
+    recording = tmp_path / "rec.jsonl"
+    recorder, demo = Recorder(str(recording)), DemoBackend()
+    for _ in range(50):
+        recorder.write(demo.sample())
+    recorder.close()
+
+    async def go():
+        app = create_app(ReplayBackend(str(recording)), interval=0.1)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            replay = app.sampler.backend
+            await pilot.press("space")
+            paused_at = replay.position
+            await pilot.pause(0.5)
+            assert replay.position == paused_at
+            await pilot.press("full_stop")
+            await pilot.pause(0.4)
+            assert replay.position == paused_at + 1
+            await pilot.press("plus")
+            assert app.sampler.interval == pytest.approx(0.05)
+            assert "×2" in app.replay_status() and "PAUSED" in app.replay_status()
+            await pilot.press("space")
+            await pilot.pause(0.5)
+            assert replay.position > paused_at + 2
+
+    run(go())
+
+
+def test_replay_keys_are_not_offered_live():
+    async def go():
+        app = create_app(DemoBackend(), interval=0.1)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            assert app.check_action("replay_pause", ()) is False
+
+    run(go())

@@ -132,6 +132,9 @@ class NvmlBackend:
         self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
         count = pynvml.nvmlDeviceGetCount()
         self.cards = [self._open_card(i) for i in range(count)]
+        self._event_set: Any = None
+        self._event_cards: dict[int | None, int] = {}
+        self._events_failed = False
 
     # -- setup --
 
@@ -335,6 +338,48 @@ class NvmlBackend:
                 latest[s.pid] = (s.timeStamp, s.smUtil)
             card.proc_util_ts = max(card.proc_util_ts, s.timeStamp)
         return {pid: util for pid, (_, util) in latest.items()}
+
+    # -- XID events --
+
+    def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
+        """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread."""
+        if self._event_set is None and not self._open_events():
+            time.sleep(timeout_s)
+            return []
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_TIMEOUT:
+                time.sleep(timeout_s)  # e.g. GPU lost: do not spin
+            return []
+        index = self._event_cards.get(ctypes.cast(data.device, ctypes.c_void_p).value)
+        if index is None or data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+            return []
+        return [(index, int(data.eventData))]
+
+    def _open_events(self) -> bool:
+        if self._events_failed:
+            return False
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.info("NVML: no event support (%s): xid rules fire on nothing", exc)
+            self._events_failed = True
+            return False
+        for card in self.cards:
+            if card.handle is None:
+                continue
+            try:
+                pynvml.nvmlDeviceRegisterEvents(card.handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+            except pynvml.NVMLError as exc:
+                log.info("NVML: card %d: XID events unavailable (%s)", card.index, exc)
+                continue
+            self._event_cards[ctypes.cast(card.handle, ctypes.c_void_p).value] = card.index
+        if not self._event_cards:
+            self._events_failed = True
+            return False
+        self._event_set = event_set
+        return True
 
     # -- topology --
 

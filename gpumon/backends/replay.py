@@ -42,15 +42,24 @@ class ReplayBackend:
         if not self.snapshots:
             raise UsageError(f"recording {path} holds no readable snapshot")
         self.position = 0
+        self.paused = False
+        self._steps = 0  # steps asked for while paused
 
     @property
     def finished(self) -> bool:
         return self.position >= len(self.snapshots)
 
+    def step(self) -> None:
+        """While paused: let the next sample advance by one snapshot."""
+        self._steps += 1
+
     def sample(self) -> Snapshot:
-        """The next recorded snapshot; at the end, the last one again."""
+        """The next recorded snapshot; while paused, or at the end, the current one again."""
+        if self.paused and self._steps == 0 and self.position > 0:
+            return self.snapshots[min(self.position, len(self.snapshots)) - 1]
+        self._steps = max(0, self._steps - 1)
         snapshot = self.snapshots[min(self.position, len(self.snapshots) - 1)]
-        self.position += 1
+        self.position = min(self.position + 1, len(self.snapshots))
         return snapshot
 
     def topology(self) -> Topology:

@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from textual.app import App
 from textual.binding import Binding
 
+from gpumon.alerts import AlertEngine, AlertEvent, Rule
 from gpumon.backends import Backend
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
+from gpumon.record import Recorder
 from gpumon.sampler import Sampler
+from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
@@ -32,12 +35,22 @@ class GpumonApp(App[int]):
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
         Binding("c", "next_theme", "Theme", show=False),
+        Binding("exclamation_mark", "alerts", "Alerts", show=False),
+        Binding("space", "replay_pause", "Pause"),
+        Binding("full_stop", "replay_step", "Step"),
+        Binding("plus", "replay_speed(2)", "Faster"),
+        Binding("minus", "replay_speed(0.5)", "Slower"),
     ]
 
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
-                 env: Mapping[str, str] | None = None, sample_count: int | None = None) -> None:
+                 env: Mapping[str, str] | None = None, sample_count: int | None = None,
+                 rules: list[Rule] | None = None, recorder: Recorder | None = None) -> None:
         super().__init__()
         self.sampler = sampler
+        self.engine = AlertEngine(rules or [])
+        self.alert_log: list[AlertEvent] = []
+        self.recorder = recorder
+        self.base_interval = sampler.interval
         self.readonly = readonly
         self.requested_theme = theme
         self.sample_count = sample_count
@@ -69,11 +82,62 @@ class GpumonApp(App[int]):
         return self.requested_theme
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if not snapshot.stale:
+            if self.recorder is not None:
+                self.recorder.write(snapshot)
+            events = self.engine.evaluate(snapshot)
+            self.alert_log = (self.alert_log + events)[-200:]
+            for event in events:
+                if event.event == "firing":
+                    self.notify(f"GPU {event.gpu}: {event.rule}", title="Alert", severity="error", timeout=6)
+            self.main_screen.alerts = self.engine.firing()
         if self.main_screen.is_attached:
             self.main_screen.show_snapshot(snapshot)
 
+    def action_alerts(self) -> None:
+        if not isinstance(self.screen, AlertsScreen):
+            self.push_screen(AlertsScreen(self.engine, self.alert_log))
+
     def on_unmount(self) -> None:
         self.sampler.stop()
+
+    # -- replay controls (only offered when playing back a recording) --
+
+    @property
+    def replay(self):
+        backend = self.sampler.backend
+        return backend if backend.name == "replay" else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action.startswith("replay_"):
+            return self.replay is not None
+        return True
+
+    def replay_status(self) -> str:
+        replay = self.replay
+        if replay is None:
+            return ""
+        speed = self.base_interval / self.sampler.interval
+        state = "  PAUSED (. steps)" if replay.paused else ""
+        return f"{replay.position}/{len(replay.snapshots)}  ×{speed:g}{state}"
+
+    def action_replay_pause(self) -> None:
+        self.replay.paused = not self.replay.paused
+        self._refresh_replay_status()
+
+    def action_replay_step(self) -> None:
+        if not self.replay.paused:
+            self.replay.paused = True
+        self.replay.step()
+        self._refresh_replay_status()
+
+    def action_replay_speed(self, factor: float) -> None:
+        self.sampler.interval = min(10.0, max(0.05, self.sampler.interval / factor))
+        self._refresh_replay_status()
+
+    def _refresh_replay_status(self) -> None:
+        if self.sampler.latest is not None and self.main_screen.is_attached:
+            self.main_screen.show_snapshot(self.sampler.latest)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -91,9 +155,10 @@ class GpumonApp(App[int]):
 
 
 def create_app(backend: Backend, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
-               env: Mapping[str, str] | None = None, sample_count: int | None = None) -> GpumonApp:
+               env: Mapping[str, str] | None = None, sample_count: int | None = None,
+               rules: list[Rule] | None = None, recorder: Recorder | None = None) -> GpumonApp:
     return GpumonApp(Sampler(backend, interval=interval), readonly=readonly, theme=theme, env=env,
-                     sample_count=sample_count)
+                     sample_count=sample_count, rules=rules, recorder=recorder)
 
 
 def _check_theme(name: str | None) -> None:
@@ -105,7 +170,7 @@ def _check_theme(name: str | None) -> None:
         raise UsageError(f"unknown theme {name!r}; choose from {', '.join(names)}")
 
 
-def run_app(args: argparse.Namespace, backend: Backend) -> int:
+def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None = None) -> int:
     _check_theme(args.theme)
     if args.no_color:
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
@@ -117,9 +182,13 @@ def run_app(args: argparse.Namespace, backend: Backend) -> int:
     logging.getLogger().handlers.clear()
     if os.environ.get("GPUMON_LOG_FILE"):
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
-    app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme)
+    recorder = Recorder(args.record) if args.record else None
+    app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
+                     rules=rules, recorder=recorder)
     try:
         status = app.run()
     finally:
+        if recorder is not None:
+            recorder.close()
         backend.close()
     return status if isinstance(status, int) else EXIT_OK

@@ -3,6 +3,7 @@ screenshots. Shared by scripts/screenshots.py and the tests, so both see the sam
 
 from __future__ import annotations
 
+from gpumon.alerts import parse_rules
 from gpumon.backends.demo import DemoBackend
 from gpumon.tui.app import GpumonApp, create_app
 
@@ -21,11 +22,12 @@ SHOTS: list[tuple[str, dict, tuple[int, int], tuple[str, ...]]] = [
     ("lost-120x40.svg", {"scenario": "lost"}, (120, 40), ()),
     ("sixteen-cards-120x40.svg", {"cards": 16}, (120, 40), ()),
     ("topology-80x24.svg", {"cards": 8}, (80, 24), ("down", "t")),
+    ("alerts-120x40.svg", {"scenario": "hot", "rules": ["temp > 85 for 10s", "throttle thermal"]}, (120, 40), ()),
 ]
 
 
 def demo_app(scenario: str = "default", theme: str | None = None, cards: int | None = None,
-             env: dict[str, str] | None = None, readonly: bool = False) -> GpumonApp:
+             env: dict[str, str] | None = None, readonly: bool = False, rules: list[str] | None = None) -> GpumonApp:
     """A demo app whose clock is frozen, with HISTORY samples already in its charts.
 
     The app then samples once more (its first frame) and stops, so the screen stays still.
@@ -38,9 +40,12 @@ def demo_app(scenario: str = "default", theme: str | None = None, cards: int | N
 
     backend = DemoBackend(scenario, seed=0, cards=cards, clock=tick)
     backend.host = "demo-gpu-node"
-    app = create_app(backend, interval=1.0, theme=theme, env=env or {}, sample_count=1, readonly=readonly)
+    app = create_app(backend, interval=1.0, theme=theme, env=env or {}, sample_count=1, readonly=readonly,
+                     rules=parse_rules(rules or []))
     for _ in range(HISTORY - 1):
-        app.sampler.history.add(app.sampler.collect())
+        snapshot = app.sampler.collect()
+        app.sampler.history.add(snapshot)
+        app.engine.evaluate(snapshot)  # rules see the history too, so `for` durations have passed
     return app
 
 

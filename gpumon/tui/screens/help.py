@@ -27,9 +27,15 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("e", "show its environment (CUDA_VISIBLE_DEVICES, …) where readable"),
     ]),
     ("App", [
+        ("!", "alerts firing now and recent alert events"),
         ("c", "next colour theme"),
         ("?", "this help"),
         ("q", "quit"),
+    ]),
+    ("Replay (--replay FILE)", [
+        ("space", "pause / resume"),
+        (".", "step one sample (pauses)"),
+        ("+  -", "faster / slower"),
     ]),
     ("Reserved (coming)", [
         ("r", "launch a command pinned to the selected card"),

@@ -115,7 +115,7 @@ class MainScreen(Screen):
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
-            self.query_one(StatusBar).show(snap, alerts=firing)
+            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.app.replay_status())
             cards = self.query_one(CardList)
             ordinals = self._ordinals_of(snap)
             for panel, gpu in zip(cards.panels, snap.gpus):

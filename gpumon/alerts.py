@@ -1,0 +1,288 @@
+"""Alert rules: `METRIC OP VALUE [for DURATION] [clear VALUE] [on GPUS]`, and their evaluation.
+
+Pure: no I/O, no clocks. Time comes from the snapshots, so a recording replayed at any speed gives
+exactly the events of the live run. A rule fires once when its condition has held for DURATION and
+resolves once when it has been false for DURATION (with `clear`, false means past the clear value),
+so a noisy value does not flap.
+
+Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
+`thermal` and `power`), `ecc > 0`.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumon.errors import UsageError
+from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
+from gpumon.units import parse_duration, parse_size
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+}
+THROTTLE_GROUPS = {"thermal": {"sw_thermal", "hw_thermal"}, "power": {"sw_power_cap", "hw_power_brake"}}
+THROTTLE_NAMES = set(THROTTLE_REASONS.values())
+
+
+# Metrics compared against a value, and how each is read from a card (None: the card does not say).
+METRICS: dict[str, Callable[[GpuSample], float | None]] = {
+    "util": lambda g: g.utilization_gpu,
+    "mem": lambda g: g.memory_percent,
+    "mem_used": lambda g: g.memory_used,
+    "temp": lambda g: g.temperature,
+    "power": lambda g: g.power_draw,
+    "fan": lambda g: g.fan,
+    "clock_sm": lambda g: g.clock_sm,
+    "procs": lambda g: len(g.processes) if g.state == "ok" else None,
+    "ecc": lambda g: g.ecc_errors_uncorrected,
+}
+SPECIAL = ("lost", "xid", "throttle")
+
+
+class RuleError(UsageError):
+    """A rule that does not parse; the message shows the rule with a caret under the bad part."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str
+    metric: str
+    op: str = ">"
+    threshold: float = 0.0
+    percent: bool = False  # power given as % of the limit
+    duration: float = 0.0
+    clear: float | None = None
+    gpus: frozenset[int] | None = None
+    reasons: frozenset[str] = frozenset()  # throttle rules
+
+    def applies_to(self, index: int) -> bool:
+        return self.gpus is None or index in self.gpus
+
+    def value(self, gpu: GpuSample) -> float | None:
+        """The number this rule compares, or None when the card does not say."""
+        if self.metric == "lost":
+            return 1.0 if gpu.state == "lost" else 0.0
+        if gpu.state == "lost":
+            return None
+        if self.metric == "throttle":
+            if gpu.throttle_reasons is None:
+                return None
+            return 1.0 if self.reasons & set(gpu.throttle_reasons) else 0.0
+        if self.metric == "power" and self.percent:
+            return gpu.power_percent
+        return METRICS[self.metric](gpu)
+
+    def holds(self, value: float) -> bool:
+        return OPS[self.op](value, self.threshold)
+
+    def cleared(self, value: float) -> bool:
+        """True when a firing alert's condition is over (past the clear value if one is set)."""
+        if self.clear is None:
+            return not self.holds(value)
+        return not OPS[self.op](value, self.clear)
+
+
+_TOKEN = re.compile(r"\S+")
+
+
+def _fail(text: str, start: int, end: int, message: str) -> RuleError:
+    caret = " " * start + "^" * max(1, end - start)
+    return RuleError(f"alert rule: {message}\n  {text}\n  {caret}")
+
+
+def parse_rule(text: str) -> Rule:
+    tokens = [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    if not tokens:
+        raise RuleError("alert rule is empty: expected e.g. 'temp > 85 for 30s'")
+    pos = 0
+
+    def take() -> tuple[str, int, int] | None:
+        nonlocal pos
+        if pos >= len(tokens):
+            return None
+        pos += 1
+        return tokens[pos - 1]
+
+    word, start, end = take()  # type: ignore[misc]
+    metric = word.lower()
+    fields: dict[str, Any] = {"text": text, "metric": metric}
+    if metric == "lost":
+        fields.update(op="==", threshold=1.0)
+    elif metric == "throttle":
+        reason = take()
+        if reason is None:
+            raise _fail(text, len(text), len(text) + 1, "throttle needs a reason: thermal, power, hw_slowdown, …")
+        name = reason[0].lower()
+        reasons = THROTTLE_GROUPS.get(name, {name} if name in THROTTLE_NAMES else None)
+        if reasons is None:
+            known = ", ".join(sorted(THROTTLE_GROUPS) + sorted(THROTTLE_NAMES))
+            raise _fail(text, reason[1], reason[2], f"unknown throttle reason {reason[0]!r} (known: {known})")
+        fields.update(op="==", threshold=1.0, reasons=frozenset(reasons))
+    elif metric == "xid" and (pos >= len(tokens) or tokens[pos][0].lower() in ("for", "on")):
+        fields.update(op="!=", threshold=0.0)  # any XID
+    elif metric in METRICS or metric == "xid":
+        op_tok = take()
+        if op_tok is None or op_tok[0] not in OPS:
+            where = op_tok or ("", len(text), len(text) + 1)
+            raise _fail(text, where[1], where[2], f"expected a comparison ({' '.join(OPS)}) after {word!r}")
+        val_tok = take()
+        if val_tok is None:
+            raise _fail(text, len(text), len(text) + 1, "expected a value to compare with")
+        threshold, percent = _value(metric, val_tok, text)
+        fields.update(op=op_tok[0], threshold=threshold, percent=percent)
+    else:
+        known = ", ".join(list(METRICS) + list(SPECIAL))
+        raise _fail(text, start, end, f"unknown metric {word!r} (known: {known})")
+
+    while (tok := take()) is not None:
+        keyword = tok[0].lower()
+        arg = take()
+        if keyword not in ("for", "clear", "on") or keyword in fields.get("_seen", ()):
+            raise _fail(text, tok[1], tok[2], f"unexpected {tok[0]!r}: expected 'for DURATION', 'clear VALUE' or 'on GPUS'")
+        fields.setdefault("_seen", set()).add(keyword)
+        if arg is None:
+            raise _fail(text, len(text), len(text) + 1, f"{keyword!r} needs a value")
+        if keyword == "for":
+            try:
+                fields["duration"] = parse_duration(arg[0])
+            except UsageError:
+                raise _fail(text, arg[1], arg[2], f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
+        elif keyword == "clear":
+            if metric in ("lost", "throttle", "xid"):
+                raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
+            fields["clear"], _ = _value(metric, arg, text)
+        else:
+            fields["gpus"] = _gpus(arg, text)
+    fields.pop("_seen", None)
+    return Rule(**fields)
+
+
+def _value(metric: str, tok: tuple[str, int, int], text: str) -> tuple[float, bool]:
+    raw = tok[0]
+    try:
+        if metric == "mem_used":
+            return float(parse_size(raw)), False
+        if raw.endswith("%"):
+            if metric not in ("power", "mem", "util", "fan"):
+                raise ValueError
+            return float(raw[:-1]), metric == "power"
+        return float(raw), False
+    except (ValueError, UsageError):
+        hint = "a size like 8G" if metric == "mem_used" else "a number" + (" or a percentage" if metric == "power" else "")
+        raise _fail(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected {hint}") from None
+
+
+def _gpus(tok: tuple[str, int, int], text: str) -> frozenset[int]:
+    try:
+        indices = frozenset(int(part) for part in tok[0].split(","))
+    except ValueError:
+        raise _fail(text, tok[1], tok[2], f"bad card list {tok[0]!r}: expected indices like 0,1") from None
+    if any(i < 0 for i in indices):
+        raise _fail(text, tok[1], tok[2], "card indices start at 0")
+    return indices
+
+
+@dataclass
+class _State:
+    firing: bool = False
+    since: float | None = None  # when the condition (or its end) started holding
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    event: str  # "firing" | "resolved"
+    rule: str
+    gpu: int
+    uuid: str
+    metric: str
+    value: float
+    threshold: float
+    time: float
+    name: str = ""  # the card's name (from the driver); in hook environments, not in the JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
+                "metric": self.metric, "value": self.value, "threshold": self.threshold, "time": self.time}
+
+
+@dataclass
+class AlertEngine:
+    rules: list[Rule]
+    _states: dict[tuple[int, int], _State] = field(default_factory=dict)
+
+    def firing(self) -> dict[int, tuple[str, ...]]:
+        """Card index -> texts of the rules firing on it now."""
+        out: dict[int, list[str]] = {}
+        for (rule_i, gpu), state in self._states.items():
+            if state.firing:
+                out.setdefault(gpu, []).append(self.rules[rule_i].text)
+        return {gpu: tuple(texts) for gpu, texts in out.items()}
+
+    def evaluate(self, snapshot: Snapshot) -> list[AlertEvent]:
+        events: list[AlertEvent] = []
+        for rule_i, rule in enumerate(self.rules):
+            for gpu in snapshot.gpus:
+                if not rule.applies_to(gpu.index):
+                    continue
+                state = self._states.setdefault((rule_i, gpu.index), _State())
+                if rule.metric == "xid":
+                    event = self._xid_quiet(rule, state, gpu, snapshot.time)
+                else:
+                    value = rule.value(gpu)
+                    event = None if value is None else self._step(rule, state, gpu, value, snapshot.time)
+                if event:
+                    events.append(event)
+        return events
+
+    def xid(self, gpu: GpuSample, code: int, when: float) -> list[AlertEvent]:
+        """An XID error arrived: matching xid rules fire now, not at the next sample. They resolve
+        once no XID has come for the rule's duration (at the first sample after that)."""
+        events = []
+        for rule_i, rule in enumerate(self.rules):
+            if rule.metric != "xid" or not rule.applies_to(gpu.index) or not rule.holds(float(code)):
+                continue
+            state = self._states.setdefault((rule_i, gpu.index), _State())
+            state.since, state.value = when, float(code)  # `since`: the last XID seen
+            if not state.firing:
+                state.firing = True
+                events.append(self._event("firing", rule, gpu, float(code), when))
+        return events
+
+    def _xid_quiet(self, rule: Rule, state: _State, gpu: GpuSample, now: float) -> AlertEvent | None:
+        if state.firing and state.since is not None and now > state.since and now - state.since >= rule.duration:
+            state.firing, state.since = False, None
+            return self._event("resolved", rule, gpu, 0.0, now)
+        return None
+
+    def _step(self, rule: Rule, state: _State, gpu: GpuSample, value: float, now: float) -> AlertEvent | None:
+        """inactive -> pending (holding, for < DURATION) -> firing -> ending (cleared, for < DURATION) -> resolved."""
+        if not state.firing:
+            if not rule.holds(value):
+                state.since = None
+                return None
+            state.since = now if state.since is None else state.since
+            if now - state.since >= rule.duration:
+                state.firing, state.since, state.value = True, None, value
+                return self._event("firing", rule, gpu, value, now)
+            return None
+        if not rule.cleared(value):
+            state.since = None
+            return None
+        state.since = now if state.since is None else state.since
+        if now - state.since >= rule.duration:
+            state.firing, state.since = False, None
+            return self._event("resolved", rule, gpu, value, now)
+        return None
+
+    @staticmethod
+    def _event(kind: str, rule: Rule, gpu: GpuSample, value: float, now: float) -> AlertEvent:
+        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid, rule.metric, value, rule.threshold, now, gpu.name)
+
+
+def parse_rules(texts: Iterable[str]) -> list[Rule]:
+    return [parse_rule(text) for text in texts]

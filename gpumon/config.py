@@ -1,0 +1,115 @@
+"""The config file: TOML in the user's config dir (~/.config/gpumon/config.toml), or --config FILE,
+or $GPUMON_CONFIG. Command-line options win over it; rules from both are used together.
+
+    interval = 1.0
+    theme = "gpumon-dark"
+
+    [watch]
+    rules = ["temp > 85 for 30s", "lost", "xid"]
+    on_alert = "logger -t gpumon"
+    hook_timeout = 10
+    format = "jsonl"
+    prometheus = "127.0.0.1:9400"
+    prometheus_processes = false
+
+A bad file is a usage error naming the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+from gpumon.errors import UsageError
+
+# section -> key -> accepted types
+SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
+    "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
+              "prometheus": (str,), "prometheus_processes": (bool,)},
+}
+
+
+@dataclass
+class Config:
+    path: Path | None = None
+    interval: float | None = None
+    theme: str | None = None
+    readonly: bool = False
+    rules: list[str] = field(default_factory=list)  # shown as badges in the TUI
+    watch_rules: list[str] = field(default_factory=list)
+    on_alert: str | None = None
+    hook_timeout: float = 10.0
+    format: str | None = None
+    prometheus: str | None = None
+    prometheus_processes: bool = False
+
+
+def default_path() -> Path:
+    return Path(platformdirs.user_config_dir("gpumon")) / "config.toml"
+
+
+def _line_of(text: str, key: str) -> int | None:
+    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def load_config(path: str | None = None) -> Config:
+    """Load the explicit file (which must exist), else $GPUMON_CONFIG, else the default if present."""
+    explicit = path or os.environ.get("GPUMON_CONFIG")
+    file = Path(explicit) if explicit else default_path()
+    if not file.exists():
+        if explicit:
+            raise UsageError(f"config file not found: {file}")
+        return Config()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read config {file}: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config {file}: TOML syntax error: {exc}") from None
+
+    def bad(key: str, message: str) -> UsageError:
+        line = _line_of(text, key.rsplit(".", 1)[-1])
+        where = f"line {line}: " if line else ""
+        return UsageError(f"config {file}: {where}{message}")
+
+    config = Config(path=file)
+    for section, schema in SCHEMA.items():
+        table = data if section == "" else data.get(section, {})
+        if section and not isinstance(table, dict):
+            raise bad(section, f"[{section}] must be a table")
+        for key, value in table.items():
+            name = f"{section}.{key}" if section else key
+            if section == "" and key in SCHEMA and isinstance(value, dict):
+                continue
+            if key not in schema:
+                raise bad(key, f"unknown key {name!r}")
+            if not isinstance(value, schema[key]) or (isinstance(value, bool) and bool not in schema[key]):
+                wanted = " or ".join(t.__name__ for t in schema[key])
+                raise bad(key, f"{name!r} must be {wanted}, not {type(value).__name__}")
+            if key == "rules" and not all(isinstance(r, str) for r in value):
+                raise bad(key, f"{name!r} must be a list of strings")
+    top, watch = data, data.get("watch", {})
+    config.interval = float(top["interval"]) if "interval" in top else None
+    if config.interval is not None and not config.interval >= 0.1:
+        raise bad("interval", f"'interval' must be at least 0.1 s, got {config.interval}")
+    config.theme = top.get("theme")
+    config.readonly = top.get("readonly", False)
+    config.rules = list(top.get("rules", []))
+    config.watch_rules = list(watch.get("rules", []))
+    config.on_alert = watch.get("on_alert")
+    config.hook_timeout = float(watch.get("hook_timeout", 10.0))
+    config.format = watch.get("format")
+    if config.format not in (None, "jsonl", "text"):
+        raise bad("format", f"'watch.format' must be \"jsonl\" or \"text\", not {config.format!r}")
+    config.prometheus = watch.get("prometheus")
+    config.prometheus_processes = watch.get("prometheus_processes", False)
+    return config

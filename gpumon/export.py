@@ -1,0 +1,255 @@
+"""Getting data out: event lines (JSON or text), Prometheus exposition, Prometheus alerting rules.
+
+Metric names follow dcgm-exporter 3.x (the `DCGM_FI_DEV_*` fields of its default counters file,
+framebuffer sizes in MiB) with its labels `gpu`, `UUID`, `device`, `modelName`, `Hostname`,
+`pci_bus_id`, so dashboards and rules written for dcgm-exporter work unchanged. gpumon's own
+metrics are prefixed `gpumon_`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpumon.alerts import AlertEngine, AlertEvent, Rule
+from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
+from gpumon.units import format_bytes
+
+MIB = 1 << 20
+THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
+
+
+class EventWriter:
+    """One line per event (and per sample with --metrics), flushed at once: pipes and logs see it."""
+
+    def __init__(self, stream: IO[str], fmt: str) -> None:
+        self.stream = stream
+        self.fmt = fmt
+
+    def _line(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def event(self, event: AlertEvent) -> None:
+        if self.fmt == "jsonl":
+            self._line(json.dumps(event.to_dict()))
+            return
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time))
+        self._line(f"{when}  {event.event.upper():8}  GPU {event.gpu}  {event.rule}  "
+                   f"({event.metric}={_number(event.value)}, threshold {_number(event.threshold)})  {event.uuid}")
+
+    def metrics(self, snapshot: Snapshot) -> None:
+        if self.fmt == "jsonl":
+            self._line(json.dumps({"event": "sample", "time": snapshot.time, "gpus": [
+                {"gpu": g.index, "state": g.state, "util": g.utilization_gpu, "mem": _round(g.memory_percent),
+                 "temp": g.temperature, "power": g.power_draw, "procs": len(g.processes)}
+                for g in snapshot.gpus]}))
+            return
+        when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
+        cards = "  ".join(_card_text(g) for g in snapshot.gpus)
+        self._line(f"{when}  {cards}")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if abs(value) < 1e7 else format_bytes(int(value))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _card_text(g: GpuSample) -> str:
+    if g.state != "ok":
+        return f"gpu{g.index} {g.state.upper()}"
+    parts = [f"gpu{g.index}"]
+    parts.append(f"{g.utilization_gpu}%" if g.utilization_gpu is not None else "N/A")
+    parts.append(f"mem {g.memory_percent:.0f}%" if g.memory_percent is not None else "mem N/A")
+    parts.append(f"{g.temperature}C" if g.temperature is not None else "N/A")
+    parts.append(f"{g.power_draw:.0f}W" if g.power_draw is not None else "N/A")
+    return " ".join(parts)
+
+
+# -- Prometheus exposition --
+
+# (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
+GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: None if g.memory_used is None else g.memory_used / MIB),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: None if g.memory_free is None else g.memory_free / MIB),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature),
+    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_draw),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_util),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_util),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of uncorrectable (double-bit) volatile ECC errors.",
+     lambda g: g.ecc_errors_uncorrected),
+    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s).", lambda g: None if g.pcie_tx is None else g.pcie_tx / 1024),
+    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s).", lambda g: None if g.pcie_rx is None else g.pcie_rx / 1024),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
+     lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
+    ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
+]
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+
+
+class GpumonCollector(Collector):
+    """Builds the metrics at scrape time from the newest snapshot: nothing is done per sample."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None], engine: AlertEngine | None = None,
+                 xid: Callable[[], dict[int, int]] | None = None, processes: bool = False) -> None:
+        self.latest = latest
+        self.engine = engine
+        self.xid = xid
+        self.processes = processes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self.latest()
+        if snap is None:
+            return
+        labels = {g.index: [str(g.index), g.uuid, f"nvidia{g.index}", g.name, snap.host, g.pci_bus_id] for g in snap.gpus}
+        for name, doc, read in GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            for g in snap.gpus:
+                value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
+                if value is not None:
+                    family.add_metric(labels[g.index], float(value))
+            yield family
+        xids = self.xid() if self.xid else {}
+        family = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS)
+        for g in snap.gpus:
+            family.add_metric(labels[g.index], float(xids.get(g.index, 0)))
+        yield family
+        lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
+        for g in snap.gpus:
+            lost.add_metric(labels[g.index], 1.0 if g.state == "lost" else 0.0)
+        yield lost
+        stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.")
+        stale.add_metric([], max(0.0, time.time() - snap.time))
+        yield stale
+        if self.engine is not None:
+            firing = GaugeMetricFamily("gpumon_alert_firing", "1 while a gpumon alert rule fires on a card.",
+                                       labels=["rule", "gpu"])
+            for gpu, rules in self.engine.firing().items():
+                for rule in rules:
+                    firing.add_metric([rule, str(gpu)], 1.0)
+            yield firing
+        if self.processes:
+            procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
+                                      labels=["gpu", "UUID", "pid", "user", "name"])
+            for g in snap.gpus:
+                for p in g.processes:
+                    if p.gpu_memory is not None:
+                        name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
+                        procs.add_metric([str(g.index), g.uuid, str(p.pid), p.user or "?", name], float(p.gpu_memory))
+            yield procs
+
+
+def registry_for(collector: GpumonCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+# -- Prometheus alerting rules --
+
+_PROMQL: dict[str, str] = {
+    "util": "DCGM_FI_DEV_GPU_UTIL{sel}",
+    "mem": "(DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}) * 100)",
+    "mem_used": "(DCGM_FI_DEV_FB_USED{sel} * 1048576)",
+    "temp": "DCGM_FI_DEV_GPU_TEMP{sel}",
+    "power": "DCGM_FI_DEV_POWER_USAGE{sel}",
+    "fan": "DCGM_FI_DEV_FAN_SPEED{sel}",
+    "clock_sm": "DCGM_FI_DEV_SM_CLOCK{sel}",
+    "procs": "gpumon_gpu_processes{sel}",
+    "ecc": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{sel}",
+    "xid": "DCGM_FI_DEV_XID_ERRORS{sel}",
+}
+
+
+def rule_expr(rule: Rule) -> str:
+    sel = "" if rule.gpus is None else '{gpu=~"' + "|".join(str(i) for i in sorted(rule.gpus)) + '"}'
+    if rule.metric == "lost":
+        return f"gpumon_gpu_lost{sel} == 1"
+    if rule.metric == "throttle":
+        bits = sorted(THROTTLE_BITS[r] for r in rule.reasons)
+        tests = [f"floor(DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{sel} / {bit}) % 2 == 1" for bit in bits]
+        return " or ".join(f"({t})" for t in tests) if len(tests) > 1 else tests[0]
+    if rule.metric == "power" and rule.percent:
+        value = f"(DCGM_FI_DEV_POWER_USAGE{sel} / DCGM_FI_DEV_POWER_MGMT_LIMIT{sel} * 100)"
+    else:
+        value = _PROMQL[rule.metric].format(sel=sel)
+    return f"{value} {rule.op} {rule.threshold:g}"
+
+
+def _alert_name(rule: Rule, index: int) -> str:
+    words = "".join(part.capitalize() for part in rule.metric.split("_"))
+    return f"Gpumon{words}{index + 1}"
+
+
+def prometheus_rules(rules: list[Rule]) -> str:
+    """An alerting-rules file (YAML) for the rules; JSON-quoted strings are valid YAML scalars."""
+    lines = ["# Generated by `gpumon alerts export --prometheus-rules`.",
+             "# Over dcgm-exporter 3.x metric names, as `gpumon watch --prometheus` exports them.",
+             "groups:", "  - name: gpumon", "    rules:"]
+    for i, rule in enumerate(rules):
+        lines += [
+            f"      - alert: {_alert_name(rule, i)}",
+            f"        expr: {json.dumps(rule_expr(rule))}",
+        ]
+        if rule.duration:
+            lines.append(f"        for: {_duration(rule.duration)}")
+        if rule.clear is not None:
+            lines.append("        # gpumon's 'clear' hysteresis has no PromQL equivalent; rule kept without it")
+        lines += [
+            "        labels:",
+            "          severity: warning",
+            "        annotations:",
+            f"          summary: {json.dumps('gpumon rule ' + repr(rule.text) + ' on GPU {{ $labels.gpu }} ({{ $labels.modelName }})')}",
+            f"          rule: {json.dumps(rule.text)}",
+        ]
+    if not rules:
+        lines[-1] = "    rules: []"
+    return "\n".join(lines) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds >= 1 and seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{int(seconds * 1000)}ms"
+
+
+def exposition(collector: GpumonCollector) -> bytes:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_for(collector))
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """'9400' or ':9400' -> loopback; 'HOST:PORT' binds HOST (explicitly, e.g. 0.0.0.0:9400)."""
+    from gpumon.errors import UsageError
+
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"bad --prometheus address {text!r}: expected PORT or HOST:PORT") from None
+    if not 0 < number < 65536:
+        raise UsageError(f"bad --prometheus port {port}: must be 1-65535")
+    return host, number
+

@@ -1,0 +1,84 @@
+"""Running the admin's `--on-alert` command once per event, safely.
+
+The command line is the admin's own and runs with `sh -c`; the event reaches it only as JSON on
+stdin and as GPUMON_* environment variables, never pasted into the command, because card and
+process names come from the driver and from other users. Hooks run one at a time in a worker
+thread, so a slow hook never delays sampling; one that hangs is killed after a timeout, and one
+that fails is reported on stderr while the watch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+from gpumon.alerts import AlertEvent
+
+log = logging.getLogger(__name__)
+QUEUE_LIMIT = 1000
+
+
+def hook_environment(event: AlertEvent) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "GPUMON_EVENT": event.event, "GPUMON_RULE": event.rule, "GPUMON_GPU": str(event.gpu),
+        "GPUMON_UUID": event.uuid, "GPUMON_METRIC": event.metric, "GPUMON_VALUE": f"{event.value:g}",
+        "GPUMON_THRESHOLD": f"{event.threshold:g}", "GPUMON_TIME": f"{event.time:.3f}",
+        "GPUMON_NAME": event.name,
+    })
+    return env
+
+
+def run_hook(command: str, event: AlertEvent, timeout: float) -> int | None:
+    """Run the hook for one event; its exit status, or None when it was killed for hanging."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
+        env=hook_environment(event), start_new_session=True,  # its own group: killed whole on timeout
+    )
+    try:
+        proc.communicate(json.dumps(event.to_dict()).encode() + b"\n", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+    except BrokenPipeError:  # the hook did not read its stdin: fine
+        proc.wait()
+    return proc.returncode
+
+
+class HookRunner:
+    def __init__(self, command: str, timeout: float = 10.0) -> None:
+        self.command = command
+        self.timeout = timeout
+        self._queue: queue.Queue[AlertEvent | None] = queue.Queue(QUEUE_LIMIT)
+        self._thread = threading.Thread(target=self._work, name="gpumon-hooks", daemon=True)
+        self._thread.start()
+
+    def submit(self, event: AlertEvent) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            log.warning("hook queue full: event for GPU %d (%s) dropped", event.gpu, event.rule)
+
+    def _work(self) -> None:
+        while (event := self._queue.get()) is not None:
+            try:
+                status = run_hook(self.command, event, self.timeout)
+            except OSError as exc:
+                log.warning("alert hook could not start: %s", exc)
+                continue
+            if status is None:
+                log.warning("alert hook killed after %gs (event %s on GPU %d)", self.timeout, event.event, event.gpu)
+            elif status != 0:
+                log.warning("alert hook exited with status %d (event %s on GPU %d)", status, event.event, event.gpu)
+
+    def close(self, wait: float | None = None) -> None:
+        """Let queued hooks finish (each still bounded by the timeout), then stop the worker."""
+        self._queue.put(None)
+        self._thread.join(wait)

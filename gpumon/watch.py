@@ -1,0 +1,108 @@
+"""`gpumon watch`: sample, evaluate the alert rules, and send events to stdout, hooks and Prometheus.
+
+Runs without a screen (systemd, cron, tmux). SIGTERM and SIGINT end it cleanly with status 0,
+after the output is flushed and queued hooks have run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpumon.alerts import AlertEngine, AlertEvent
+from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.export import EventWriter, GpumonCollector, parse_listen_address, registry_for
+from gpumon.hooks import HookRunner
+from gpumon.model import GpuSample, Snapshot
+from gpumon.record import Recorder
+from gpumon.sampler import Sampler
+
+log = logging.getLogger(__name__)
+XID_POLL_S = 0.5
+
+
+@dataclass
+class Watch:
+    sampler: Sampler
+    engine: AlertEngine
+    writer: EventWriter
+    hooks: HookRunner | None = None
+    recorder: Recorder | None = None
+    exit_on_alert: bool = False
+    metrics: bool = False
+    count: int | None = None
+    status: int = EXIT_OK
+    last_xid: dict[int, int] = field(default_factory=dict)
+    _xid_stop: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+    def serve_prometheus(self, address: str, processes: bool = False):
+        from prometheus_client import start_http_server
+
+        host, port = parse_listen_address(address)
+        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: dict(self.last_xid), processes)
+        try:
+            server, _ = start_http_server(port, host, registry=registry_for(collector))
+        except OSError as exc:
+            raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
+        log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
+        return server
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        self.sampler.subscribe(self._on_snapshot)
+        xid_thread = None
+        if hasattr(self.sampler.backend, "wait_xid"):
+            xid_thread = threading.Thread(target=self._xid_loop, args=(loop,), name="gpumon-xid", daemon=True)
+            xid_thread.start()
+        try:
+            await self.sampler.run(self.count)
+        finally:
+            self._xid_stop.set()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        return self.status
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if snapshot.stale:  # the same data again: nothing new to record or evaluate
+            return
+        if self.recorder is not None:
+            self.recorder.write(snapshot)
+        if self.metrics:
+            self.writer.metrics(snapshot)
+        for event in self.engine.evaluate(snapshot):
+            self._emit(event)
+
+    def _emit(self, event: AlertEvent) -> None:
+        self.writer.event(event)
+        if self.hooks is not None:
+            self.hooks.submit(event)
+        if self.exit_on_alert and event.event == "firing":
+            self.status = EXIT_ALERT
+            self.stop()
+
+    def _xid_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        backend = self.sampler.backend
+        while not self._xid_stop.is_set():
+            for index, code in backend.wait_xid(XID_POLL_S):
+                try:
+                    loop.call_soon_threadsafe(self._on_xid, index, code, time.time())
+                except RuntimeError:  # loop closed
+                    return
+
+    def _on_xid(self, index: int, code: int, when: float) -> None:
+        self.last_xid[index] = code
+        latest = self.sampler.latest
+        gpu = next((g for g in latest.gpus if g.index == index), None) if latest else None
+        if gpu is None:
+            gpu = GpuSample(index=index, uuid="", name="?", pci_bus_id="")
+        for event in self.engine.xid(gpu, code, when):
+            self._emit(event)
