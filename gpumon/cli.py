@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from gpumon import __version__
 from gpumon.errors import EXIT_ALERT, EXIT_OK, EXIT_USAGE, GpumonError, UsageError
 
-SUBCOMMANDS = ("snapshot", "topo", "select", "watch", "alerts")
+SUBCOMMANDS = ("snapshot", "topo", "select", "watch", "alerts", "run", "jobs")
 MIN_INTERVAL = 0.1
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpumon, not the user's input
 
@@ -128,6 +128,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
     _add_global_options(p, suppress=True)
     p.set_defaults(func=cmd_watch)
+
+    p = sub.add_parser("run", help="launch a command pinned to a card (detached unless --foreground)")
+    p.add_argument("--gpu", default="auto", metavar="SPEC",
+                   help="index, UUID, PCI bus id, comma list, or auto[:N] (default auto: least loaded)")
+    p.add_argument("--mem-limit", type=_size, metavar="SIZE", help="GPU memory cap per card: 8G, 512M, 50%%")
+    p.add_argument("--no-numa", action="store_true", help="do not pin to the card's CPUs")
+    p.add_argument("--foreground", action="store_true", help="run in this terminal and wait for it")
+    p.add_argument("--name", help="a name for the job (default: the command)")
+    p.add_argument("--wait", action="store_true", help="queue until matching cards are free, then start")
+    p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
+    p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation")
+    p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
+    p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("jobs", help="jobs launched by gpumon")
+    p.add_argument("--json", action="store_true", help="as JSON, oldest first")
+    p.add_argument("--prune", action="store_true", help="remove the records of finished jobs")
+    p.add_argument("--stop", metavar="ID", help="stop a job (SIGTERM, then SIGKILL after a grace period)")
+    _add_global_options(p, suppress=True)
+    p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("alerts", help="alert rules: export them for Prometheus")
     alerts = p.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser, required=True)
@@ -273,6 +296,49 @@ def cmd_alerts_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpumon.launch import LaunchRequest, launch
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    request = LaunchRequest(
+        command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
+        foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
+        max_util=args.max_util, cwd=args.cwd, systemd=args.systemd,
+    )
+    if args.interval is None:
+        args.interval = 1.0
+    backend = _backend(args)
+    try:
+        return launch(request, backend, backend_args=_backend_args(args), interval=args.interval, out=sys.stdout)
+    finally:
+        backend.close()
+
+
+def _backend_args(args: argparse.Namespace) -> dict:
+    """How a job's supervisor reaches the same driver as this command."""
+    return {"demo": args.demo, "seed": args.seed, "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB")}
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from gpumon import jobs
+    from gpumon.report import jobs_text
+
+    if args.prune:
+        removed = jobs.prune()
+        print(f"removed {len(removed)} finished job{'s' if len(removed) != 1 else ''}")
+        return EXIT_OK
+    if args.stop:
+        print(jobs.stop(jobs.find_job(args.stop)))
+        return EXIT_OK
+    listed = jobs.list_jobs()
+    if args.json:
+        json.dump([job.to_dict() for job in listed], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(jobs_text(listed))
+    return EXIT_OK
+
+
 def cmd_tui(args: argparse.Namespace) -> int:
     from gpumon.alerts import parse_rules
     from gpumon.tui.app import run_app
@@ -281,7 +347,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     rules = parse_rules(config.rules + config.watch_rules + args.alert)
     args.theme = args.theme or config.theme
     args.readonly = args.readonly or config.readonly
-    return run_app(args, _backend(args), rules)
+    return run_app(args, _backend(args), rules, _backend_args(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

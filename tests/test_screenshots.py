@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumon.tui.showcase import SHOTS, demo_app, wait_for_first_frame
+from gpumon.tui.showcase import SHOTS, SHOWCASE_STATE, demo_app, use_showcase_state, wait_for_first_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -22,7 +22,9 @@ def test_layout_snapshot(snap_compare, name):
     assert snap_compare(demo_app(**options), terminal_size=size, press=keys, run_before=wait_for_first_frame)
 
 
-def test_screenshots_folder_matches_the_current_ui(tmp_path):
+def test_screenshots_folder_matches_the_current_ui(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(SHOWCASE_STATE))
+    use_showcase_state()
     from screenshots import render
 
     async def render_all():

@@ -459,3 +459,118 @@ def test_replay_keys_are_not_offered_live():
             assert app.check_action("replay_pause", ()) is False
 
     run(go())
+
+
+def nvml_launch_app(fake_driver, cards=3):
+    fake_driver.machine.cards = [Card("NVIDIA A10", uuid=f"GPU-a10a10a{i}-0000-1111-2222-333344445555",
+                                      mem_total=24 * GIB, extra=dict(cpus="0-1")) for i in range(cards)]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    app = create_app(backend, interval=0.2, backend_args={"nvml_lib": str(fake_driver.lib)})
+    return app, backend
+
+
+def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, tmp_path):
+    from gpumon import jobs
+    from gpumon.tui.screens.jobs import JobsScreen
+    from gpumon.tui.screens.run_dialog import RunDialog
+
+    app, backend = nvml_launch_app(fake_driver)
+    out = tmp_path / "cvd"
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("j", "j", "r")
+            assert isinstance(app.screen, RunDialog)
+            await pilot.press(*f"echo $CUDA_VISIBLE_DEVICES > {out}; echo hello; sleep 30")
+            await pilot.press("enter")
+            assert not isinstance(app.screen, RunDialog)
+            for _ in range(100):
+                if out.exists() and out.read_text():
+                    break
+                await pilot.pause(0.1)
+            assert out.read_text().strip() == fake_driver.machine.cards[2].uuid
+            (job,) = jobs.list_jobs()
+            assert job.spec.gpu_indices == [2] and job.state == "running"
+            await pilot.press("J")
+            assert isinstance(app.screen, JobsScreen)
+            await pilot.pause(1.5)
+            assert "hello" in "\n".join(app.screen.query_one("#jobs-log").lines)
+            await pilot.press("s")  # stop it
+            for _ in range(100):
+                if jobs.list_jobs()[0].state == "killed":
+                    break
+                await pilot.pause(0.1)
+            assert jobs.list_jobs()[0].reason == "stopped by the user"
+            await pilot.press("p")
+            assert app.main_screen.query_one("#filter").value == job.spec.id
+
+    try:
+        run(go())
+    finally:
+        backend.close()
+
+
+def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver):
+    from gpumon import jobs
+    from gpumon.tui.screens.run_dialog import RunDialog
+
+    app, backend = nvml_launch_app(fake_driver)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("r", "enter")
+            assert isinstance(app.screen, RunDialog)
+            assert "Type a command" in str(app.screen.query_one("#run-error").render())
+            app.screen.query_one("#run-limit").value = "9X"
+            await pilot.press(*"true", "enter")
+            assert isinstance(app.screen, RunDialog) and "bad size" in str(app.screen.query_one("#run-error").render())
+            await pilot.press("escape")
+            assert not isinstance(app.screen, RunDialog)
+        assert jobs.list_jobs() == []
+
+    try:
+        run(go())
+    finally:
+        backend.close()
+
+
+def test_m_sets_the_cards_default_limit_used_by_r(fake_driver):
+    from gpumon.launch import card_limits
+    from gpumon.tui.screens.run_dialog import MemLimitDialog, RunDialog
+
+    app, backend = nvml_launch_app(fake_driver)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("j", "m")
+            assert isinstance(app.screen, MemLimitDialog)
+            await pilot.press(*"25%", "enter")
+            uuid = fake_driver.machine.cards[1].uuid
+            assert card_limits().get(uuid) == 6 * GIB
+            await pilot.press("r")
+            assert isinstance(app.screen, RunDialog)
+            assert app.screen.query_one("#run-limit").value == "6.0G"
+
+    try:
+        run(go())
+    finally:
+        backend.close()
+
+
+def test_launching_is_not_offered_readonly_or_on_replays(fake_driver):
+    app, backend = nvml_launch_app(fake_driver)
+    app.main_screen.readonly = True
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            assert screen.check_action("run", ()) is False
+
+    try:
+        run(go())
+    finally:
+        backend.close()

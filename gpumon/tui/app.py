@@ -44,8 +44,12 @@ class GpumonApp(App[int]):
 
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
-                 rules: list[Rule] | None = None, recorder: Recorder | None = None) -> None:
+                 rules: list[Rule] | None = None, recorder: Recorder | None = None,
+                 backend_args: dict | None = None) -> None:
         super().__init__()
+        # How launched jobs' supervisors reach the same driver; None: launching is not offered.
+        self.backend_args = backend_args
+        self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
         self.sampler = sampler
         self.engine = AlertEngine(rules or [])
         self.alert_log: list[AlertEvent] = []
@@ -100,6 +104,10 @@ class GpumonApp(App[int]):
 
     def on_unmount(self) -> None:
         self.sampler.stop()
+
+    @property
+    def can_launch(self) -> bool:
+        return self.backend_args is not None and self.sampler.backend.name != "replay"
 
     # -- replay controls (only offered when playing back a recording) --
 
@@ -156,9 +164,10 @@ class GpumonApp(App[int]):
 
 def create_app(backend: Backend, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
-               rules: list[Rule] | None = None, recorder: Recorder | None = None) -> GpumonApp:
+               rules: list[Rule] | None = None, recorder: Recorder | None = None,
+               backend_args: dict | None = None) -> GpumonApp:
     return GpumonApp(Sampler(backend, interval=interval), readonly=readonly, theme=theme, env=env,
-                     sample_count=sample_count, rules=rules, recorder=recorder)
+                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args)
 
 
 def _check_theme(name: str | None) -> None:
@@ -170,7 +179,8 @@ def _check_theme(name: str | None) -> None:
         raise UsageError(f"unknown theme {name!r}; choose from {', '.join(names)}")
 
 
-def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None = None) -> int:
+def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None = None,
+            backend_args: dict | None = None) -> int:
     _check_theme(args.theme)
     if args.no_color:
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
@@ -184,7 +194,7 @@ def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
-                     rules=rules, recorder=recorder)
+                     rules=rules, recorder=recorder, backend_args=backend_args)
     try:
         status = app.run()
     finally:

@@ -3,11 +3,20 @@ screenshots. Shared by scripts/screenshots.py and the tests, so both see the sam
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 from gpumon.alerts import parse_rules
+from gpumon.jobs import JobSpec
 from gpumon.backends.demo import DemoBackend
 from gpumon.tui.app import GpumonApp, create_app
 
 FROZEN = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+GIB = 1 << 30
 HISTORY = 300  # samples of chart history taken before the first frame
 
 # (file name, demo_app options, terminal size, keys pressed before the shot)
@@ -23,6 +32,8 @@ SHOTS: list[tuple[str, dict, tuple[int, int], tuple[str, ...]]] = [
     ("sixteen-cards-120x40.svg", {"cards": 16}, (120, 40), ()),
     ("topology-80x24.svg", {"cards": 8}, (80, 24), ("down", "t")),
     ("alerts-120x40.svg", {"scenario": "hot", "rules": ["temp > 85 for 10s", "throttle thermal"]}, (120, 40), ()),
+    ("run-dialog-120x40.svg", {}, (120, 40), ("down", "down", "down", "r", *"python train.py --lr 3e-4")),
+    ("jobs-120x40.svg", {}, (120, 40), ("J",)),
 ]
 
 
@@ -41,7 +52,8 @@ def demo_app(scenario: str = "default", theme: str | None = None, cards: int | N
     backend = DemoBackend(scenario, seed=0, cards=cards, clock=tick)
     backend.host = "demo-gpu-node"
     app = create_app(backend, interval=1.0, theme=theme, env=env or {}, sample_count=1, readonly=readonly,
-                     rules=parse_rules(rules or []))
+                     rules=parse_rules(rules or []), backend_args={"demo": scenario})
+    app.launch_cwd = "/home/alice/llm"
     for _ in range(HISTORY - 1):
         snapshot = app.sampler.collect()
         app.sampler.history.add(snapshot)
@@ -53,3 +65,40 @@ async def wait_for_first_frame(pilot) -> None:
     while pilot.app.sampler.latest is None:
         await pilot.pause(0.05)
     await pilot.pause(0.2)
+
+
+SHOWCASE_STATE = Path(tempfile.gettempdir()) / "gpumon-showcase-state"
+
+
+def use_showcase_state() -> Path:
+    """Point gpumon's state dir (jobs, history) at a fresh fixed folder with the demo jobs in it."""
+    shutil.rmtree(SHOWCASE_STATE, ignore_errors=True)
+    os.environ["XDG_STATE_HOME"] = str(SHOWCASE_STATE)
+    write_demo_jobs(SHOWCASE_STATE)
+    return SHOWCASE_STATE
+
+
+def write_demo_jobs(state_home: Path) -> None:
+    """Finished jobs with fixed times, so the jobs panel renders the same everywhere."""
+    jobs_root = state_home / "gpumon" / "jobs"
+    examples = [
+        ("20260101-083000-1a2b", "train", ["python", "train.py", "--epochs", "3"], 3, 0, None, 52, 61.5),
+        ("20260101-091500-3c4d", "sweep", ["python", "sweep.py", "--lr", "1e-3"], 2, None,
+         "memory limit exceeded: 22G > 20G", 15, 22.0),
+        ("20260101-101000-5e6f", "eval", ["python", "eval.py"], 3, 1, None, 4, 9.5),
+    ]
+    for job_id, name, command, gpu, code, reason, minutes, peak_gib in examples:
+        directory = jobs_root / job_id
+        directory.mkdir(parents=True, exist_ok=True)
+        created = FROZEN - 6 * 3600 + int(job_id[9:11]) * 60
+        spec = JobSpec(id=job_id, name=name, command=command, gpu_spec=str(gpu), cwd="/home/alice/llm",
+                       created=created, gpus=[f"GPU-demo-{gpu}"], gpu_indices=[gpu],
+                       mem_limit=20 * GIB if reason else None)
+        (directory / "job.json").write_text(json.dumps(dataclasses.asdict(spec)))
+        (directory / "process.json").write_text(json.dumps({"pid": 40000 + gpu, "started": created + 1}))
+        (directory / "exit.json").write_text(json.dumps({
+            "exit_code": code, "signal": 15 if reason else None, "ended": created + 1 + minutes * 60, "reason": reason}))
+        (directory / "peak").write_text(str(int(peak_gib * GIB)))
+        (directory / "output.log").write_text(
+            "".join(f"epoch {e}: loss {2.5 / (e + 1):.3f}\n" for e in range(3)) + ("done\n" if code == 0 else ""))
+    (state_home / "gpumon" / "history").write_text("python eval.py\npython train.py --epochs 3\n")

@@ -37,10 +37,10 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         (".", "step one sample (pauses)"),
         ("+  -", "faster / slower"),
     ]),
-    ("Reserved (coming)", [
-        ("r", "launch a command pinned to the selected card"),
-        ("m", "memory limit for jobs on the selected card"),
-        ("J", "jobs panel"),
+    ("Jobs", [
+        ("r", "run a command on the selected card: pinned by UUID, its NUMA node's CPUs, detached"),
+        ("m", "default GPU memory limit for jobs on the selected card"),
+        ("J", "jobs gpumon launched: state, log (following), s stop, p show its processes"),
     ]),
 ]
 

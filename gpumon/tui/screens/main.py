@@ -16,12 +16,17 @@ from textual.events import Resize, ScreenResume
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from gpumon import actions
+from gpumon import actions, jobs
+from gpumon.errors import UsageError
+from gpumon.launch import LaunchRequest, card_limits, prepare, start, summary
+from gpumon.units import format_bytes, parse_size
 from gpumon.cuda_order import cuda_ordinals
 from gpumon.model import Snapshot
 from gpumon.sampler import History
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
+from gpumon.tui.screens.jobs import JobsScreen
+from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
@@ -32,6 +37,7 @@ CHART_METRICS = ("util", "mem", "temp", "power")
 WIDE = 140  # columns from which history charts sit beside the cards
 CHART_MIN_HEIGHT = 8
 FULL_PANEL_LINES = 4  # a full card panel: title, bars, details, blank line
+JOB_SCAN_S = 3.0  # how often the process table learns which pids belong to gpumon jobs
 
 
 class MainScreen(Screen):
@@ -45,6 +51,9 @@ class MainScreen(Screen):
         Binding("e", "environment", "Env"),
         Binding("w", "cycle_window", "Window", show=False),
         Binding("t", "topology", "Topology"),
+        Binding("r", "run", "Run here"),
+        Binding("m", "mem_limit", "Mem limit", show=False),
+        Binding("J", "jobs", "Jobs"),
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
@@ -60,6 +69,7 @@ class MainScreen(Screen):
         self.filter_text = ""
         self.window = WINDOWS[0]
         self.alerts: dict[int, tuple[str, ...]] = {}
+        self.job_of_pid: dict[int, tuple[str, str]] = {}  # pid -> (job name, job id)
         self._ordinals_for: tuple | None = None
         self._ordinals: dict[int, str] | None = None
         self._layout_key: tuple | None = None
@@ -79,6 +89,26 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         self.query_one("#filter").display = False
         self.query_one(CardList).focus()
+        if self.real_pids:
+            self.set_interval(JOB_SCAN_S, self._scan_jobs)
+            self._scan_jobs()
+
+    def _scan_jobs(self) -> None:
+        self.run_worker(self._job_pids, thread=True, exclusive=True, group="jobs")
+
+    def _job_pids(self) -> None:
+        """Which running processes belong to gpumon jobs (read off the job records, in a thread)."""
+        found = {}
+        for job in jobs.list_jobs():
+            for proc in job.processes():
+                found[proc.pid] = (job.spec.name, job.spec.id)
+        self.app.call_from_thread(self._set_job_pids, found)
+
+    def _set_job_pids(self, found: dict[int, tuple[str, str]]) -> None:
+        if found != self.job_of_pid:
+            self.job_of_pid = found
+            if self.snapshot is not None:
+                self._update_table()
 
     # -- data in --
 
@@ -173,7 +203,7 @@ class MainScreen(Screen):
         table = self.query_one(ProcessTable)
         gpu = self.selected_gpu
         only = gpu.index if self.only_selected and gpu is not None else None
-        rows = rows_from(self.snapshot, only, self.filter_text)
+        rows = rows_from(self.snapshot, only, self.filter_text, self.job_of_pid)
         table.show(rows)
         scope = f"GPU {only}" if only is not None else "all cards"
         title = f"Processes · {scope} · {len(rows)}"
@@ -235,10 +265,78 @@ class MainScreen(Screen):
         self.query_one(ProcessTable).focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("signal", "environment"):
-            # Not offered where they cannot work: read-only mode, or simulated/replayed pids.
-            return not self.readonly and self.real_pids if action == "signal" else self.real_pids
+        # Not offered where they cannot work: read-only mode, or simulated/replayed data.
+        if action == "signal":
+            return not self.readonly and self.real_pids
+        if action == "environment":
+            return self.real_pids
+        if action in ("run", "mem_limit"):
+            return not self.readonly and self.app.can_launch
         return True
+
+    # -- jobs --
+
+    def action_run(self) -> None:
+        gpu = self.selected_gpu
+        if gpu is None or gpu.state != "ok":
+            self.notify("select a working card first", severity="warning")
+            return
+        default = card_limits().get(gpu.uuid)
+        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd),
+                             lambda choice: self._launch(gpu, choice) if choice else None)
+
+    def _launch(self, gpu, choice: RunChoice) -> None:
+        # The command is the user's own typing: it runs in their shell, with pipes and `&&`.
+        request = LaunchRequest(
+            command=["/bin/sh", "-c", choice.command], gpu_spec=gpu.uuid, mem_limit=choice.mem_limit,
+            numa=choice.numa, foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
+            name=choice.command.split()[0].rsplit("/", 1)[-1] if choice.command.split() else "job",
+        )
+        try:
+            spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
+            directory = start(spec, foreground=choice.foreground)
+        except (UsageError, OSError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if choice.foreground:
+            with self.app.suspend():
+                print(f"gpumon: running on GPU {gpu.index}: {choice.command}", flush=True)
+                code = jobs.start_supervisor(directory, foreground=True).wait()
+                input(f"\ngpumon: exited with status {code}. Press Enter to return to gpumon. ")
+            return
+        self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
+
+    def _report_start(self, directory) -> None:
+        job = jobs.wait_until_started(directory)
+        message = "\n".join(summary(job)) if job else f"job did not start: see {directory}"
+        self.app.call_from_thread(self.notify, message, timeout=8)
+        self._job_pids()
+
+    def action_mem_limit(self) -> None:
+        gpu = self.selected_gpu
+        if gpu is None:
+            return
+
+        def chosen(value: str | None) -> None:
+            if value is None:
+                return
+            limit = parse_size(value, gpu.memory_total) if value else None
+            card_limits().set(gpu.uuid, limit)
+            self.notify(f"GPU {gpu.index}: jobs launched here are capped at {format_bytes(limit)}" if limit
+                        else f"GPU {gpu.index}: no default memory limit")
+
+        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid)), chosen)
+
+    def action_jobs(self) -> None:
+        def closed(job_id: str | None) -> None:
+            if job_id:  # show that job's processes, on every card
+                self.only_selected = False
+                box = self.query_one("#filter", Input)
+                box.display = True
+                box.value = job_id
+                self.query_one(ProcessTable).focus()
+
+        self.app.push_screen(JobsScreen(), closed)
 
     def _selected_process(self):
         row = self.query_one(ProcessTable).selected_row

@@ -28,6 +28,7 @@ class Row:
     process: ProcessSample
     age: float | None
     job: str | None = None
+    job_id: str | None = None
 
     @property
     def key(self) -> str:
@@ -42,7 +43,7 @@ class Row:
 
     def matches(self, needle: str) -> bool:
         p = self.process
-        hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job) if x is not None)
+        hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job, self.job_id) if x is not None)
         return needle.lower() in hay.lower()
 
 
@@ -59,14 +60,16 @@ def format_age(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
-def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str, jobs: dict[int, str] | None = None) -> list[Row]:
+def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
+              jobs: dict[int, tuple[str, str]] | None = None) -> list[Row]:
     rows = []
     for gpu in snapshot.gpus:
         if only_gpu is not None and gpu.index != only_gpu:
             continue
         for p in gpu.processes:
             age = snapshot.time - p.started if p.started is not None else None
-            row = Row(gpu.index, p, age, (jobs or {}).get(p.pid))
+            name, job_id = (jobs or {}).get(p.pid, (None, None))
+            row = Row(gpu.index, p, age, name, job_id)
             if not needle or row.matches(needle):
                 rows.append(row)
     return rows

@@ -1,0 +1,278 @@
+"""Jobs launched by gpumon: their records on disk, their state, launching and stopping them.
+
+Each job has a private directory (0700) in the user's state dir:
+    ~/.local/state/gpumon/jobs/<id>/
+        job.json      what was asked: command, cards, limit, cwd, the environment added
+        process.json  the running command's pid and start time (a recycled pid is not the job)
+        exit.json     exit code or signal, end time, and why gpumon stopped it if it did
+        peak          peak GPU memory the watchdog saw (bytes)
+        output.log    the command's stdout and stderr
+Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
+either old or new, never half-written. A small supervisor process (gpumon.supervisor) owns each
+detached job: it waits for a free card when queued, starts the command, enforces the memory
+limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
+connection does not touch it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import psutil
+
+from gpumon.errors import UsageError
+
+STATES = ("queued", "running", "exited", "killed", "lost")
+FINISHED = ("exited", "killed", "lost")
+
+
+def state_dir() -> Path:
+    return Path(platformdirs.user_state_dir("gpumon"))
+
+
+def jobs_dir() -> Path:
+    return state_dir() / "jobs"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so readers see the old or the new file, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class JobSpec:
+    """What the user asked for; written once to job.json (cards filled in when they are chosen)."""
+
+    id: str
+    name: str
+    command: list[str]
+    gpu_spec: str
+    cwd: str
+    created: float
+    gpus: list[str] = field(default_factory=list)
+    gpu_indices: list[int] = field(default_factory=list)
+    mem_limit: int | None = None
+    numa: bool = True
+    wait: bool = False
+    min_free: str | None = None
+    max_util: float | None = None
+    backend: dict[str, Any] = field(default_factory=dict)  # open_backend() arguments for the supervisor
+    interval: float = 1.0  # seconds between the supervisor's samples (waiting, watchdog)
+    env_added: dict[str, str] = field(default_factory=dict)
+    cpus: list[int] | None = None
+    limits_applied: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Job:
+    """A job as `gpumon jobs` shows it: the spec plus what happened."""
+
+    spec: JobSpec
+    dir: Path
+    state: str
+    pid: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    peak_gpu_memory: int | None = None
+    supervisor_pid: int | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "output.log"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `gpumon jobs --json` entry of DESIGN.md."""
+        s = self.spec
+        return {
+            "id": s.id, "name": s.name, "command": s.command, "gpus": s.gpus, "gpu_indices": s.gpu_indices,
+            "state": self.state, "pid": self.pid, "exit_code": self.exit_code, "started": self.started,
+            "ended": self.ended, "log": str(self.log), "mem_limit": s.mem_limit,
+            "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
+        }
+
+    def processes(self) -> list[psutil.Process]:
+        """The job's command and everything it started, if it is running."""
+        if self.state != "running" or self.pid is None:
+            return []
+        try:
+            root = psutil.Process(self.pid)
+            if self.started is not None and abs(root.create_time() - self.started) > 1:
+                return []
+            return [root] + root.children(recursive=True)
+        except psutil.Error:
+            return []
+
+
+def _alive(pid: int | None, started: float | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - started) > 1:
+            return False  # the pid was recycled by another process
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def load_job(directory: Path) -> Job | None:
+    data = _read_json(directory / "job.json")
+    if data is None:
+        return None
+    try:
+        spec = JobSpec.from_dict(data)
+    except TypeError:
+        return None
+    process = _read_json(directory / "process.json") or {}
+    supervisor = _read_json(directory / "supervisor.json") or {}
+    ended = _read_json(directory / "exit.json")
+    job = Job(spec, directory, "lost", pid=process.get("pid"), started=process.get("started"),
+              supervisor_pid=supervisor.get("pid"))
+    try:
+        job.peak_gpu_memory = int((directory / "peak").read_text())
+    except (OSError, ValueError):
+        pass
+    if ended is not None:
+        job.ended = ended.get("ended")
+        job.exit_code = ended.get("exit_code")
+        job.reason = ended.get("reason")
+        job.state = "killed" if ended.get("signal") or job.reason else "exited"
+    elif _alive(job.pid, job.started):
+        job.state = "running"
+    elif _alive(job.supervisor_pid, supervisor.get("started")):
+        # Waiting for a card, or the command just ended and the supervisor is recording it.
+        job.state = "queued" if job.pid is None else "running"
+    else:
+        job.reason = "gpumon's supervisor is gone and the command is no longer running; exit status unknown" \
+            if job.pid else "never started (the launch was interrupted)"
+    return job
+
+
+def list_jobs() -> list[Job]:
+    """All jobs, oldest first."""
+    root = jobs_dir()
+    if not root.is_dir():
+        return []
+    jobs = [job for d in root.iterdir() if d.is_dir() and (job := load_job(d)) is not None]
+    return sorted(jobs, key=lambda j: (j.spec.created, j.spec.id))
+
+
+def find_job(ident: str) -> Job:
+    matches = [j for j in list_jobs() if j.spec.id == ident or j.spec.id.startswith(ident) or j.spec.name == ident]
+    if len(matches) != 1:
+        raise UsageError(f"no job {ident!r}" if not matches else f"{ident!r} matches several jobs")
+    return matches[0]
+
+
+def prune() -> list[str]:
+    """Remove the records of finished jobs; returns their ids."""
+    removed = []
+    for job in list_jobs():
+        if job.state in FINISHED:
+            shutil.rmtree(job.dir, ignore_errors=True)
+            removed.append(job.spec.id)
+    return removed
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def create_job(spec: JobSpec) -> Path:
+    directory = jobs_dir() / spec.id
+    directory.mkdir(parents=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
+    fd = os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.close(fd)
+    return directory
+
+
+def start_supervisor(directory: Path, foreground: bool = False) -> subprocess.Popen:
+    """Start the job's supervisor. Detached: own session, no terminal, stdin from /dev/null."""
+    command = [sys.executable, "-m", "gpumon.supervisor", str(directory)]
+    if foreground:
+        return subprocess.Popen(command + ["--foreground"])
+    with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:
+        os.chmod(directory / "supervisor.log", 0o600)
+        return subprocess.Popen(command, stdin=devnull, stdout=log, stderr=log, start_new_session=True,
+                                close_fds=True)
+
+
+def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:
+    """The job once its command runs, is queued, or has ended; None if that takes too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = load_job(directory)
+        # A job that is not meant to wait is "queued" only for the moment before its command starts.
+        if job is not None and (job.pid is not None or job.state in ("exited", "killed")
+                                or (job.state == "queued" and job.spec.wait)):
+            return job
+        time.sleep(0.05)
+    return load_job(directory)
+
+
+def stop(job: Job) -> str:
+    """Ask the supervisor to stop the job: SIGTERM to the command, SIGKILL after its grace period."""
+    if job.state not in ("running", "queued"):
+        raise UsageError(f"job {job.spec.id} is {job.state}, not running")
+    if _alive(job.supervisor_pid, None):
+        os.kill(job.supervisor_pid, signal.SIGTERM)
+        return f"stopping job {job.spec.id}"
+    # No supervisor (it was killed): signal the command's process group ourselves.
+    if job.pid is not None and _alive(job.pid, job.started):
+        os.killpg(job.pid, signal.SIGTERM)
+        return f"sent SIGTERM to job {job.spec.id}"
+    raise UsageError(f"job {job.spec.id} has no process left to stop")
+
+
+def command_history(limit: int = 100) -> list[str]:
+    path = state_dir() / "history"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    return list(dict.fromkeys(reversed(lines)))[:limit]  # newest first, no repeats
+
+
+def remember_command(command: str) -> None:
+    path = state_dir() / "history"
+    history = [c for c in reversed(command_history(200)) if c != command] + [command]
+    write_atomic(path, "\n".join(history[-200:]) + "\n")

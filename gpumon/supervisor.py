@@ -1,0 +1,213 @@
+"""The supervisor of one job: `python -m gpumon.supervisor JOB_DIR [--foreground]`.
+
+It waits for a free card when the job is queued, pins and starts the command, watches its GPU
+memory (the limit's guarantee), and records how it ended. SIGTERM asks it to stop the job:
+SIGTERM to the command's process group, SIGKILL after a grace period. It is single-threaded, so it
+can set its own CPU affinity before starting the command, which inherits it (no preexec_fn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from gpumon.backends import Backend, open_backend
+from gpumon.errors import GpumonError
+from gpumon.jobs import JobSpec, write_atomic
+from gpumon.limits import limit_environment, over_limit_reason
+from gpumon.model import Snapshot
+from gpumon.pinning import pin, resolve_spec
+
+GRACE_S = 5.0
+FREE_SAMPLES_IN_A_ROW = 3
+
+
+class Supervisor:
+    def __init__(self, directory: Path, foreground: bool) -> None:
+        self.dir = directory
+        self.foreground = foreground
+        self.spec = JobSpec.from_dict(json.loads((directory / "job.json").read_text()))
+        self.stop_requested: str | None = None
+        self.child: subprocess.Popen | None = None
+        self.peak = 0
+
+    # -- records --
+
+    def _write(self, name: str, data: dict) -> None:
+        write_atomic(self.dir / name, json.dumps(data))
+
+    def _finish(self, exit_code: int | None, sig: int | None, reason: str | None) -> None:
+        self._write("exit.json", {"exit_code": exit_code, "signal": sig, "ended": time.time(), "reason": reason})
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stop_requested = "stopped by the user"
+
+    # -- the job's life --
+
+    def run(self) -> int:
+        me = psutil.Process()
+        self._write("supervisor.json", {"pid": me.pid, "started": me.create_time()})
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
+        try:
+            backend = open_backend(**self.spec.backend)
+        except GpumonError as exc:
+            self._finish(None, None, f"could not reach the driver: {exc}")
+            return 1
+        try:
+            gpus = self._choose_cards(backend)
+            if gpus is None:
+                self._finish(None, None, self.stop_requested or "cancelled")
+                return 0
+            return self._start_and_watch(backend, gpus)
+        finally:
+            backend.close()
+
+    def _choose_cards(self, backend: Backend):
+        if self.spec.gpus and not self.spec.wait:
+            snapshot = backend.sample()
+            by_uuid = {g.uuid: g for g in snapshot.gpus}
+            return [by_uuid[u] for u in self.spec.gpus if u in by_uuid] or None
+        min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
+        topo = backend.topology()
+        streak: tuple[tuple[str, ...], int] = ((), 0)
+        while self.stop_requested is None:
+            snapshot = backend.sample()
+            try:
+                gpus = resolve_spec(self.spec.gpu_spec, snapshot, topo, min_free, self.spec.max_util)
+                free = all(_free(g, min_free, self.spec.max_util) for g in gpus)
+            except GpumonError:
+                gpus, free = [], False
+            uuids = tuple(g.uuid for g in gpus)
+            streak = (uuids, streak[1] + 1 if free and uuids == streak[0] else (1 if free else 0))
+            if streak[1] >= FREE_SAMPLES_IN_A_ROW:
+                return gpus
+            time.sleep(self.spec_interval)
+        return None
+
+    @property
+    def spec_interval(self) -> float:
+        return self.spec.interval
+
+    def _start_and_watch(self, backend: Backend, gpus) -> int:
+        pinning = pin(gpus, self.spec.id, self.spec.numa)
+        env_added = dict(pinning.env)
+        applied: list[str] = []
+        if self.spec.mem_limit:
+            extra, applied = limit_environment(self.spec.mem_limit, [g.memory_total or 0 for g in gpus], dict(os.environ))
+            env_added.update(extra)
+        self.spec = dataclasses.replace(
+            self.spec, gpus=list(pinning.uuids), gpu_indices=list(pinning.indices), env_added=env_added,
+            cpus=list(pinning.cpus) if pinning.cpus else None, limits_applied=applied,
+        )
+        write_atomic(self.dir / "job.json", json.dumps(dataclasses.asdict(self.spec), indent=1))
+        if pinning.cpus:
+            os.sched_setaffinity(0, pinning.cpus)  # inherited by the command
+        try:
+            self.child = self._spawn(dict(os.environ) | env_added)
+        except OSError as exc:
+            self._finish(127, None, f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
+            return 127
+        started = psutil.Process(self.child.pid).create_time()
+        self._write("process.json", {"pid": self.child.pid, "started": started})
+        return self._watch(backend, gpus)
+
+    def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
+        if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
+            return subprocess.Popen(self.spec.command, cwd=self.spec.cwd, env=env)
+        log = open(self.dir / "output.log", "ab", buffering=0)
+        with open(os.devnull, "rb") as devnull:
+            return subprocess.Popen(self.spec.command, cwd=self.spec.cwd, env=env, stdin=devnull, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+
+    def _watch(self, backend: Backend, gpus) -> int:
+        assert self.child is not None
+        uuids = {g.uuid for g in gpus}
+        reason = None
+        while self.child.poll() is None:
+            if self.stop_requested:
+                reason = self.stop_requested
+                self._stop_child()
+                break
+            used = self._job_gpu_memory(backend.sample(), uuids)
+            if used > self.peak:
+                self.peak = used
+                write_atomic(self.dir / "peak", str(used))
+            if self.spec.mem_limit and used > self.spec.mem_limit:
+                reason = over_limit_reason(used, self.spec.mem_limit)
+                self._stop_child()
+                break
+            self._sleep(self.spec_interval)
+        code = self.child.wait()
+        sig = -code if code < 0 else None
+        self._finish(code if code >= 0 else None, sig, reason)
+        return 0
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake up early when the command exits or a stop is asked for."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.child.poll() is None and not self.stop_requested:
+            time.sleep(min(0.05, seconds))
+
+    def _job_processes(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.child.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _job_gpu_memory(self, snapshot: Snapshot, uuids: set[str]) -> int:
+        """GPU memory of the job's own processes on its cards; other users' processes never count."""
+        pids = {p.pid for p in self._job_processes()}
+        return sum(p.gpu_memory or 0 for g in snapshot.gpus if g.uuid in uuids for p in g.processes if p.pid in pids)
+
+    def _stop_child(self) -> None:
+        """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace."""
+        assert self.child is not None
+        family = self._job_processes()
+        self._signal_all(family, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and self.child.poll() is None:
+            time.sleep(0.05)
+        self._signal_all(family + self._job_processes(), signal.SIGKILL)
+
+    def _signal_all(self, processes: list[psutil.Process], sig: int) -> None:
+        if not self.foreground:
+            try:
+                os.killpg(self.child.pid, sig)  # the command's own session and group
+            except OSError:
+                pass
+        for proc in processes:  # and anything that left the group; psutil refuses recycled pids
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+
+
+def _free(gpu, min_free: str | None, max_util: float | None) -> bool:
+    from gpumon.placement import free_enough
+
+    return free_enough(gpu, min_free, max_util) is None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m gpumon.supervisor JOB_DIR [--foreground]", file=sys.stderr)
+        return 2
+    supervisor = Supervisor(Path(argv[1]), foreground="--foreground" in argv)
+    code = supervisor.run()
+    if supervisor.foreground and supervisor.child is not None:
+        return supervisor.child.returncode if supervisor.child.returncode >= 0 else 128 - supervisor.child.returncode
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,137 @@
+"""`J`: the jobs gpumon launched, with the selected job's log following below."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Log, Static
+
+from gpumon import jobs
+from gpumon.errors import UsageError
+from gpumon.report import _runtime
+from gpumon.units import format_bytes
+
+LOG_TAIL_BYTES = 64 * 1024
+STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red", "lost": "red"}
+
+
+class LogTail:
+    """Reads what was appended to a file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read_new(self) -> str:
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                if self.offset == 0 and size > LOG_TAIL_BYTES:
+                    self.offset = size - LOG_TAIL_BYTES
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return ""
+        self.offset += len(data)
+        return data.decode(errors="replace")
+
+
+class JobsScreen(ModalScreen[str | None]):
+    """Dismisses with a job id when the user asks to see its processes."""
+
+    BINDINGS = [
+        Binding("escape,q,J", "close", "Close"),
+        Binding("s", "stop", "Stop job"),
+        Binding("p", "processes", "Its processes"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: list[jobs.Job] = []
+        self.tail: LogTail | None = None
+        self.tail_id: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="jobs-body") as body:
+            body.border_title = "Jobs"
+            body.border_subtitle = "s stop · p its processes · Esc close"
+            yield DataTable(cursor_type="row", id="jobs-table")
+            yield Static("", id="jobs-detail")
+            yield Log(id="jobs-log", max_lines=2000)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for key, label in [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("gpu", "GPU"), ("pid", "PID"),
+                           ("exit", "EXIT"), ("runtime", "RUNTIME"), ("peak", "PEAK MEM"), ("limit", "LIMIT")]:
+            table.add_column(label, key=key)
+        self.refresh_jobs()
+        self.set_interval(1.0, self.refresh_jobs)
+        table.focus()
+
+    @property
+    def selected(self) -> jobs.Job | None:
+        table = self.query_one(DataTable)
+        if not self.jobs or table.cursor_row is None or table.cursor_row >= len(self.jobs):
+            return None
+        return self.jobs[table.cursor_row]
+
+    def refresh_jobs(self) -> None:
+        table = self.query_one(DataTable)
+        cursor = table.cursor_row
+        self.jobs = list(reversed(jobs.list_jobs()))  # newest on top
+        now = time.time()
+        table.clear()
+        for job in self.jobs:
+            runtime = ((job.ended or now) - job.started) if job.started else None
+            table.add_row(
+                job.spec.id, job.spec.name[:24], Text(job.state, style=STATE_STYLES.get(job.state, "")),
+                ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
+                "" if job.exit_code is None else str(job.exit_code), _runtime(runtime),
+                format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,
+            )
+        if self.jobs:
+            table.move_cursor(row=min(cursor or 0, len(self.jobs) - 1))
+        self._show_selected()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_selected()
+
+    def _show_selected(self) -> None:
+        job = self.selected
+        detail = self.query_one("#jobs-detail", Static)
+        log = self.query_one(Log)
+        if job is None:
+            detail.update("No jobs yet: select a card and press r.")
+            return
+        detail.update(Text.assemble(("$ ", "dim"), " ".join(job.spec.command), "\n",
+                                    (job.reason or f"log: {job.log}", "bold red" if job.reason else "dim")))
+        if self.tail_id != job.spec.id:
+            self.tail_id, self.tail = job.spec.id, LogTail(job.log)
+            log.clear()
+        new = self.tail.read_new() if self.tail else ""
+        if new:
+            log.write(new)
+
+    def action_stop(self) -> None:
+        job = self.selected
+        if job is None:
+            return
+        try:
+            self.notify(jobs.stop(job))
+        except (UsageError, OSError) as exc:
+            self.notify(str(exc), severity="error")
+        self.refresh_jobs()
+
+    def action_processes(self) -> None:
+        job = self.selected
+        if job is not None:
+            self.dismiss(job.spec.id)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

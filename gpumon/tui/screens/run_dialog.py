@@ -1,0 +1,143 @@
+"""`r`: launch a command on the selected card; `m`: the card's default GPU memory limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
+from textual.widgets import Button, Checkbox, Input, Label, Static
+
+from gpumon.errors import UsageError
+from gpumon.model import GpuSample
+from gpumon.units import format_bytes, parse_size
+
+
+@dataclass
+class RunChoice:
+    command: str
+    cwd: str
+    mem_limit: str | None
+    numa: bool
+    foreground: bool
+    wait: bool
+
+
+class RunDialog(ModalScreen[RunChoice | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.cwd = cwd
+        self.history = history
+        self.default_limit = default_limit
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="run-body") as body:
+            body.border_title = f"Run on GPU {self.gpu.index}: {self.gpu.name}"
+            body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
+            yield Label("Command")
+            yield Input(placeholder="python train.py --epochs 10", id="run-command",
+                        suggester=SuggestFromList(self.history, case_sensitive=True))
+            yield Label("Working directory")
+            yield Input(self.cwd, id="run-cwd")
+            yield Label("GPU memory limit (e.g. 8G, 50%; empty: none)")
+            yield Input(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
+            with Horizontal(id="run-options"):
+                yield Checkbox("NUMA CPUs", True, id="run-numa", tooltip="pin to the CPUs next to the card")
+                yield Checkbox("Foreground", False, id="run-foreground", tooltip="run in this terminal and wait")
+                yield Checkbox("Wait until free", False, id="run-wait", tooltip="queue until the card is free")
+            yield Static("", id="run-error")
+            with Horizontal(id="run-buttons"):
+                yield Button("Launch", variant="primary", id="run-launch")
+                yield Button("Cancel", id="run-cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#run-command", Input).focus()
+
+    def on_key(self, event) -> None:
+        # ↑ in the command box walks back through earlier commands.
+        box = self.query_one("#run-command", Input)
+        if event.key == "up" and self.focused is box and self.history:
+            current = self.history.index(box.value) + 1 if box.value in self.history else 0
+            box.value = self.history[min(current, len(self.history) - 1)]
+            box.cursor_position = len(box.value)
+            event.stop()
+
+    def _choice(self) -> RunChoice | None:
+        command = self.query_one("#run-command", Input).value.strip()
+        limit = self.query_one("#run-limit", Input).value.strip() or None
+        error = self.query_one("#run-error", Static)
+        if not command:
+            error.update("Type a command to run.")
+            return None
+        if limit:
+            try:
+                parse_size(limit, self.gpu.memory_total)
+            except UsageError as exc:
+                error.update(str(exc))
+                return None
+        return RunChoice(
+            command=command, cwd=self.query_one("#run-cwd", Input).value.strip() or self.cwd, mem_limit=limit,
+            numa=self.query_one("#run-numa", Checkbox).value,
+            foreground=self.query_one("#run-foreground", Checkbox).value,
+            wait=self.query_one("#run-wait", Checkbox).value,
+        )
+
+    def _launch(self) -> None:
+        choice = self._choice()
+        if choice is not None:
+            self.dismiss(choice)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._launch()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "run-launch":
+            self._launch()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class MemLimitDialog(ModalScreen[str | None]):
+    """Returns the SIZE typed, "" to remove the default, or None when cancelled."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, gpu: GpuSample, current: int | None) -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="limit-body") as body:
+            body.border_title = f"Memory limit for jobs on GPU {self.gpu.index}"
+            body.border_subtitle = "Enter saves · empty removes · Esc cancels"
+            yield Label(f"Card total {format_bytes(self.gpu.memory_total)}. Jobs launched here are stopped by "
+                        "the watchdog above this, and JAX/PyTorch are capped to it.")
+            yield Input(format_bytes(self.current, na="") if self.current else "", placeholder="e.g. 20G or 25%",
+                        id="limit-value")
+            yield Static("", id="limit-error")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        value = event.value.strip()
+        if value:
+            try:
+                parse_size(value, self.gpu.memory_total)
+            except UsageError as exc:
+                self.query_one("#limit-error", Static).update(str(exc))
+                return
+        self.dismiss(value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
