@@ -87,9 +87,10 @@ def test_signal_checks_the_start_time_so_recycled_pids_are_safe():
 
 
 def test_environment_of_a_process():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env=dict(os.environ, CUDA_VISIBLE_DEVICES="GPU-abc"))
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                             env=dict(os.environ, CUDA_VISIBLE_DEVICES="GPU-abc"), stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "ready\n"  # past exec: its environment is in place
         import psutil
         env = actions.environment(child.pid, psutil.Process(child.pid).create_time())
         assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"

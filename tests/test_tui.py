@@ -37,7 +37,7 @@ async def started(pilot):
 
 def table_pids(screen) -> list[int]:
     table = screen.query_one(ProcessTable)
-    return [int(table.get_row_at(i)[1].plain) for i in range(table.row_count)]
+    return [int(table.cell_text(i, "pid")) for i in range(table.row_count)]
 
 
 def test_keys_select_cards_and_scope_the_process_table():
@@ -55,7 +55,7 @@ def test_keys_select_cards_and_scope_the_process_table():
             await pilot.press("a")  # only the selected card's processes
             await pilot.pause(0.3)
             table = screen.query_one(ProcessTable)
-            gpus = {int(table.get_row_at(i)[0].plain) for i in range(table.row_count)}
+            gpus = {int(table.cell_text(i, "gpu")) for i in range(table.row_count)}
             assert gpus == {2} and table.row_count == 2
             assert "GPU 2" in table.border_title
             await pilot.press("a")
@@ -81,14 +81,14 @@ def test_sort_cycles_and_orders_rows():
             screen = await started(pilot)
             table = screen.query_one(ProcessTable)
             assert table.sort_key == "gpu_mem"
-            mems = [table.rows_by_key[k].process.gpu_memory for k in table._order]
+            mems = [table.rows_by_key[k].process.gpu_memory for k in table.order]
             assert mems == sorted(mems, reverse=True)
             await pilot.press("tab")
             for expected in ("sm", "cpu", "pid"):
                 await pilot.press("s")
                 assert table.sort_key == expected
             await pilot.pause(0.3)
-            assert "PID▲" in table.columns["pid"].label.plain
+            assert table.header_label("pid") == "PID▲"
             assert table_pids(screen) == sorted(table_pids(screen))
             await pilot.press("S")
             await pilot.pause(0.3)

@@ -83,7 +83,9 @@ class MainScreen(Screen):
                 for metric in CHART_METRICS:
                     yield HistoryChart(metric, id=f"chart-{metric}")
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
-        yield ProcessTable(actions.invisible_reason(), id="processes")
+        table = ProcessTable(actions.invisible_reason(), id="processes")
+        table.border_subtitle = "a: all/one card  s: sort  /: filter"
+        yield table
         yield Footer()
 
     def on_mount(self) -> None:
@@ -142,6 +144,8 @@ class MainScreen(Screen):
     def _apply(self) -> None:
         snap = self.snapshot
         assert snap is not None
+        if not self.is_attached or not self.children:  # the app is shutting down
+            return
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
@@ -209,8 +213,8 @@ class MainScreen(Screen):
         title = f"Processes · {scope} · {len(rows)}"
         if self.filter_text:
             title += f" · filter “{self.filter_text}”"
-        table.border_title = title
-        table.border_subtitle = "a: all/one card  s: sort  /: filter"
+        if table.border_title != title:  # setting it repaints the whole table, border included
+            table.border_title = title
 
     # -- selection and keys --
 

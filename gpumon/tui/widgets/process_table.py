@@ -1,25 +1,39 @@
-"""The process table. Rows have stable keys (card:pid) and are patched, not rebuilt: only changed
-cells are updated, rows come and go individually, and it is re-sorted only when the order changed,
-so the cursor and scroll position survive every sample and a quiet sample writes nothing."""
+"""The process table, drawn line by line (Textual's line API) for a monitor that runs all day.
+
+Rows have stable keys (card:pid). On each sample only the cells whose text changed are repainted,
+so the terminal receives the few characters that changed, as curses would send them, and a quiet
+sample sends nothing. Only visible rows are ever rendered (thousands of processes cost little),
+each row's strip is cached, and the cursor and scroll position survive every update.
+"""
 
 from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
 
-from rich.text import Text
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
 from textual.binding import Binding
+from textual.events import Click, Resize
+from textual.geometry import Region, Size
 from textual.message import Message
-from textual.widgets import DataTable
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from gpumon.model import ProcessSample, Snapshot
 from gpumon.units import format_bytes
 
 COLUMNS = [("gpu", "GPU"), ("pid", "PID"), ("user", "USER"), ("type", "T"), ("gpu_mem", "GPU MEM"),
            ("sm", "SM%"), ("cpu", "CPU%"), ("rss", "HOST MEM"), ("age", "AGE"), ("command", "COMMAND")]
+KEYS = [key for key, _ in COLUMNS]
+RIGHT = {"gpu", "pid", "gpu_mem", "sm", "cpu", "rss", "age"}
 # Sort keys the `s` key cycles through, with the direction each starts in (True: largest first).
 SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True}
-_NUMERIC = {"gpu", "pid", "gpu_mem", "sm", "cpu", "rss", "age"}
+GAP = 2
+# Every other cell carries an explicit `conceal=False`: it renders exactly like no attribute, but
+# compares unequal, so Textual does not merge neighbouring cells into one segment.
+CELL_SEPARATOR = [Style(conceal=False) if i % 2 else Style() for i in range(len(COLUMNS))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,114 +89,223 @@ def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
     return rows
 
 
-class ProcessTable(DataTable):
-    COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {"process-table--own", "process-table--muted", "process-table--job"}
+# A row's cells: the text of each column, plus what decides its look.
+Cells = tuple[str, ...]
+
+
+class ProcessTable(ScrollView, can_focus=True):
+    COMPONENT_CLASSES = {"process-table--header", "process-table--cursor", "process-table--own",
+                         "process-table--muted", "process-table--job"}
     BINDINGS = [
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("up,k", "cursor(-1)", show=False),
+        Binding("down,j", "cursor(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("home", "cursor_to(0)", show=False),
+        Binding("end", "cursor_to(-1)", show=False),
     ]
 
+    class SortChanged(Message):
+        """The sort column or direction changed (the app shows it in the table's title)."""
+
     def __init__(self, invisible_reason: str, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        super().__init__(**kwargs)
         self.me = getpass.getuser()
         self.invisible_reason = invisible_reason
         self.sort_key = "gpu_mem"
         self.sort_reverse = SORTS["gpu_mem"]
-        self._cells: dict[str, tuple] = {}
-        self._order: list[str] = []
+        self.order: list[str] = []
         self.rows_by_key: dict[str, Row] = {}
+        self._cells: dict[str, Cells] = {}
+        self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
+        self.cursor = 0
+        self._strips: dict[str, tuple[tuple, Strip]] = {}
 
-    def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(self._label(key, label), key=key)
+    # -- data in --
 
-    def _label(self, key: str, label: str) -> Text:
-        if key == self.sort_key:
-            return Text(label + ("▼" if self.sort_reverse else "▲"), style="bold")
-        return Text(label)
+    def _cells_for(self, row: Row) -> Cells:
+        p = row.process
+        visible = p.user is not None or p.command is not None
+        prefix = ""
+        if row.job:
+            prefix += f"[job {row.job}] "
+        if p.container:
+            prefix += f"[{p.container}] "
+        return (
+            str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
+            format_bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
+            "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", format_bytes(p.rss),
+            format_age(row.age), (prefix + (p.command or "?")) if visible else self.invisible_reason,
+        )
 
-    def _relabel(self) -> None:
-        for key, label in COLUMNS:
-            self.columns[key].label = self._label(key, label)  # type: ignore[index]
-        self._order = []  # forces a re-sort
+    def show(self, rows: list[Row]) -> None:
+        """Show exactly `rows` in the current sort order, repainting only what changed."""
+        cursor_key = self.order[self.cursor] if self.order and self.cursor < len(self.order) else None
+        cells = {row.key: self._cells_for(row) for row in rows}
+        order = [r.key for r in sorted(rows, key=lambda r: (r.sort_value(self.sort_key), r.key), reverse=self.sort_reverse)]
+        # +1 on the label: room for the sort arrow in whichever column is sorted.
+        widths = [max([len(label) + 1] + [cell_len(c[i]) for c in cells.values()]) for i, (_, label) in enumerate(COLUMNS[:-1])]
+        widths.append(0)  # the command takes what is left
+        old_cells, old_order = self._cells, self.order
+        self.rows_by_key, self._cells = {r.key: r for r in rows}, cells
+        if cursor_key in cells:
+            self.cursor = order.index(cursor_key)
+        self.cursor = max(0, min(self.cursor, len(order) - 1))
+        if order != old_order or widths != self.widths:
+            self.order, self.widths = order, widths
+            self._set_virtual_height()
+            self._strips.clear()
+            self.refresh()
+            return
+        self.order = order
+        for index, key in enumerate(order):
+            before, after = old_cells.get(key), cells[key]
+            if before != after:
+                self._refresh_cells(index, [i for i, (a, b) in enumerate(zip(before or (), after)) if a != b]
+                                    if before else list(range(len(KEYS))))
+
+    # -- drawing --
+
+    def _x(self, column: int) -> int:
+        return 1 + sum(w + GAP for w in self.widths[:column])
+
+    def _refresh_cells(self, index: int, columns: list[int]) -> None:
+        """Repaint only these cells of row `index`, if it is on screen."""
+        y = index - self.scroll_offset.y + 1
+        if not columns or not 1 <= y < self.size.height:
+            return
+        start = self._x(min(columns))
+        end = self.size.width if max(columns) == len(KEYS) - 1 else self._x(max(columns)) + self.widths[max(columns)]
+        self.refresh(Region(start, y, max(1, end - start), 1))
+
+    def _refresh_row(self, index: int) -> None:
+        self._refresh_cells(index, list(range(len(KEYS))))
+
+    def _styles(self) -> dict[str, Style]:
+        return {name: self.get_component_rich_style(f"process-table--{name}")
+                for name in ("header", "cursor", "own", "muted", "job")}
+
+    def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
+        segments = [Segment(" ", base)]
+        for i, (text, style) in enumerate(texts):
+            # Each cell keeps its own segment, so a repaint of one cell sends that cell, not the row.
+            cell_style = base + style + CELL_SEPARATOR[i]
+            if i < len(KEYS) - 1:
+                pad = self.widths[i] - cell_len(text)
+                text = (" " * pad + text) if KEYS[i] in RIGHT else (text + " " * pad)
+                segments.append(Segment(text + " " * GAP, cell_style))
+            else:
+                segments.append(Segment(text, cell_style))
+        return Strip(segments).crop_extend(0, width, base)
+
+    def _header(self, width: int) -> Strip:
+        texts = [(self.header_label(key), Style()) for key in KEYS]
+        return self._line(texts, width, self._styles()["header"])
+
+    def _row_strip(self, index: int, width: int) -> Strip:
+        key = self.order[index]
+        cells = self._cells[key]
+        on_cursor = index == self.cursor and self.has_focus
+        signature = (cells, tuple(self.widths), width, on_cursor)
+        cached = self._strips.get(key)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        styles = self._styles()
+        row = self.rows_by_key[key]
+        plain = Style()
+        texts = [(c, plain) for c in cells]
+        if row.process.user == self.me:
+            texts[2] = (cells[2], styles["own"])
+        visible = row.process.user is not None or row.process.command is not None
+        texts[-1] = (cells[-1], styles["job"] if row.job else (plain if visible else styles["muted"]))
+        strip = self._line(texts, width, styles["cursor"] if on_cursor else plain)
+        self._strips[key] = (signature, strip)
+        return strip
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y == 0:
+            return self._header(width)
+        index = y - 1 + self.scroll_offset.y
+        if 0 <= index < len(self.order):
+            return self._row_strip(index, width)
+        return Strip.blank(width, self.rich_style)
+
+    def _set_virtual_height(self) -> None:
+        # As wide as the view (no horizontal scrolling: the command is cut at the edge).
+        size = Size(self.scrollable_content_region.width, len(self.order) + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+
+    def on_resize(self, event: Resize) -> None:
+        self._set_virtual_height()
+        self._strips.clear()
+
+    def on_focus(self) -> None:
+        self._refresh_row(self.cursor)
+
+    def on_blur(self) -> None:
+        self._refresh_row(self.cursor)
+
+    # -- cursor and keys --
+
+    @property
+    def row_count(self) -> int:
+        return len(self.order)
+
+    @property
+    def selected_row(self) -> Row | None:
+        if not self.order:
+            return None
+        return self.rows_by_key.get(self.order[min(self.cursor, len(self.order) - 1)])
+
+    def cell_text(self, index: int, column: str) -> str:
+        return self._cells[self.order[index]][KEYS.index(column)]
+
+    def header_label(self, column: str) -> str:
+        label = dict(COLUMNS)[column]
+        return label + ("▼" if self.sort_reverse else "▲") if column == self.sort_key else label
+
+    def move_cursor(self, index: int) -> None:
+        if not self.order:
+            return
+        old, self.cursor = self.cursor, max(0, min(index, len(self.order) - 1))
+        if old != self.cursor:
+            self._refresh_row(old)
+            self._refresh_row(self.cursor)
+        top = self.scroll_offset.y
+        visible_rows = max(1, self.size.height - 1)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False)
+        elif self.cursor >= top + visible_rows:
+            self.scroll_to(y=self.cursor - visible_rows + 1, animate=False)
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor + direction * max(1, self.size.height - 2))
+
+    def action_cursor_to(self, index: int) -> None:
+        self.move_cursor(index if index >= 0 else len(self.order) - 1)
+
+    def on_click(self, event: Click) -> None:
+        if event.y >= 1:
+            self.move_cursor(event.y - 1 + self.scroll_offset.y)
+
+    def _resort(self) -> None:
+        self.order = []  # forces a full repaint in the new order at the next show()
         self.refresh()
+        self.post_message(self.SortChanged())
 
     def action_cycle_sort(self) -> None:
         keys = list(SORTS)
         self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
         self.sort_reverse = SORTS[self.sort_key]
-        self._relabel()
-        self.post_message(self.SortChanged())
+        self._resort()
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
-        self._relabel()
-        self.post_message(self.SortChanged())
-
-    class SortChanged(Message):
-        """The sort column or direction changed (the app shows it in the table's title)."""
-
-    @property
-    def selected_row(self) -> Row | None:
-        if not self.row_count:
-            return None
-        try:
-            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except Exception:  # noqa: BLE001 - cursor outside an emptied table
-            return None
-        return self.rows_by_key.get(key)
-
-    def _cells_for(self, row: Row) -> tuple:
-        p = row.process
-        visible = p.user is not None or p.command is not None
-        user = Text(p.user or "?")
-        if p.user == self.me:
-            user.stylize(self.get_component_rich_style("process-table--own"))
-        if not visible:
-            command = Text(self.invisible_reason, style=self.get_component_rich_style("process-table--muted"))
-        else:
-            command = Text()
-            if row.job:
-                command.append(f"[job {row.job}] ", style=self.get_component_rich_style("process-table--job"))
-            if p.container:
-                command.append(f"[{p.container}] ", style=self.get_component_rich_style("process-table--muted"))
-            command.append(p.command or "?")
-        return (
-            Text(str(row.gpu), justify="right"),
-            Text(str(p.pid), justify="right"),
-            user,
-            Text("C" if p.type == "compute" else "G"),
-            Text(format_bytes(p.gpu_memory), justify="right"),
-            Text("N/A" if p.sm_util is None else str(p.sm_util), justify="right"),
-            Text("N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", justify="right"),
-            Text(format_bytes(p.rss), justify="right"),
-            Text(format_age(row.age), justify="right"),
-            command,
-        )
-
-    def show(self, rows: list[Row]) -> None:
-        """Patch the table to show exactly `rows`, in the current sort order."""
-        wanted = {row.key: row for row in rows}
-        cursor_key = self.selected_row.key if self.selected_row else None
-        with self.app.batch_update():
-            for key in [k for k in self._cells if k not in wanted]:
-                self.remove_row(key)
-                del self._cells[key]
-            for key, row in wanted.items():
-                cells = self._cells_for(row)
-                old = self._cells.get(key)
-                if old is None:
-                    self.add_row(*cells, key=key)
-                elif old != cells:
-                    for (column, _), new, before in zip(COLUMNS, cells, old):
-                        if new != before:
-                            self.update_cell(key, column, new)
-                self._cells[key] = cells
-            self.rows_by_key = wanted
-            order = [r.key for r in sorted(rows, key=lambda r: (r.sort_value(self.sort_key), r.key), reverse=self.sort_reverse)]
-            if order != self._order:
-                rank = {key: i for i, key in enumerate(order)}
-                self.sort("gpu", "pid", key=lambda cells: rank[f"{cells[0].plain}:{cells[1].plain}"])
-                self._order = order
-                if cursor_key in rank:
-                    self.move_cursor(row=rank[cursor_key], scroll=False)
+        self._resort()

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""What gpumon costs on a busy machine, measured on the real programs, side by side with nvitop.
+
+Each tool runs under a pseudo-terminal of fixed size against the test suite's fake
+libnvidia-ml.so.1 (N cards, K real idle processes listed as GPU processes), for a fixed time:
+
+  cpu %      CPU time of the whole process tree / wall time (100 % = one core)
+  KB/s       bytes written to the terminal per second
+  peak MiB   peak resident memory (VmHWM)
+  first s    time until the first frame that shows the card names
+  key ms     keypress-to-screen latency while a sample is stuck in a slow driver call (TUIs)
+
+Tools: gpumon (TUI), gpumon watch, a plain nvidia-ml-py + psutil loop (the floor any Python monitor
+pays), and nvitop when it is installed (`pip install nvitop`). Results are printed, not asserted.
+
+    python benchmarks/bench.py                 # 8 cards; 64 and 512 processes; 60 s each
+    python benchmarks/bench.py --seconds 20 --processes 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import pty
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakenvml import GIB, Card, FakeMachine, build  # noqa: E402
+
+CARD_NAME = "NVIDIA H100 80GB HBM3"
+NEEDLE = "H100 80GB"  # what every tool prints of the name (compact views drop "NVIDIA ")
+SIZE = (200, 50)
+
+
+@dataclass
+class Result:
+    tool: str
+    cpu_percent: float = 0.0
+    bytes_per_s: float = 0.0
+    peak_mib: float = 0.0
+    first_frame_s: float | None = None
+    key_ms: list[float] = field(default_factory=list)
+
+
+class PtyRun:
+    """A command on a pseudo-terminal; a thread drains and counts what it writes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     start_new_session=True, close_fds=True)
+        os.close(slave)
+        self.bytes = 0
+        self.first_frame: float | None = None
+        self.last_output = time.monotonic()
+        self._tail = b""
+        self._stop = False
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        needle = NEEDLE.encode()
+        while not self._stop:
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.bytes += len(data)
+            self.last_output = time.monotonic()
+            if self.first_frame is None:
+                self._tail = (self._tail + data)[-4096:]
+                if needle in self._tail:
+                    self.first_frame = self.last_output - self.started
+
+    def key(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def cpu_seconds(self) -> float:
+        import psutil
+
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            for p in [root] + root.children(recursive=True):
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+        return total
+
+    def peak_rss_mib(self) -> float:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+    def stop(self) -> None:
+        self._stop = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self.master)
+
+
+def machine(cards: int, pids: list[int], slow_ms: int = 0) -> FakeMachine:
+    m = FakeMachine(
+        cards=[Card(CARD_NAME, mem_total=80 * GIB, extra=dict(util="10..95", temp="35..80",
+                                                              power_mw="100000..650000", power_limit_mw=700000,
+                                                              clock_sm=1980, clock_mem=2619, fan=40))
+               for _ in range(cards)],
+        procs=[dict(gpu=i % cards, pid=pid, mem=GIB, sm="0..60") for i, pid in enumerate(pids)],
+    )
+    if slow_ms:
+        m.delays = {"nvmlDeviceGetUtilizationRates": slow_ms}
+    return m
+
+
+def tools(python: str) -> dict[str, list[str]]:
+    found = {
+        "gpumon": [python, "-m", "gpumon", "--interval", "1"],
+        "gpumon watch": [python, "-m", "gpumon", "watch", "--interval", "1", "--alert", "temp > 200"],
+        "plain loop": [python, str(ROOT / "benchmarks" / "plain_loop.py")],
+    }
+    nvitop = shutil.which("nvitop") or (shutil.which("nvitop", path=str(Path(python).parent)))
+    if nvitop:
+        found["nvitop"] = [nvitop, "--interval", "1", "--force-color"]
+    return found
+
+
+def env_for(lib_dir: Path, config: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "GPUMON_NVML_LIB")}
+    env.update(TERM="xterm-256color", FAKE_NVML_CONFIG=str(config), LD_LIBRARY_PATH=str(lib_dir),
+               PYTHONPATH=str(ROOT))
+    env.pop("COLORTERM", None)
+    return env
+
+
+def measure(name: str, argv: list[str], env: dict[str, str], seconds: float) -> Result:
+    run = PtyRun(argv, env)
+    time.sleep(3.0)  # start-up is measured separately (first frame), not in the steady state
+    cpu0, bytes0, t0 = run.cpu_seconds(), run.bytes, time.monotonic()
+    time.sleep(seconds)
+    cpu1, bytes1, t1 = run.cpu_seconds(), run.bytes, time.monotonic()
+    result = Result(name, 100 * (cpu1 - cpu0) / (t1 - t0), (bytes1 - bytes0) / (t1 - t0) / 1024,
+                    run.peak_rss_mib(), run.first_frame)
+    run.stop()
+    return result
+
+
+def key_latency(argv: list[str], env: dict[str, str], presses: int = 5) -> list[float]:
+    """Send a key while the driver call of a sample hangs, and time the screen's answer."""
+    run = PtyRun(argv, env)
+    deadline = time.monotonic() + 20
+    while run.first_frame is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    latencies = []
+    for i in range(presses):
+        # Wait for a quiet moment: a sample is blocked in the slow call, nothing else redraws.
+        while time.monotonic() - run.last_output < 0.3:
+            time.sleep(0.02)
+        before = run.bytes
+        sent = time.monotonic()
+        run.key("j" if i % 2 == 0 else "k")
+        while run.bytes == before and time.monotonic() - sent < 2.0:
+            time.sleep(0.001)
+        latencies.append((run.last_output - sent) * 1000 if run.bytes != before else float("inf"))
+    run.stop()
+    return latencies
+
+
+def print_table(cards: int, processes: int, results: list[Result]) -> None:
+    print(f"\n{cards} cards, {processes} processes, {SIZE[0]}x{SIZE[1]} terminal")
+    print(f"{'tool':<14}{'cpu %':>8}{'KB/s':>9}{'peak MiB':>10}{'first s':>9}{'key ms (median/max)':>22}")
+    for r in results:
+        first = f"{r.first_frame_s:.2f}" if r.first_frame_s is not None else "-"
+        keys = f"{sorted(r.key_ms)[len(r.key_ms) // 2]:.0f}/{max(r.key_ms):.0f}" if r.key_ms else "-"
+        print(f"{r.tool:<14}{r.cpu_percent:>8.1f}{r.bytes_per_s:>9.1f}{r.peak_mib:>10.0f}{first:>9}{keys:>22}")
+    by = {r.tool: r for r in results}
+    if "nvitop" in by and "gpumon" in by:
+        n, g = by["nvitop"], by["gpumon"]
+        ratio = lambda a, b: a / b if b else float("inf")  # noqa: E731
+        print(f"gpumon / nvitop: cpu {ratio(g.cpu_percent, n.cpu_percent):.2f}x, "
+              f"bytes {ratio(g.bytes_per_s, n.bytes_per_s):.2f}x, peak RSS {ratio(g.peak_mib, n.peak_mib):.2f}x")
+    if "plain loop" in by and "gpumon watch" in by:
+        print(f"gpumon watch / plain loop: cpu "
+              f"{by['gpumon watch'].cpu_percent / max(by['plain loop'].cpu_percent, 1e-9):.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="steady-state time per tool (default 60)")
+    parser.add_argument("--cards", type=int, default=8)
+    parser.add_argument("--processes", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--tools", nargs="+", help="only these tools (names as printed)")
+    parser.add_argument("--python", default=sys.executable, help="the Python that has gpumon installed")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
+    lib = build(work)
+    pool = [subprocess.Popen(["sleep", "3600"]) for _ in range(max(args.processes))]
+    available = tools(args.python)
+    chosen = {k: v for k, v in available.items() if not args.tools or k in args.tools}
+    if "nvitop" not in available:
+        print("(nvitop is not installed: `pip install nvitop` to compare with it)")
+    try:
+        for processes in args.processes:
+            config = work / f"fake-{processes}.conf"
+            machine(args.cards, [p.pid for p in pool[:processes]]).write(config)
+            env = env_for(lib.parent, config)
+            results = [measure(name, argv, env, args.seconds) for name, argv in chosen.items()]
+            slow = work / f"slow-{processes}.conf"
+            machine(args.cards, [p.pid for p in pool[:processes]], slow_ms=1500).write(slow)
+            for r in results:
+                if r.tool in ("gpumon", "nvitop"):
+                    r.key_ms = key_latency(chosen[r.tool], env_for(lib.parent, slow))
+            print_table(args.cards, processes, results)
+    finally:
+        for p in pool:
+            p.kill()
+
+
+if __name__ == "__main__":
+    main()
