@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from gpumon import __version__
 from gpumon.errors import EXIT_ALERT, EXIT_OK, EXIT_USAGE, GpumonError, UsageError
+from gpumon.sanitize import printable
 
 SUBCOMMANDS = ("snapshot", "topo", "select", "watch", "alerts", "run", "jobs")
 MIN_INTERVAL = 0.1
@@ -357,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(_normalise_argv(list(sys.argv[1:] if argv is None else argv)))
         return args.func(args)
     except GpumonError as exc:
-        print(f"gpumon: error: {exc}", file=sys.stderr)
+        # Messages quote what the user typed; control characters in it must not reach the terminal.
+        lines = [printable(line) for line in str(exc).split("\n")]
+        print("gpumon: error: " + "\n".join(lines), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         return 130
@@ -369,6 +372,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line for the user, the traceback on request
         if os.environ.get("GPUMON_DEBUG"):
             raise
-        print(f"gpumon: internal error: {type(exc).__name__}: {exc} (GPUMON_DEBUG=1 shows the traceback; "
+        print(f"gpumon: internal error: {type(exc).__name__}: {printable(str(exc))} (GPUMON_DEBUG=1 shows the traceback; "
               "please report it)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -14,6 +14,7 @@ import psutil
 
 from gpumon.actions import container_of
 from gpumon.model import ProcessSample
+from gpumon.sanitize import printable
 
 
 @dataclass(slots=True)
@@ -32,16 +33,16 @@ def _command_line(proc: psutil.Process) -> str | None:
     except (psutil.AccessDenied, psutil.ZombieProcess):
         argv = []
     if argv:
-        return " ".join(argv)
+        return printable(" ".join(argv))
     try:
-        return f"[{proc.name()}]"
+        return printable(f"[{proc.name()}]")
     except psutil.Error:
         return None
 
 
 def _user(proc: psutil.Process) -> str | None:
     try:
-        return proc.username()
+        return printable(proc.username())
     except KeyError:  # uid with no passwd entry (container, LDAP down)
         try:
             return str(proc.uids().real)

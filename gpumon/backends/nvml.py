@@ -22,6 +22,7 @@ from typing import Any
 import pynvml
 
 from gpumon.errors import NoDriverError
+from gpumon.sanitize import printable
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology, throttle_names
 from gpumon.units import format_cpu_list
 
@@ -67,7 +68,7 @@ def _processes_v1(symbol: str, handle: Any) -> list[Any]:
 
 
 def _decode(value: str | bytes) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+    return printable(value.decode(errors="replace") if isinstance(value, bytes) else value)
 
 
 def _mask_to_ids(words: Any) -> list[int]:

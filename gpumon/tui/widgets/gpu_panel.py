@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.events import Click
 from textual.message import Message
 from textual.widget import Widget
+from textual.widgets import Static
 
 from gpumon.model import GpuSample
 from gpumon.units import format_bytes
@@ -282,6 +283,11 @@ class CardList(VerticalScroll, can_focus=True):
 
     def set_count(self, count: int, compact: bool) -> None:
         """Make as many panels as cards (cards rarely come and go)."""
+        placeholder = self.query("#no-cards")
+        if count == 0 and not placeholder:
+            self.mount(Static("No NVIDIA GPUs: the driver reports no cards.", id="no-cards"))
+        elif count and placeholder:
+            placeholder.remove()
         while len(self.panels) < count:
             panel = GpuPanel(len(self.panels))
             self.panels.append(panel)
