@@ -574,3 +574,16 @@ def test_launching_is_not_offered_readonly_or_on_replays(fake_driver):
         run(go())
     finally:
         backend.close()
+
+
+def test_changed_span_finds_what_to_repaint():
+    from rich.text import Text
+
+    from gpumon.tui.widgets.partial import changed_span
+
+    assert changed_span(Text("util 40%"), Text("util 40%")) is None
+    assert changed_span(Text("util 40% temp 50C"), Text("util 47% temp 51C")) == (6, 16)
+    styled_old, styled_new = Text("ab"), Text("ab")
+    styled_new.stylize("bold", 1, 2)
+    assert changed_span(styled_old, styled_new) == (1, 2)
+    assert changed_span(Text("abc"), Text("abcdef")) == (3, 6)

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gpumon.model import GpuSample
+from gpumon.tui.widgets.partial import PartialRefresh
 from gpumon.units import format_bytes
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -48,7 +49,7 @@ def level(value: float | None, warn: float, crit: float) -> str:
     return "warn" if value < crit else "crit"
 
 
-class GpuPanel(Widget):
+class GpuPanel(PartialRefresh, Widget):
     COMPONENT_CLASSES = {
         "gpu-panel--title", "gpu-panel--label", "gpu-panel--muted", "gpu-panel--bar",
         "gpu-panel--empty", "gpu-panel--ok", "gpu-panel--warn", "gpu-panel--crit", "gpu-panel--lost",
@@ -75,7 +76,11 @@ class GpuPanel(Widget):
             return
         self._shown = key
         self.gpu, self.stale, self.ordinal, self.alerts = gpu, stale, ordinal, alerts
-        self.refresh()
+        width = self.content_region.width
+        if width:
+            self.show_lines(self.lines(width), width)  # repaints only the characters that changed
+        else:
+            self.refresh()
 
     @property
     def compact(self) -> bool:
@@ -85,13 +90,15 @@ class GpuPanel(Widget):
         self.post_message(self.Clicked(self.position))
 
     def on_resize(self) -> None:
+        self.shown = None
         self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self.lines(width))
 
     def render(self) -> Text:
-        lines = self.lines(self.content_region.width or self.size.width)
+        width = self.content_region.width or self.size.width
+        lines = self.shown if self.shown is not None and width == self._shown_width else self.lines(width)
         if len(lines) != self._height:
             self._height = len(lines)
             self.call_after_refresh(self.refresh, layout=True)

@@ -8,9 +8,10 @@ from rich.text import Text
 from textual.widget import Widget
 
 from gpumon.model import Snapshot
+from gpumon.tui.widgets.partial import PartialRefresh
 
 
-class StatusBar(Widget):
+class StatusBar(PartialRefresh, Widget):
     COMPONENT_CLASSES = {"status-bar--badge", "status-bar--stale", "status-bar--muted", "status-bar--alert"}
 
     def __init__(self, interval: float, **kwargs) -> None:
@@ -26,9 +27,17 @@ class StatusBar(Widget):
         self.snapshot, self.alerts, self.extra = snapshot, alerts, extra
         if key != self._shown:  # the clock has one-second resolution: no repaint in between
             self._shown = key
-            self.refresh()
+            if self.size.width:
+                self.show_lines([self._text()], self.size.width)  # usually just the clock's digits
+            else:
+                self.refresh()
 
     def render(self) -> Text:
+        if self.shown is not None and self._shown_width == self.size.width:
+            return self.shown[0]
+        return self._text()
+
+    def _text(self) -> Text:
         snap = self.snapshot
         text = Text(" gpumon ", style="bold")
         if snap is None:
