@@ -182,37 +182,35 @@ def _backend(args: argparse.Namespace):
     return open_backend(demo=args.demo, replay=args.replay, nvml_lib=args.nvml_lib, seed=args.seed)
 
 
+def _read_once(args: argparse.Namespace, read):
+    backend = _backend(args)
+    try:
+        return read(backend)
+    finally:
+        backend.close()
+
+
+def _print(args: argparse.Namespace, data, as_text) -> int:
+    """The --json document, or the table for people."""
+    if args.json:
+        json.dump(data.to_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(as_text(data))
+    return EXIT_OK
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from gpumon.report import snapshot_text
     from gpumon.sampler import sample_once
 
-    backend = _backend(args)
-    try:
-        snapshot = sample_once(backend)
-    finally:
-        backend.close()
-    if args.json:
-        json.dump(snapshot.to_dict(), sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(snapshot_text(snapshot))
-    return EXIT_OK
+    return _print(args, _read_once(args, sample_once), snapshot_text)
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
     from gpumon.report import topology_text
 
-    backend = _backend(args)
-    try:
-        topo = backend.topology()
-    finally:
-        backend.close()
-    if args.json:
-        json.dump(topo.to_dict(), sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(topology_text(topo))
-    return EXIT_OK
+    return _print(args, _read_once(args, lambda backend: backend.topology()), topology_text)
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -268,15 +266,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
     on_alert = args.on_alert or config.on_alert
     hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
     recorder = Recorder(args.record) if args.record else None
+    per_process = args.prometheus_processes or config.prometheus_processes
+    # Events never name processes: psutil is needed only to record them or export them.
+    enrich = recorder is not None or per_process
     watch = Watch(
-        Sampler(backend, interval=0.0 if replaying else args.interval), AlertEngine(rules),
+        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
     )
     server = None
     try:
         address = args.prometheus or config.prometheus
         if address:
-            server = watch.serve_prometheus(address, args.prometheus_processes or config.prometheus_processes)
+            server = watch.serve_prometheus(address, per_process)
         return asyncio.run(watch.run())
     finally:
         if server is not None:

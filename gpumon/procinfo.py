@@ -67,9 +67,7 @@ class ProcessEnricher:
         """The cached process for pid, and whether it was already known before this call."""
         known = self._known.get(pid)
         if known is not None:
-            if known.process.is_running():  # also false when the pid was recycled
-                return known, True
-            del self._known[pid]
+            return known, True
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
@@ -90,9 +88,16 @@ class ProcessEnricher:
             return sample
         try:
             with known.process.oneshot():
+                if seen_before and known.process.create_time() != known.started:
+                    # The pid was recycled by another process: start over with the new one.
+                    del self._known[sample.pid]
+                    return self._enrich_one(sample)
                 # CPU % is measured since the previous call: unknown the first time a pid is seen.
                 cpu = known.process.cpu_percent() if seen_before else None
                 rss = known.process.memory_info().rss
+        except psutil.NoSuchProcess:
+            self._known.pop(sample.pid, None)
+            return sample
         except psutil.Error:
             cpu, rss = None, None
         return dataclasses.replace(

@@ -96,11 +96,12 @@ class Sampler:
         backend: Backend,
         interval: float = 1.0,
         history_seconds: float = 600.0,
-        enricher: ProcessEnricher | None = None,
+        enrich: bool = True,
     ) -> None:
         self.backend = backend
         self.interval = interval
-        self.enricher = enricher if enricher is not None else (ProcessEnricher() if backend.real_pids else None)
+        # psutil is asked about every GPU process each sample: only when someone will show it.
+        self.enricher = ProcessEnricher() if enrich and backend.real_pids else None
         # Interval 0 (replaying as fast as possible) sizes history as if sampled every 0.1 s.
         self.history = History(capacity=int(history_seconds / max(interval, 0.1)) + 1)
         self.latest: Snapshot | None = None
