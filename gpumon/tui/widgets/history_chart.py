@@ -6,7 +6,6 @@ changed, and the series is first reduced to the plot's resolution (2 points per 
 
 from __future__ import annotations
 
-import plotext
 from rich.text import Text
 from textual.widget import Widget
 
@@ -43,6 +42,8 @@ def render_chart(values: list[float | None], slots: int, width: int, height: int
         values = downsample(values, max(1, round(len(values) * points / slots)))
         slots = points
     slots = max(slots, len(values), 2)
+    import plotext  # 90 ms to import: only once a chart is actually drawn, not before the first frame
+
     fig = plotext.figure
     fig.clear()
     fig.plot_size(width, height)
