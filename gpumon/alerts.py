@@ -91,7 +91,8 @@ _TOKEN = re.compile(r"\S+")
 
 def _fail(text: str, start: int, end: int, message: str) -> RuleError:
     caret = " " * start + "^" * max(1, end - start)
-    return RuleError(f"alert rule: {message}\n  {text}\n  {caret}")
+    shown = text.replace("\n", " ").replace("\r", " ")  # keep the caret under the right column
+    return RuleError(f"alert rule: {message}\n  {shown}\n  {caret}")
 
 
 def parse_rule(text: str) -> Rule:

@@ -359,8 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(_normalise_argv(list(sys.argv[1:] if argv is None else argv)))
         return args.func(args)
     except GpumonError as exc:
-        # Messages quote what the user typed; control characters in it must not reach the terminal.
-        lines = [printable(line) for line in str(exc).split("\n")]
+        # Messages quote what the user typed: no control characters (newlines included) may reach
+        # the terminal. Only an alert rule's error has lines of its own: the rule and a caret.
+        from gpumon.alerts import RuleError
+
+        text = str(exc)
+        lines = [printable(line) for line in text.split("\n")] if isinstance(exc, RuleError) else [printable(text)]
         print("gpumon: error: " + "\n".join(lines), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ def _base_order(gpus: Sequence[GpuSample], device_order: str | None) -> list[Gpu
 
 def _resolve(token: str, base: list[GpuSample]) -> GpuSample | None:
     token = token.strip()
-    if token.isdigit():
+    if token.isascii() and token.isdigit():
         i = int(token)
         return base[i] if i < len(base) else None
     if token.startswith("GPU-"):

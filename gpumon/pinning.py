@@ -36,7 +36,7 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
         raise UsageError("empty --gpu: expected an index, a UUID, a PCI bus id or auto[:N]")
     if spec == "auto" or spec.startswith("auto:"):
         count_text = spec.partition(":")[2] or "1"
-        if not count_text.isdigit() or int(count_text) < 1:
+        if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
             raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
         try:
             return list(choose(snapshot, int(count_text), topo, min_free, max_util).gpus)
@@ -53,7 +53,7 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
 
 def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
     gpus = snapshot.gpus
-    if part.isdigit():
+    if part.isascii() and part.isdigit():  # "¹".isdigit() is true too
         match = [g for g in gpus if g.index == int(part)]
         if not match:
             raise UsageError(f"bad --gpu {spec!r}: no card {part} (cards are {_indices(snapshot)})")

@@ -587,3 +587,19 @@ def test_changed_span_finds_what_to_repaint():
     styled_new.stylize("bold", 1, 2)
     assert changed_span(styled_old, styled_new) == (1, 2)
     assert changed_span(Text("abc"), Text("abcdef")) == (3, 6)
+
+
+def test_clicking_a_header_sorts_by_it():
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            table = screen.query_one(ProcessTable)
+            pid_x = table._x(1) + 1
+            await pilot.click("#processes", offset=(pid_x + 1, 1))  # +1: the table's border
+            assert table.sort_key == "pid" and table.sort_reverse is False
+            await pilot.click("#processes", offset=(pid_x + 1, 1))
+            assert table.sort_reverse is True
+            await pilot.pause(0.3)
+            assert table_pids(screen) == sorted(table_pids(screen), reverse=True)
+
+    run(go())

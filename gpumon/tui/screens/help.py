@@ -19,7 +19,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     ]),
     ("Processes", [
         ("a", "all cards' processes / only the selected card's"),
-        ("s  S", "cycle the sort column (GPU MEM, SM%, CPU%, PID, USER, AGE) / reverse it"),
+        ("s  S", "cycle the sort column (GPU MEM, SM%, CPU%, PID, USER, AGE) / reverse it; or click a header"),
         ("/", "filter by text (pid, user, command, container); Esc clears"),
         ("x", "terminate the selected process (SIGTERM), after a confirmation"),
         ("X", "kill it (SIGKILL), after a confirmation"),

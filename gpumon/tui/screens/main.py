@@ -180,7 +180,7 @@ class MainScreen(Screen):
         else:
             width = max(20, cards.size.width - 4 if cards.size.width else self.size.width // 2)
             # Lines of each panel, a blank line between panels, and the border.
-            needed = sum(len(p.lines(width)) + 1 for p in cards.panels) + 1
+            needed = sum(len(p.shown if p.shown is not None else p.lines(width)) + 1 for p in cards.panels) + 1
             cap = int(room * 0.6)
             if self.query_one("#charts").display:  # tall screens: room for all four charts
                 needed = max(needed, len(CHART_METRICS) * CHART_MIN_HEIGHT + 2)

@@ -292,8 +292,20 @@ class ProcessTable(ScrollView, can_focus=True):
         self.move_cursor(index if index >= 0 else len(self.order) - 1)
 
     def on_click(self, event: Click) -> None:
-        if event.y >= 1:
-            self.move_cursor(event.y - 1 + self.scroll_offset.y)
+        offset = event.get_content_offset(self)
+        if offset is None:  # on the border
+            return
+        if offset.y >= 1:
+            self.move_cursor(offset.y - 1 + self.scroll_offset.y)
+            return
+        # A click on a sortable header sorts by it; a second click reverses.
+        column = next((KEYS[i] for i in reversed(range(len(KEYS))) if offset.x >= self._x(i)), None)
+        if column in SORTS:
+            if column == self.sort_key:
+                self.sort_reverse = not self.sort_reverse
+            else:
+                self.sort_key, self.sort_reverse = column, SORTS[column]
+            self._resort()
 
     def _resort(self) -> None:
         self.order = []  # forces a full repaint in the new order at the next show()
