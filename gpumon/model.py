@@ -50,6 +50,16 @@ _PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util
 
 
 @dataclass(frozen=True, slots=True)
+class MigSample:
+    """A MIG slice of a card: CUDA sees it as a device of its own, named by its MIG UUID."""
+
+    uuid: str
+    name: str
+    memory_total: int | None = None
+    memory_used: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     index: int
     uuid: str
@@ -78,6 +88,7 @@ class GpuSample:
     cpu_affinity: str | None = None  # "0-15,32-47"
     processes: tuple[ProcessSample, ...] = ()
     error: str | None = None  # why state is not "ok", for people
+    mig_devices: tuple[MigSample, ...] = ()  # not in the JSON schema: for pinning and display
 
     @property
     def memory_percent(self) -> float | None:
@@ -120,7 +131,7 @@ class Snapshot:
         """Inverse of to_dict (for recordings); raises ValueError/TypeError/KeyError on bad data."""
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"unsupported schema version {data.get('schema')!r}")
-        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes"}
+        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes", "mig_devices"}
         proc_fields = {f.name for f in dataclasses.fields(ProcessSample)}
         gpus = []
         for raw in data["gpus"]:
@@ -145,6 +156,7 @@ class Snapshot:
 def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     out = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(GpuSample)}
     out.pop("error")
+    out.pop("mig_devices")
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
     out["processes"] = [{name: getattr(p, name) for name in _PROCESS_JSON_FIELDS} for p in gpu.processes]

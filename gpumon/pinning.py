@@ -7,6 +7,7 @@ are passed by UUID (MIG slices by MIG UUID) with CUDA_DEVICE_ORDER=PCI_BUS_ID, s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -58,7 +59,18 @@ def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
         if not match:
             raise UsageError(f"bad --gpu {spec!r}: no card {part} (cards are {_indices(snapshot)})")
         return match[0]
-    if part.upper().startswith(("GPU-", "MIG-")):
+    if part.upper().startswith("MIG-"):
+        # A MIG slice stands in for its card, under its own UUID and memory, so it is pinned by it.
+        match = [dataclasses.replace(g, uuid=m.uuid, name=m.name, memory_total=m.memory_total,
+                                     memory_used=m.memory_used,
+                                     memory_free=None if m.memory_total is None or m.memory_used is None
+                                     else m.memory_total - m.memory_used)
+                 for g in gpus for m in g.mig_devices if m.uuid.lower().startswith(part.lower())]
+        if len(match) == 1:
+            return match[0]
+        problem = "matches several MIG slices" if match else "matches no MIG slice"
+        raise UsageError(f"bad --gpu {spec!r}: {part!r} {problem}")
+    if part.upper().startswith("GPU-"):
         match = [g for g in gpus if g.uuid.lower().startswith(part.lower())]
         if len(match) == 1:
             return match[0]

@@ -60,6 +60,12 @@ def snapshot_text(snapshot: Snapshot) -> str:
             g.pstate or NA, g.pci_bus_id,
         ])
     out = [header, "", table(gpu_rows, right={0, 3, 5, 6, 8})]
+    mig_rows = [["GPU", "MIG SLICE (use with --gpu)", "NAME", "MEMORY"]] + [
+        [str(g.index), m.uuid, m.name, f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}"]
+        for g in snapshot.gpus for m in g.mig_devices
+    ]
+    if len(mig_rows) > 1:
+        out += ["", table(mig_rows, right={0})]
     proc_rows = [["GPU", "PID", "USER", "TYPE", "GPU MEM", "SM%", "CPU%", "COMMAND"]]
     for g in snapshot.gpus:
         for p in sorted(g.processes, key=lambda p: -(p.gpu_memory or 0)):

@@ -73,9 +73,10 @@ class Supervisor:
 
     def _choose_cards(self, backend: Backend):
         if self.spec.gpus and not self.spec.wait:
-            snapshot = backend.sample()
-            by_uuid = {g.uuid: g for g in snapshot.gpus}
-            return [by_uuid[u] for u in self.spec.gpus if u in by_uuid] or None
+            try:  # the UUIDs chosen at launch (cards or MIG slices)
+                return resolve_spec(",".join(self.spec.gpus), backend.sample())
+            except GpumonError:
+                return None
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
         topo = backend.topology()
         streak: tuple[tuple[str, ...], int] = ((), 0)
@@ -130,14 +131,14 @@ class Supervisor:
 
     def _watch(self, backend: Backend, gpus) -> int:
         assert self.child is not None
-        uuids = {g.uuid for g in gpus}
+        cards = {g.index for g in gpus}  # a MIG slice's processes are listed on its card
         reason = None
         while self.child.poll() is None:
             if self.stop_requested:
                 reason = self.stop_requested
                 self._stop_child()
                 break
-            used = self._job_gpu_memory(backend.sample(), uuids)
+            used = self._job_gpu_memory(backend.sample(), cards)
             if used > self.peak:
                 self.peak = used
                 write_atomic(self.dir / "peak", str(used))
@@ -164,10 +165,10 @@ class Supervisor:
         except psutil.Error:
             return []
 
-    def _job_gpu_memory(self, snapshot: Snapshot, uuids: set[str]) -> int:
+    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int]) -> int:
         """GPU memory of the job's own processes on its cards; other users' processes never count."""
         pids = {p.pid for p in self._job_processes()}
-        return sum(p.gpu_memory or 0 for g in snapshot.gpus if g.uuid in uuids for p in g.processes if p.pid in pids)
+        return sum(p.gpu_memory or 0 for g in snapshot.gpus if g.index in cards for p in g.processes if p.pid in pids)
 
     def _stop_child(self) -> None:
         """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace."""

@@ -336,3 +336,36 @@ def test_select_prints_uuids_for_scripts(fake_driver):
     out = fake_driver.run("select", "--count", "2")
     cards = fake_driver.machine.cards
     assert out.stdout.strip() in (f"{cards[2].uuid},{cards[3].uuid}", f"{cards[3].uuid},{cards[2].uuid}")
+
+
+def test_mig_slices_are_listed_and_pinned_by_mig_uuid(fake_driver, tmp_path):
+    four_cards(fake_driver.machine)
+    fake_driver.machine.cards[1].extra["mig"] = 2
+    fake_driver.write()
+    table = fake_driver.run("snapshot").stdout
+    migs = [word for line in table.splitlines() for word in line.split() if word.startswith("MIG-")]
+    assert len(migs) == 2 and "MIG SLICE" in table
+    doc = json.loads(fake_driver.run("snapshot", "--json").stdout)
+    assert "mig_devices" not in doc["gpus"][1]  # the schema-1 document is unchanged
+    result = run_job(fake_driver, "--gpu", migs[1][:20], "--", *env_probe(tmp_path))  # a unique prefix
+    assert result.returncode == 0, result.stderr
+    assert read_probe(tmp_path)["env"]["CUDA_VISIBLE_DEVICES"] == migs[1]
+    (job,) = job_json(fake_driver)
+    assert job["gpus"] == [migs[1]] and job["gpu_indices"] == [1]
+    bad = run_job(fake_driver, "--gpu", "MIG-ffffffff", "--", "true")
+    assert bad.returncode == 2 and "matches no MIG slice" in bad.stderr
+
+
+def test_mig_job_is_watched_on_its_card(fake_driver, tmp_path):
+    four_cards(fake_driver.machine)
+    fake_driver.machine.cards[0].extra["mig"] = 3
+    fake_driver.write()
+    mig = next(w for w in fake_driver.run("snapshot").stdout.split() if w.startswith("MIG-"))
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    run_job(fake_driver, "--gpu", mig, "--mem-limit", "1G", "--", sys.executable, "-c", script)
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), what="job pid"))
+    fake_driver.machine.procs.append(dict(gpu=0, pid=pid, mem=2 * GIB))  # listed on the parent card
+    fake_driver.write()
+    (job,) = wait_for(lambda: [j for j in job_json(fake_driver) if j["state"] == "killed"], what="the watchdog")
+    assert job["reason"] == "memory limit exceeded: 2.0G > 1.0G"

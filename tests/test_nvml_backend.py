@@ -251,3 +251,12 @@ def test_pid_namespace_invisible_pid(fake_driver, open_backend):
     fake_driver.machine.procs = [dict(gpu=0, pid=pid, mem=GIB)]
     proc = sample_once(open_backend()).gpus[0].processes[0]
     assert (proc.pid, proc.user, proc.command, proc.gpu_memory) == (pid, None, None, GIB)
+
+
+def test_mig_slices_are_enumerated_with_their_memory(fake_driver, open_backend):
+    fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-80GB", mem_total=80 * GIB, extra=dict(mig=2)), Card()]
+    gpu, plain = open_backend().sample().gpus
+    assert [m.uuid[:4] for m in gpu.mig_devices] == ["MIG-", "MIG-"]
+    assert len({m.uuid for m in gpu.mig_devices}) == 2
+    assert all(m.memory_total == 40 * GIB for m in gpu.mig_devices)
+    assert plain.mig_devices == ()

@@ -23,7 +23,7 @@ import pynvml
 
 from gpumon.errors import NoDriverError
 from gpumon.sanitize import printable
-from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology, throttle_names
+from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, Topology, throttle_names
 from gpumon.units import format_cpu_list
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class _Card:
         self.error: str | None = None
         self.proc_util_ts = 0
         self.pcie: tuple[int | None, int | None] = (None, None)
+        self.migs: list[tuple[Any, str, str]] = []  # (handle, MIG UUID, name) when MIG mode is on
         self.pcie_read_at = -PCIE_INTERVAL_S
 
 
@@ -158,7 +159,22 @@ class NvmlBackend:
             return card
         card.cpu_affinity = self._cpu_affinity(card)
         card.numa_node = self._numa_node(card)
+        card.migs = self._mig_slices(card)
         return card
+
+    def _mig_slices(self, card: _Card) -> list[tuple[Any, str, str]]:
+        """The card's MIG slices (read once: changing MIG mode needs a GPU reset anyway)."""
+        mode = self._read(card, "mig", pynvml.nvmlDeviceGetMigMode)
+        if not mode or not mode[0]:
+            return []
+        slices = []
+        for i in range(self._read(card, "mig", pynvml.nvmlDeviceGetMaxMigDeviceCount) or 0):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card.handle, i)
+                slices.append((handle, _decode(pynvml.nvmlDeviceGetUUID(handle)), _decode(pynvml.nvmlDeviceGetName(handle))))
+            except pynvml.NVMLError:
+                continue  # an index without a slice
+        return slices
 
     def _cpu_affinity(self, card: _Card) -> str | None:
         words = self._read(card, "cpu_affinity", pynvml.nvmlDeviceGetCpuAffinity, CPU_SET_WORDS)
@@ -289,7 +305,15 @@ class NvmlBackend:
             "encoder_util": encoder[0] if encoder is not None else None,
             "decoder_util": decoder[0] if decoder is not None else None,
             "processes": self._processes(card, total),
+            "mig_devices": tuple(self._mig_sample(*mig) for mig in card.migs),
         }
+
+    def _mig_sample(self, handle: Any, uuid: str, name: str) -> MigSample:
+        try:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return MigSample(uuid, name, memory.total, memory.used)
+        except pynvml.NVMLError:
+            return MigSample(uuid, name)
 
     def _pcie(self, card: _Card) -> tuple[int | None, int | None]:
         now = time.monotonic()

@@ -80,7 +80,11 @@ struct gpu {
     int nfails;
     int nvlink_peer[MAX_NVLINKS];
     int nvlinks;
+    int mig_count; /* MIG mode on, with this many slices */
 };
+
+#define MAX_MIGS 7
+static struct gpu migs[MAX_GPUS][MAX_MIGS];
 
 struct proc {
     int gpu;
@@ -230,6 +234,7 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "handle_error")) g->handle_error = atoi(v);
     else if (!strcmp(k, "unsupported")) parse_fails(g, v, E_NOT_SUPPORTED);
     else if (!strcmp(k, "fail")) parse_fails(g, v, E_UNKNOWN);
+    else if (!strcmp(k, "mig")) g->mig_count = atoi(v) > MAX_MIGS ? MAX_MIGS : atoi(v);
     else fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
 }
 
@@ -273,6 +278,16 @@ static void load_config(const char *path) {
             struct gpu *g = &C.gpus[C.ngpus];
             gpu_defaults(g, C.ngpus);
             while (next_token(&p, &k, &v)) gpu_set(g, k, v);
+            /* MIG slices: equal shares of the card, with MIG UUIDs and no NVML index. */
+            for (int i = 0; i < g->mig_count; i++) {
+                struct gpu *m = &migs[C.ngpus][i];
+                gpu_defaults(m, -1);
+                snprintf(m->name, sizeof m->name, "%s MIG %dg", g->name, 7 / g->mig_count);
+                snprintf(m->uuid, sizeof m->uuid, "MIG-%.8s-%04d-0000-0000-%012d", g->uuid + 4, i, C.ngpus);
+                snprintf(m->bus, sizeof m->bus, "%s", g->bus);
+                m->mem_total.lo = m->mem_total.hi = value(g->mem_total) / g->mig_count;
+                m->lost_after = g->lost_after;
+            }
             C.ngpus++;
         } else if (!strcmp(word, "proc") && C.nprocs < MAX_PROCS) {
             struct proc *pr = &C.procs[C.nprocs++];
@@ -760,6 +775,28 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtiliz
         j++;
     }
     *count = n;
+    LEAVE(OK);
+}
+
+/* ---- MIG ---- */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending) {
+    ENTER(dev, "mig");
+    if (dev->index < 0) LEAVE(E_NOT_SUPPORTED); /* a MIG slice itself */
+    *current = *pending = dev->mig_count > 0;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
+    ENTER(dev, "mig");
+    *count = dev->mig_count ? MAX_MIGS : 0;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig) {
+    ENTER(dev, "mig");
+    if (dev->index < 0 || index >= (unsigned)dev->mig_count) LEAVE(E_NOT_FOUND);
+    *mig = &migs[dev->index][index];
     LEAVE(OK);
 }
 

@@ -131,6 +131,8 @@ class GpuPanel(PartialRefresh, Widget):
             right.append("  " + gpu.pci_bus_id.split(":", 1)[-1])
         if gpu.numa_node is not None:
             right.append(f"  NUMA {gpu.numa_node}")
+        if gpu.mig_devices:
+            right.append(f"  MIG×{len(gpu.mig_devices)}")
         badge = self._badge(gpu)
         gap = width - len(title) - len(right) - len(badge)
         if gap < 1:  # narrow: keep name and badge, drop the identifiers
