@@ -367,10 +367,7 @@ def test_lost_card_says_lost_while_others_update(fake_driver):
             await pilot.pause(0.6)
             assert panels[0].gpu.utilization_gpu != before.utilization_gpu or panels[0].gpu is not before
 
-    try:
-        run(go())
-    finally:
-        backend.close()
+    run(go())
 
 
 def test_quit_key_exits_with_status_0():
@@ -461,21 +458,23 @@ def test_replay_keys_are_not_offered_live():
     run(go())
 
 
-def nvml_launch_app(fake_driver, cards=3):
+@pytest.fixture
+def launch_app(fake_driver):
+    """An app on three fake A10s that can launch jobs; its backend is closed after the test."""
     fake_driver.machine.cards = [Card("NVIDIA A10", uuid=f"GPU-a10a10a{i}-0000-1111-2222-333344445555",
-                                      mem_total=24 * GIB, extra=dict(cpus="0-1")) for i in range(cards)]
+                                      mem_total=24 * GIB, extra=dict(cpus="0-1")) for i in range(3)]
     fake_driver.write()
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
-    app = create_app(backend, interval=0.2, backend_args={"nvml_lib": str(fake_driver.lib)})
-    return app, backend
+    yield create_app(backend, interval=0.2, backend_args={"nvml_lib": str(fake_driver.lib)})
+    backend.close()
 
 
-def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, tmp_path):
+def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, launch_app, tmp_path):
     from gpumon import jobs
     from gpumon.tui.screens.jobs import JobsScreen
     from gpumon.tui.screens.run_dialog import RunDialog
 
-    app, backend = nvml_launch_app(fake_driver)
+    app = launch_app
     out = tmp_path / "cvd"
 
     async def go():
@@ -506,17 +505,14 @@ def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, tmp_path):
             await pilot.press("p")
             assert app.main_screen.query_one("#filter").value == job.spec.id
 
-    try:
-        run(go())
-    finally:
-        backend.close()
+    run(go())
 
 
-def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver):
+def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver, launch_app):
     from gpumon import jobs
     from gpumon.tui.screens.run_dialog import RunDialog
 
-    app, backend = nvml_launch_app(fake_driver)
+    app = launch_app
 
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
@@ -531,17 +527,14 @@ def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver):
             assert not isinstance(app.screen, RunDialog)
         assert jobs.list_jobs() == []
 
-    try:
-        run(go())
-    finally:
-        backend.close()
+    run(go())
 
 
-def test_m_sets_the_cards_default_limit_used_by_r(fake_driver):
+def test_m_sets_the_cards_default_limit_used_by_r(fake_driver, launch_app):
     from gpumon.launch import card_limits
     from gpumon.tui.screens.run_dialog import MemLimitDialog, RunDialog
 
-    app, backend = nvml_launch_app(fake_driver)
+    app = launch_app
 
     async def go():
         async with app.run_test(size=(120, 40)) as pilot:
@@ -555,14 +548,11 @@ def test_m_sets_the_cards_default_limit_used_by_r(fake_driver):
             assert isinstance(app.screen, RunDialog)
             assert app.screen.query_one("#run-limit").value == "6.0G"
 
-    try:
-        run(go())
-    finally:
-        backend.close()
+    run(go())
 
 
-def test_launching_is_not_offered_readonly_or_on_replays(fake_driver):
-    app, backend = nvml_launch_app(fake_driver)
+def test_launching_is_not_offered_readonly_or_on_replays(fake_driver, launch_app):
+    app = launch_app
     app.main_screen.readonly = True
 
     async def go():
@@ -570,10 +560,7 @@ def test_launching_is_not_offered_readonly_or_on_replays(fake_driver):
             screen = await started(pilot)
             assert screen.check_action("run", ()) is False
 
-    try:
-        run(go())
-    finally:
-        backend.close()
+    run(go())
 
 
 def test_changed_span_finds_what_to_repaint():

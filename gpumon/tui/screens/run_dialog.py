@@ -16,6 +16,15 @@ from gpumon.model import GpuSample
 from gpumon.units import format_bytes, parse_size
 
 
+def size_problem(text: str, gpu: GpuSample) -> str | None:
+    """Why a typed SIZE is not usable on this card, or None when it is."""
+    try:
+        parse_size(text, gpu.memory_total)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass
 class RunChoice:
     command: str
@@ -75,12 +84,9 @@ class RunDialog(ModalScreen[RunChoice | None]):
         if not command:
             error.update("Type a command to run.")
             return None
-        if limit:
-            try:
-                parse_size(limit, self.gpu.memory_total)
-            except UsageError as exc:
-                error.update(str(exc))
-                return None
+        if limit and (problem := size_problem(limit, self.gpu)):
+            error.update(problem)
+            return None
         return RunChoice(
             command=command, cwd=self.query_one("#run-cwd", Input).value.strip() or self.cwd, mem_limit=limit,
             numa=self.query_one("#run-numa", Checkbox).value,
@@ -131,12 +137,9 @@ class MemLimitDialog(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         value = event.value.strip()
-        if value:
-            try:
-                parse_size(value, self.gpu.memory_total)
-            except UsageError as exc:
-                self.query_one("#limit-error", Static).update(str(exc))
-                return
+        if value and (problem := size_problem(value, self.gpu)):
+            self.query_one("#limit-error", Static).update(problem)
+            return
         self.dismiss(value)
 
     def action_cancel(self) -> None:
