@@ -27,8 +27,8 @@ def spawn_idle(count: int) -> list[subprocess.Popen]:
 
 
 def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path, lib: Path) -> float:
-    from gpumon.backends.nvml import NvmlBackend
-    from gpumon.sampler import Sampler
+    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.monitor.sampler import Sampler
 
     machine = FakeMachine(
         cards=[Card(extra=dict(util="10..90", temp="40..80", power_mw="100000..300000")) for _ in range(cards)],

@@ -12,7 +12,7 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-# NVML clock-event (throttle) reason bits, by the names DESIGN.md gives them.
+# NVML clock-event (throttle) reason bits, by the names docs/design.md gives them.
 THROTTLE_REASONS: dict[int, str] = {
     0x001: "gpu_idle",
     0x002: "applications_clocks",
@@ -115,7 +115,7 @@ class Snapshot:
     stale: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The schema-1 JSON document of DESIGN.md."""
+        """The schema-1 JSON document of docs/design.md."""
         return {
             "schema": SCHEMA_VERSION,
             "time": self.time,

@@ -60,6 +60,14 @@ def format_bytes(value: int | None, na: str = "N/A") -> str:
     return f"{size:.0f}P"  # pragma: no cover - loop always returns
 
 
+def format_runtime(seconds: float | None) -> str:
+    """Seconds as H:MM:SS; '' when unknown."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def format_cpu_list(cpus: list[int] | tuple[int, ...]) -> str:
     """[0,1,2,3,8,9] -> '0-3,8-9', the form taskset and nvidia-smi use."""
     ranges: list[str] = []

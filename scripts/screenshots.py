@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["TZ"] = "UTC"
 time.tzset()
 
-from gpumon.tui.showcase import SHOTS, demo_app, use_showcase_state, wait_for_first_frame  # noqa: E402
+from showcase import SHOTS, demo_app, use_showcase_state, wait_for_first_frame  # noqa: E402
 
 
 async def render(name: str, options: dict, size: tuple[int, int], keys: tuple[str, ...], out: Path) -> Path:

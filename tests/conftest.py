@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The demo scenes shared with scripts/screenshots.py (showcase.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from fakenvml import GIB, Card, CompilerMissing, FakeMachine, build  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumon.alerts import AlertEngine, RuleError, parse_rule
+from gpumon.alerting.rules import AlertEngine, RuleError, parse_rule
 from gpumon.model import GpuSample, Snapshot
 from gpumon.units import parse_size
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import GIB, Card
 
 
@@ -102,7 +101,8 @@ def test_nvml_lib_option_that_does_not_exist(tmp_path):
     [
         (["snapshot", "--interval", "abc"], ["--interval", "abc"]),
         (["--interval", "0.01", "snapshot"], ["--interval", "0.1"]),
-        (["snapshot", "--demo", "nosuch"], ["nosuch", "default"]),
+        (["snapshot", "--demo", "nosuch"], ["nosuch"]),
+        (["snapshot", "--scenario", "nosuch"], ["nosuch", "default"]),
         (["frobnicate"], ["frobnicate"]),
         (["snapshot", "--bogus"], ["--bogus"]),
         (["snapshot", "--demo", "--replay", "x.jsonl"], ["--demo", "--replay"]),

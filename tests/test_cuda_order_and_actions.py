@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from gpumon import actions
-from gpumon.cuda_order import cuda_ordinals
+from gpumon.jobs import processes as actions
 from gpumon.model import GpuSample
+from gpumon.monitor.containers import container_of
+from gpumon.monitor.cuda_order import cuda_ordinals
 
 
 def gpu(index: int, bus: str, name: str = "NVIDIA A100", uuid: str | None = None) -> GpuSample:
@@ -62,11 +63,11 @@ def test_fastest_first_with_mixed_models_is_unknown():
 def test_container_from_cgroup(tmp_path, cgroup, expected):
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "cgroup").write_text(cgroup)
-    assert actions.container_of(42, proc_root=tmp_path) == expected
+    assert container_of(42, proc_root=tmp_path) == expected
 
 
 def test_container_of_missing_pid(tmp_path):
-    assert actions.container_of(999999, proc_root=tmp_path) is None
+    assert container_of(999999, proc_root=tmp_path) is None
 
 
 def test_signal_checks_the_start_time_so_recycled_pids_are_safe():

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from gpumon.backends.demo import LOST_AFTER_SAMPLES, SCENARIOS, DemoBackend
 from gpumon.errors import UsageError
+from gpumon.monitor.backends.demo import LOST_AFTER_SAMPLES, SCENARIOS, DemoBackend
 
 
 def _values(snapshot):

@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-
 from conftest import GIB, Card
-from gpumon.backends.nvml import NvmlBackend
+
+from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.process_table import ProcessTable

@@ -10,12 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpumon.backends.demo import DemoBackend
-from gpumon.backends.replay import ReplayBackend, read_recording
 from gpumon.cli import main
 from gpumon.config import load_config
 from gpumon.errors import UsageError
-from gpumon.pinning import resolve_spec
+from gpumon.jobs.placement import resolve_spec
+from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.monitor.backends.replay import ReplayBackend
+from gpumon.monitor.recording import read_recording
 from gpumon.units import parse_cpu_list, parse_duration, parse_size
 
 SNAPSHOT = DemoBackend(cards=8).sample()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import GIB, Card
-from gpumon import jobs
-from gpumon.limits import limit_environment
+
+from gpumon.jobs import records as jobs
+from gpumon.jobs.limits import limit_environment
 
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
 

@@ -9,11 +9,11 @@ import time
 
 import psutil
 import pytest
-
 from conftest import GIB, Card
-from gpumon.backends.nvml import NvmlBackend
+
 from gpumon.errors import NoDriverError
-from gpumon.sampler import sample_once
+from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.monitor.sampler import sample_once
 
 
 @pytest.fixture

@@ -10,12 +10,17 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import GIB, Card, require_tool
-from gpumon.alerts import parse_rules
-from gpumon.backends.demo import DemoBackend
-from gpumon.export import GpumonCollector, exposition, parse_listen_address, prometheus_rules
+
+from gpumon.alerting.prometheus import (
+    GpumonCollector,
+    exposition,
+    parse_listen_address,
+    prometheus_rules,
+)
+from gpumon.alerting.rules import parse_rules
 from gpumon.errors import UsageError
+from gpumon.monitor.backends.demo import DemoBackend
 
 # dcgm-exporter's label names are camelCase (modelName, UUID, Hostname); compatibility wins over
 # promtool's naming lint, which is the only finding allowed.

@@ -6,11 +6,11 @@ import asyncio
 import threading
 
 import pytest
-
 from conftest import GIB, Card
-from gpumon.backends.demo import DemoBackend
-from gpumon.backends.nvml import NvmlBackend
-from gpumon.sampler import History, Sampler
+
+from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.monitor.sampler import History, Sampler
 
 
 def _sample_threads() -> int:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
-
-from gpumon.tui.showcase import SHOTS, SHOWCASE_STATE, demo_app, use_showcase_state, wait_for_first_frame
+from showcase import (
+    SHOTS,
+    SHOWCASE_STATE,
+    demo_app,
+    use_showcase_state,
+    wait_for_first_frame,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 PINNED = ["main-200x60.svg", "main-80x24.svg", "filter-120x40.svg", "help-120x40.svg", "light-120x40.svg"]
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from conftest import GIB, Card
-from gpumon.backends.demo import DemoBackend
-from gpumon.model import Snapshot, Topology
-from gpumon.placement import best_partners, choose, link_rank
+
+from gpumon.jobs.placement import choose
+from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.monitor.topology import best_partners, link_rank
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.topology import TopologyScreen
 

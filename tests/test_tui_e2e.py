@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import GIB, Card, require_tool
 
 

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from textual.app import App
 from textual.binding import Binding
 
-from gpumon.alerts import AlertEngine, AlertEvent, Rule
-from gpumon.backends import Backend
+from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
-from gpumon.record import Recorder
-from gpumon.sampler import Sampler
+from gpumon.monitor.backends import Backend
+from gpumon.monitor.recording import Recorder
+from gpumon.monitor.sampler import Sampler
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen

@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from gpumon.alerts import AlertEngine, AlertEvent
+from gpumon.alerting.rules import AlertEngine, AlertEvent
 
 
 def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:

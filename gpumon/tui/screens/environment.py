@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from gpumon.actions import CUDA_VARIABLES
+from gpumon.jobs.processes import CUDA_VARIABLES
 
 
 def environment_table(env: dict[str, str]) -> Table:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from rich.text import Text
@@ -12,10 +11,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
-from gpumon import jobs
 from gpumon.errors import UsageError
-from gpumon.report import _runtime
-from gpumon.units import format_bytes
+from gpumon.jobs import records as jobs
+from gpumon.units import format_bytes, format_runtime
 
 LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red", "lost": "red"}
@@ -85,14 +83,12 @@ class JobsScreen(ModalScreen[str | None]):
         table = self.query_one(DataTable)
         cursor = table.cursor_row
         self.jobs = list(reversed(jobs.list_jobs()))  # newest on top
-        now = time.time()
         table.clear()
         for job in self.jobs:
-            runtime = ((job.ended or now) - job.started) if job.started else None
             table.add_row(
                 job.spec.id, job.spec.name[:24], Text(job.state, style=STATE_STYLES.get(job.state, "")),
                 ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
-                "" if job.exit_code is None else str(job.exit_code), _runtime(runtime),
+                "" if job.exit_code is None else str(job.exit_code), format_runtime(job.runtime),
                 format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,
             )
         if self.jobs:

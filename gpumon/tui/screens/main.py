@@ -16,13 +16,21 @@ from textual.events import Resize, ScreenResume
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from gpumon import actions, jobs
 from gpumon.errors import UsageError
-from gpumon.launch import LaunchRequest, card_limits, prepare, start, summary
-from gpumon.units import format_bytes, parse_size
-from gpumon.cuda_order import cuda_ordinals
+from gpumon.jobs import processes as actions
+from gpumon.jobs import records as jobs
+from gpumon.jobs.launch import (
+    card_limits,
+    prepare,
+    run_in_terminal,
+    shell_request,
+    start,
+    summary,
+)
 from gpumon.model import Snapshot
-from gpumon.sampler import History
+from gpumon.monitor.containers import invisible_reason
+from gpumon.monitor.cuda_order import cuda_ordinals
+from gpumon.monitor.sampler import History
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
@@ -32,6 +40,7 @@ from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
 from gpumon.tui.widgets.status_bar import StatusBar
+from gpumon.units import format_bytes, parse_size
 
 CHART_METRICS = ("util", "mem", "temp", "power")
 WIDE = 140  # columns from which history charts sit beside the cards
@@ -83,7 +92,7 @@ class MainScreen(Screen):
                 for metric in CHART_METRICS:
                     yield HistoryChart(metric, id=f"chart-{metric}")
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
-        table = ProcessTable(actions.invisible_reason(), id="processes")
+        table = ProcessTable(invisible_reason(), id="processes")
         table.border_subtitle = "a: all/one card  s: sort  /: filter"
         yield table
         yield Footer()
@@ -290,23 +299,17 @@ class MainScreen(Screen):
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
     def _launch(self, gpu, choice: RunChoice) -> None:
-        # The command is the user's own typing: it runs in their shell, with pipes and `&&`.
-        request = LaunchRequest(
-            command=["/bin/sh", "-c", choice.command], gpu_spec=gpu.uuid, mem_limit=choice.mem_limit,
-            numa=choice.numa, foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
-            name=choice.command.split()[0].rsplit("/", 1)[-1] if choice.command.split() else "job",
-        )
+        request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
+                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd)
         try:
             spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
-            directory = start(spec, foreground=choice.foreground)
+            directory = start(spec, foreground=choice.foreground, typed=request.typed)
         except (UsageError, OSError) as exc:
             self.notify(str(exc), severity="error")
             return
         if choice.foreground:
             with self.app.suspend():
-                print(f"gpumon: running on GPU {gpu.index}: {choice.command}", flush=True)
-                code = jobs.start_supervisor(directory, foreground=True).wait()
-                input(f"\ngpumon: exited with status {code}. Press Enter to return to gpumon. ")
+                run_in_terminal(directory, f"GPU {gpu.index}", choice.command)
             return
         self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
 
@@ -354,7 +357,7 @@ class MainScreen(Screen):
             return
         p = row.process
         if p.user is None and p.command is None:
-            self.notify(f"process {p.pid}: {actions.invisible_reason()}", severity="warning")
+            self.notify(f"process {p.pid}: {invisible_reason()}", severity="warning")
             return
         if not actions.may_signal(p.uid):
             self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpumon.model import Topology
-from gpumon.placement import best_partners, describe_link, link_rank
+from gpumon.monitor.topology import best_partners, describe_link, link_rank
 
 LEGEND = ("X self · NV# NVLinks · PIX one PCIe switch · PXB several switches · "
           "PHB host bridge · NODE same NUMA node · SYS across sockets")

@@ -1,4 +1,5 @@
-"""Getting data out: event lines (JSON or text), Prometheus exposition, Prometheus alerting rules.
+"""Prometheus: the exposition `watch --prometheus` serves, and alert rules exported as a Prometheus
+alerting-rules file.
 
 Metric names follow dcgm-exporter 3.x (the `DCGM_FI_DEV_*` fields of its default counters file,
 framebuffer sizes in MiB) with its labels `gpu`, `UUID`, `device`, `modelName`, `Hostname`,
@@ -11,70 +12,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import IO
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpumon.alerts import AlertEngine, AlertEvent, Rule
+from gpumon.alerting.rules import AlertEngine, Rule
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
-from gpumon.units import format_bytes
 
 MIB = 1 << 20
 THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
-
-class EventWriter:
-    """One line per event (and per sample with --metrics), flushed at once: pipes and logs see it."""
-
-    def __init__(self, stream: IO[str], fmt: str) -> None:
-        self.stream = stream
-        self.fmt = fmt
-
-    def _line(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def event(self, event: AlertEvent) -> None:
-        if self.fmt == "jsonl":
-            self._line(json.dumps(event.to_dict()))
-            return
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time))
-        self._line(f"{when}  {event.event.upper():8}  GPU {event.gpu}  {event.rule}  "
-                   f"({event.metric}={_number(event.value)}, threshold {_number(event.threshold)})  {event.uuid}")
-
-    def metrics(self, snapshot: Snapshot) -> None:
-        if self.fmt == "jsonl":
-            self._line(json.dumps({"event": "sample", "time": snapshot.time, "gpus": [
-                {"gpu": g.index, "state": g.state, "util": g.utilization_gpu, "mem": _round(g.memory_percent),
-                 "temp": g.temperature, "power": g.power_draw, "procs": len(g.processes)}
-                for g in snapshot.gpus]}))
-            return
-        when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
-        cards = "  ".join(_card_text(g) for g in snapshot.gpus)
-        self._line(f"{when}  {cards}")
-
-
-def _number(value: float) -> str:
-    return f"{value:g}" if abs(value) < 1e7 else format_bytes(int(value))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
-def _card_text(g: GpuSample) -> str:
-    if g.state != "ok":
-        return f"gpu{g.index} {g.state.upper()}"
-    parts = [f"gpu{g.index}"]
-    parts.append(f"{g.utilization_gpu}%" if g.utilization_gpu is not None else "N/A")
-    parts.append(f"mem {g.memory_percent:.0f}%" if g.memory_percent is not None else "mem N/A")
-    parts.append(f"{g.temperature}C" if g.temperature is not None else "N/A")
-    parts.append(f"{g.power_draw:.0f}W" if g.power_draw is not None else "N/A")
-    return " ".join(parts)
-
-
-# -- Prometheus exposition --
 
 # (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
 GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [

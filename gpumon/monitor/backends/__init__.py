@@ -32,13 +32,13 @@ def open_backend(
     seed: int = 0,
 ) -> Backend:
     if demo is not None:
-        from gpumon.backends.demo import DemoBackend
+        from gpumon.monitor.backends.demo import DemoBackend
 
         return DemoBackend(scenario=demo, seed=seed)
     if replay is not None:
-        from gpumon.backends.replay import ReplayBackend
+        from gpumon.monitor.backends.replay import ReplayBackend
 
         return ReplayBackend(replay)
-    from gpumon.backends.nvml import NvmlBackend
+    from gpumon.monitor.backends.nvml import NvmlBackend
 
     return NvmlBackend(lib_path=nvml_lib)

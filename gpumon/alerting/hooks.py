@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 
-from gpumon.alerts import AlertEvent
+from gpumon.alerting.rules import AlertEvent
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000

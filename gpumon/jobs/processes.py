@@ -1,4 +1,5 @@
-"""Things a user can do to a process from gpumon: signal it, read its environment, place it.
+"""Things a user can do to a process from gpumon: signal it (terminate, kill, interrupt) and read
+its environment.
 
 Each returns a result or raises ActionError with a message fit to show on screen; nothing here
 raises for an OS refusal. A process is identified by pid *and* start time, so a pid the kernel
@@ -8,21 +9,12 @@ recycled since the last sample is never signalled by mistake.
 from __future__ import annotations
 
 import os
-import re
 import signal
-from pathlib import Path
 
 import psutil
 
 SIGNALS = {"terminate": signal.SIGTERM, "kill": signal.SIGKILL, "interrupt": signal.SIGINT}
 CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_JOB_ID", "CUDA_MPS_PIPE_DIRECTORY")
-
-_CONTAINER_PATTERNS = [
-    (re.compile(r"kubepods.*?pod([0-9a-f_-]{36})"), "k8s pod {}"),
-    (re.compile(r"libpod-(?:conmon-)?([0-9a-f]{12})[0-9a-f]*"), "podman {}"),
-    (re.compile(r"docker[-/]([0-9a-f]{12})[0-9a-f]*"), "docker {}"),
-    (re.compile(r"containerd.*?([0-9a-f]{12})[0-9a-f]{52}"), "containerd {}"),
-]
 
 
 class ActionError(Exception):
@@ -67,30 +59,3 @@ def environment(pid: int, started: float | None) -> dict[str, str]:
         raise ActionError(f"the environment of process {pid} is not readable (another user's process)") from None
     except psutil.NoSuchProcess:
         raise ActionError(f"process {pid} has already exited") from None
-
-
-def container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
-    """'docker 3f2a…', 'podman …', 'k8s pod …' from /proc/PID/cgroup; None for a host process."""
-    try:
-        text = (proc_root / str(pid) / "cgroup").read_text(errors="replace")
-    except OSError:
-        return None
-    for pattern, label in _CONTAINER_PATTERNS:
-        match = pattern.search(text)
-        if match:
-            return label.format(match.group(1).replace("_", "-"))
-    return None
-
-
-def running_in_container() -> bool:
-    """True when gpumon itself runs in a container, so other pid namespaces hide GPU processes."""
-    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
-        return True
-    return container_of(1) is not None
-
-
-def invisible_reason() -> str:
-    """What to show for a pid the driver lists but this process cannot see."""
-    if running_in_container():
-        return "not visible: gpumon runs in a container (other PID namespace)"
-    return "not visible: exited, or in another PID namespace"

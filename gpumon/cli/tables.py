@@ -1,11 +1,11 @@
-"""Plain-text tables for the terminal: `gpumon snapshot` and `gpumon topo`."""
+"""Plain-text tables for the terminal: `gpumon snapshot`, `gpumon topo` and `gpumon jobs`."""
 
 from __future__ import annotations
 
 import time
 
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.units import format_bytes
+from gpumon.units import format_bytes, format_runtime
 
 NA = "N/A"
 
@@ -97,26 +97,16 @@ def topology_text(topo: Topology) -> str:
     return table(rows) + "\n\n" + TOPOLOGY_LEGEND + "\n"
 
 
-def _runtime(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
 def jobs_text(jobs: list) -> str:
     """`gpumon jobs`: one row per job, oldest first."""
     if not jobs:
         return "No jobs. Start one with: gpumon run --gpu 0 -- python train.py\n"
-    now = time.time()
     rows = [["ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LIMIT", "LOG / REASON"]]
     for job in jobs:
-        started, ended = job.started, job.ended
-        runtime = (ended or now) - started if started else None
         exit_text = "" if job.exit_code is None else str(job.exit_code)
         rows.append([
             job.spec.id, job.spec.name[:20], job.state, ",".join(map(str, job.spec.gpu_indices)) or "-",
-            str(job.pid or ""), exit_text, _runtime(runtime), format_bytes(job.peak_gpu_memory, na=""),
+            str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
             format_bytes(job.spec.mem_limit, na=""), job.reason or str(job.log),
         ])
     return table(rows) + "\n"

@@ -1,35 +1,12 @@
-"""Snapshots read back from a recording (`--record FILE` writes one JSON document per line).
-
-A bad line (a crash mid-write leaves a truncated last line) is skipped with a warning; a file
-with no readable snapshot at all is a usage error.
-"""
+"""Snapshots read back from a recording (`--record FILE`, see monitor/recording.py), played at the
+sampler's pace with pause, step and speed controls. A file with no readable snapshot at all is a
+usage error."""
 
 from __future__ import annotations
 
-import gzip
-import json
-import logging
-from collections.abc import Iterator
-
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot, Topology
-
-log = logging.getLogger(__name__)
-
-
-def read_recording(path: str) -> Iterator[Snapshot]:
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield Snapshot.from_dict(json.loads(line), backend="replay")
-                except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                    log.warning("%s:%d: skipped unreadable snapshot (%s)", path, number, exc)
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"cannot read recording {path}: {exc}") from None
+from gpumon.monitor.recording import read_recording
 
 
 class ReplayBackend:

@@ -1,7 +1,9 @@
 """Launching a job: one path for `gpumon run` and the TUI's `r` dialog.
 
 `prepare` turns a request into a JobSpec (or a UsageError naming the bad part) against the current
-snapshot; `start` records it and hands it to its supervisor.
+snapshot; `start` records it and hands it to its supervisor; `run_in_terminal` is the foreground
+path (the TUI suspends itself around it). A command line typed into the TUI runs in the user's
+shell (`shell_request`), so pipes, `&&` and `VAR=value` work as they do at a prompt.
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpumon import jobs
-from gpumon.backends import Backend
 from gpumon.errors import UsageError
-from gpumon.limits import CardLimits
+from gpumon.jobs import records as jobs
+from gpumon.jobs.limits import CardLimits
+from gpumon.jobs.placement import resolve_spec
 from gpumon.model import Snapshot, Topology
-from gpumon.pinning import resolve_spec
-from gpumon.units import format_bytes, parse_size
+from gpumon.monitor.backends import Backend
+from gpumon.monitor.sampler import sample_once
+from gpumon.units import format_bytes, format_cpu_list, parse_size
+
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
+# Programs that run another program: a job is named after what they run.
+WRAPPERS = {"env", "nohup", "nice", "ionice", "time", "exec", "stdbuf", "taskset", "numactl", "srun", "uv", "poetry"}
+INTERPRETERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "julia", "Rscript", "node", "ruby", "perl")
 
 
 @dataclass
@@ -38,6 +46,46 @@ class LaunchRequest:
     max_util: float | None = None
     cwd: str | None = None
     systemd: bool = False
+    typed: str | None = None  # the command line as the user typed it (the TUI), for history
+
+
+def program_name(argv: list[str]) -> str:
+    """What a person calls the job: `train.py` for `env CUDA_LAUNCH_BLOCKING=1 python train.py`,
+    `vllm.entrypoints.openai.api_server` for `python -m ...`, `make` for `sh -c 'make -j8'`."""
+    words = list(argv)
+    while words:
+        word = words.pop(0)
+        base = os.path.basename(word)
+        if "=" in word and not word.startswith(("-", "=")):
+            continue  # VAR=value before the program
+        if base in WRAPPERS:
+            while words and words[0].startswith("-"):
+                words.pop(0)
+            if base in ("uv", "poetry") and words[:1] == ["run"]:
+                words.pop(0)
+            continue
+        if base in SHELLS and len(words) >= 2 and words[0] == "-c":
+            try:
+                words = shlex.split(words[1])
+            except ValueError:
+                words = words[1].split()
+            continue
+        if base.startswith(INTERPRETERS):
+            if words[:1] == ["-m"] and len(words) > 1:
+                return words[1]
+            script = next((w for w in words if not w.startswith("-")), None)
+            return os.path.basename(script) if script else base
+        return base or "job"
+    return "job"
+
+
+def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
+    """A command line the user typed: it runs in their shell, exactly as typed."""
+    try:
+        name = program_name(shlex.split(typed))
+    except ValueError:  # unbalanced quotes: the shell will say so in the job's log
+        name = program_name(typed.split())
+    return LaunchRequest(command=["/bin/sh", "-c", typed], gpu_spec=gpu_spec, typed=typed, name=name, **options)
 
 
 def card_limits() -> CardLimits:
@@ -62,7 +110,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
     elif len(gpus) == 1:
         limit = card_limits().get(gpus[0].uuid)  # the card's default, set with `m` in the TUI
-    name = request.name or os.path.basename(request.command[0])
+    name = request.name or program_name(request.command)
     return jobs.JobSpec(
         id=jobs.new_job_id(), name=name, command=list(request.command), gpu_spec=request.gpu_spec, cwd=cwd,
         created=time.time(), gpus=[g.uuid for g in gpus] if not request.wait else [],
@@ -79,15 +127,15 @@ def systemd_available() -> bool:
     return probe.returncode == 0
 
 
-def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False) -> Path:
+def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, typed: str | None = None) -> Path:
     """Record the job and start its supervisor; returns the job's directory."""
     if systemd and not systemd_available():
         raise UsageError("--systemd: no systemd user instance is reachable here (systemctl --user failed)")
     directory = jobs.create_job(spec)
-    jobs.remember_command(shlex.join(spec.command))
+    jobs.remember_command(typed or shlex.join(spec.command))
     if systemd:
         subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
-                        sys.executable, "-m", "gpumon.supervisor", str(directory)], check=True)
+                        sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)], check=True)
     elif not foreground:
         jobs.start_supervisor(directory)
     return directory
@@ -104,7 +152,6 @@ def summary(job: jobs.Job) -> list[str]:
     else:
         lines.append(f"job {s.id} ({s.name}) {job.state}: {job.reason or ''}".rstrip(": "))
     if s.cpus:
-        from gpumon.units import format_cpu_list
         lines.append(f"CPUs: {format_cpu_list(s.cpus)} (the cards' NUMA node)")
     if s.mem_limit:
         lines.append(f"memory limit {format_bytes(s.mem_limit)} per card: {', '.join(s.limits_applied) or 'watchdog'}")
@@ -112,14 +159,24 @@ def summary(job: jobs.Job) -> list[str]:
     return lines
 
 
+def run_in_terminal(directory: Path, where: str, command: str) -> int:
+    """The foreground path: the job runs in this terminal (the caller has given it up) until it
+    ends, then waits for Enter so its last output can be read."""
+    print(f"gpumon: running on {where}: {command}", flush=True)
+    code = jobs.start_supervisor(directory, foreground=True).wait()
+    try:
+        input(f"\ngpumon: exited with status {code}. Press Enter to return to gpumon. ")
+    except EOFError:
+        pass
+    return code
+
+
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
            out: IO[str]) -> int:
-    from gpumon.sampler import sample_once
-
     snapshot = sample_once(backend)
     needs_topo = request.gpu_spec.startswith("auto:") and request.gpu_spec != "auto:1"
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
-    directory = start(spec, foreground=request.foreground, systemd=request.systemd)
+    directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
     if request.foreground:
         supervisor = jobs.start_supervisor(directory, foreground=True)
         return supervisor.wait()

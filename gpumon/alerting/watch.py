@@ -13,13 +13,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpumon.alerts import AlertEngine, AlertEvent
+from gpumon.alerting.events import EventWriter
+from gpumon.alerting.hooks import HookRunner
+from gpumon.alerting.prometheus import (
+    GpumonCollector,
+    parse_listen_address,
+    registry_for,
+)
+from gpumon.alerting.rules import AlertEngine, AlertEvent
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.export import EventWriter, GpumonCollector, parse_listen_address, registry_for
-from gpumon.hooks import HookRunner
 from gpumon.model import GpuSample, Snapshot
-from gpumon.record import Recorder
-from gpumon.sampler import Sampler
+from gpumon.monitor.recording import Recorder
+from gpumon.monitor.sampler import Sampler
 
 log = logging.getLogger(__name__)
 XID_POLL_S = 0.5

@@ -3,7 +3,7 @@
 - JAX: XLA_PYTHON_CLIENT_MEM_FRACTION (and XLA_CLIENT_MEM_FRACTION) = limit / card total, no
   preallocation.
 - TensorFlow: TF_FORCE_GPU_ALLOW_GROWTH=true (TensorFlow has no hard cap by environment).
-- PyTorch: an import hook on the job's PYTHONPATH (gpumon/torch_hook) that sets the caching
+- PyTorch: an import hook on the job's PYTHONPATH (gpumon/jobs/torch_hook) that sets the caching
   allocator's per-process memory fraction when CUDA initialises, so processes that never touch
   CUDA never create a context.
 - CUDA MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT when an MPS control daemon is reachable.
@@ -19,6 +19,7 @@ import json
 import os
 from pathlib import Path
 
+from gpumon.jobs.records import write_atomic
 from gpumon.units import format_bytes
 
 HOOK_DIR = Path(__file__).resolve().parent / "torch_hook"
@@ -74,8 +75,6 @@ class CardLimits:
         return self.load().get(uuid)
 
     def set(self, uuid: str, limit: int | None) -> None:
-        from gpumon.jobs import write_atomic
-
         limits = self.load()
         if limit is None:
             limits.pop(uuid, None)

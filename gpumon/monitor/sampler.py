@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gpumon.backends import Backend
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.procinfo import ProcessEnricher
+from gpumon.monitor.backends import Backend
+from gpumon.monitor.procinfo import ProcessEnricher
 
 log = logging.getLogger(__name__)
 

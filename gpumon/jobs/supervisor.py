@@ -1,4 +1,4 @@
-"""The supervisor of one job: `python -m gpumon.supervisor JOB_DIR [--foreground]`.
+"""The supervisor of one job: `python -m gpumon.jobs.supervisor JOB_DIR [--foreground]`.
 
 It waits for a free card when the job is queued, pins and starts the command, watches its GPU
 memory (the limit's guarantee), and records how it ended. SIGTERM asks it to stop the job:
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import psutil
 
-from gpumon.backends import Backend, open_backend
 from gpumon.errors import GpumonError
-from gpumon.jobs import JobSpec, write_atomic
-from gpumon.limits import limit_environment, over_limit_reason
+from gpumon.jobs.limits import limit_environment, over_limit_reason
+from gpumon.jobs.placement import free_enough, pin, resolve_spec
+from gpumon.jobs.records import JobSpec, write_atomic
 from gpumon.model import Snapshot
-from gpumon.pinning import pin, resolve_spec
+from gpumon.monitor.backends import Backend, open_backend
 
 GRACE_S = 5.0
 FREE_SAMPLES_IN_A_ROW = 3
@@ -84,7 +84,7 @@ class Supervisor:
             snapshot = backend.sample()
             try:
                 gpus = resolve_spec(self.spec.gpu_spec, snapshot, topo, min_free, self.spec.max_util)
-                free = all(_free(g, min_free, self.spec.max_util) for g in gpus)
+                free = all(free_enough(g, min_free, self.spec.max_util) is None for g in gpus)
             except GpumonError:
                 gpus, free = [], False
             uuids = tuple(g.uuid for g in gpus)
@@ -193,15 +193,9 @@ class Supervisor:
                 pass
 
 
-def _free(gpu, min_free: str | None, max_util: float | None) -> bool:
-    from gpumon.placement import free_enough
-
-    return free_enough(gpu, min_free, max_util) is None
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: python -m gpumon.supervisor JOB_DIR [--foreground]", file=sys.stderr)
+        print("usage: python -m gpumon.jobs.supervisor JOB_DIR [--foreground]", file=sys.stderr)
         return 2
     supervisor = Supervisor(Path(argv[1]), foreground="--foreground" in argv)
     code = supervisor.run()

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpumon.actions import container_of
 from gpumon.model import ProcessSample
+from gpumon.monitor.containers import container_of
 from gpumon.sanitize import printable
 
 

@@ -10,9 +10,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gpumon.alerts import parse_rules
-from gpumon.jobs import JobSpec
-from gpumon.backends.demo import DemoBackend
+from gpumon.alerting.rules import parse_rules
+from gpumon.jobs.records import JobSpec
+from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.tui.app import GpumonApp, create_app
 
 FROZEN = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC

@@ -1,20 +1,107 @@
-"""Which cards a job gets and what its environment says, so it lands on exactly those cards.
+"""Choosing cards for a job and pinning it to them, so it lands on exactly those cards.
 
-One function, `pin`, used by every launch path (CLI, TUI, the supervisor of a queued job): cards
-are passed by UUID (MIG slices by MIG UUID) with CUDA_DEVICE_ORDER=PCI_BUS_ID, so neither CUDA's
-"fastest first" order nor an inherited CUDA_VISIBLE_DEVICES can move the job to another card.
+- `resolve_spec` turns a GPU SPEC (index, UUID, MIG UUID, PCI bus id, list, auto[:N]) into cards.
+- `choose` picks the N free-enough cards with the best links among them (then the least loaded);
+  `gpumon select`, `--gpu auto:N` and queued jobs all use it.
+- `pin` is the environment every launch path gives a job: cards by UUID (MIG slices by MIG UUID)
+  with CUDA_DEVICE_ORDER=PCI_BUS_ID, so neither CUDA's "fastest first" order nor an inherited
+  CUDA_VISIBLE_DEVICES can move the job to another card; CPUs next to the cards.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 from dataclasses import dataclass
 
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.placement import choose
-from gpumon.units import parse_cpu_list
+from gpumon.monitor.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
+from gpumon.units import format_bytes, parse_cpu_list, parse_size
+
+MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedily instead
+
+
+def load_key(gpu: GpuSample) -> tuple[float, float, int]:
+    """Least loaded first: most free memory, then lowest utilisation, then NVML order."""
+    return (-(gpu.memory_free or 0), gpu.utilization_gpu or 0, gpu.index)
+
+
+def free_enough(gpu: GpuSample, min_free: str | None, max_util: float | None) -> str | None:
+    """None when the card qualifies, else why not. `min_free` is a SIZE as the user wrote it
+    ('8G', '50%' of this card's total)."""
+    if gpu.state != "ok":
+        return f"card is {gpu.state}"
+    if min_free is not None:
+        needed = parse_size(min_free, gpu.memory_total)
+        if gpu.memory_free is None or gpu.memory_free < needed:
+            return f"{format_bytes(gpu.memory_free)} free < {format_bytes(needed)}"
+    if max_util is not None and (gpu.utilization_gpu is None or gpu.utilization_gpu > max_util):
+        return "too busy"
+    return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    gpus: tuple[GpuSample, ...]
+    reasons: tuple[str, ...]
+
+
+def _set_cost(indices: tuple[int, ...], topo: Topology | None) -> tuple[float, float]:
+    if topo is None or len(indices) < 2:
+        return (0.0, 0.0)
+    pos = {idx: i for i, idx in enumerate(topo.indices)}
+    ranks = [link_rank(topo.links[pos[a]][pos[b]]) if a in pos and b in pos else UNKNOWN_RANK
+             for a, b in itertools.combinations(indices, 2)]
+    return (max(ranks), sum(ranks) / len(ranks))
+
+
+def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_free: str | None = None,
+           max_util: float | None = None) -> Choice:
+    """The `count` free-enough cards with the best links among them (then the least loaded).
+
+    Raises ValueError when fewer than `count` cards qualify.
+    """
+    reasons: list[str] = []
+    eligible = []
+    for gpu in snapshot.gpus:
+        why_not = free_enough(gpu, min_free, max_util)
+        if why_not:
+            reasons.append(f"GPU {gpu.index} skipped: {why_not}")
+        else:
+            eligible.append(gpu)
+    if len(eligible) < count:
+        raise ValueError(f"only {len(eligible)} of {len(snapshot.gpus)} cards are free enough for {count}")
+    eligible.sort(key=load_key)
+    by_index = {g.index: g for g in eligible}
+    if count == 1 or topo is None:
+        chosen = tuple(eligible[:count])
+        reasons.append("least loaded: " + ", ".join(f"GPU {g.index}" for g in chosen))
+        return Choice(chosen, tuple(reasons))
+    indices = [g.index for g in eligible]
+    load_rank = {idx: i for i, idx in enumerate(indices)}
+    if math.comb(len(indices), count) <= MAX_COMBINATIONS:
+        candidates = itertools.combinations(indices, count)
+    else:  # grow a set from each card, adding its best-connected partner each time
+        candidates = (_greedy(start, indices, count, topo) for start in indices)
+    best = min(candidates, key=lambda s: (_set_cost(s, topo), sum(load_rank[i] for i in s)))
+    chosen = tuple(sorted((by_index[i] for i in best), key=lambda g: g.index))
+    worst = max(((a, b) for a, b in itertools.combinations(best, 2)),
+                key=lambda pair: link_rank(link_between(topo, *pair)))
+    reasons.append(
+        "chose " + ", ".join(f"GPU {g.index}" for g in chosen)
+        + f": weakest link {describe_link(link_between(topo, *worst))} (GPU {worst[0]}–{worst[1]})")
+    return Choice(chosen, tuple(reasons))
+
+
+def _greedy(start: int, indices: list[int], count: int, topo: Topology) -> tuple[int, ...]:
+    chosen = [start]
+    while len(chosen) < count:
+        rest = [i for i in indices if i not in chosen]
+        chosen.append(min(rest, key=lambda i: max(link_rank(link_between(topo, i, c)) for c in chosen)))
+    return tuple(chosen)
 
 
 def _norm_bus(bus: str) -> str:

@@ -8,7 +8,7 @@ Each job has a private directory (0700) in the user's state dir:
         peak          peak GPU memory the watchdog saw (bytes)
         output.log    the command's stdout and stderr
 Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
-either old or new, never half-written. A small supervisor process (gpumon.supervisor) owns each
+either old or new, never half-written. A small supervisor process (gpumon.jobs.supervisor) owns each
 detached job: it waits for a free card when queued, starts the command, enforces the memory
 limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
 connection does not touch it.
@@ -117,8 +117,15 @@ class Job:
     def log(self) -> Path:
         return self.dir / "output.log"
 
+    @property
+    def runtime(self) -> float | None:
+        """Seconds the command has run (until now if it still runs); None before it starts."""
+        if self.started is None:
+            return None
+        return (self.ended or time.time()) - self.started
+
     def to_dict(self) -> dict[str, Any]:
-        """The `gpumon jobs --json` entry of DESIGN.md."""
+        """The `gpumon jobs --json` entry of docs/design.md."""
         s = self.spec
         return {
             "id": s.id, "name": s.name, "command": s.command, "gpus": s.gpus, "gpu_indices": s.gpu_indices,
@@ -227,7 +234,7 @@ def create_job(spec: JobSpec) -> Path:
 
 def start_supervisor(directory: Path, foreground: bool = False) -> subprocess.Popen:
     """Start the job's supervisor. Detached: own session, no terminal, stdin from /dev/null."""
-    command = [sys.executable, "-m", "gpumon.supervisor", str(directory)]
+    command = [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
     if foreground:
         return subprocess.Popen(command + ["--foreground"])
     with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:

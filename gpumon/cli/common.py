@@ -1,0 +1,58 @@
+"""What every subcommand needs: the config file, the data source, and printing a document."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gpumon.config import Config, load_config
+from gpumon.errors import EXIT_OK, UsageError
+
+
+def load_settings(args: argparse.Namespace) -> Config:
+    """The config file (checked by every command), with its interval as the default."""
+    config = load_config(getattr(args, "config", None))
+    if getattr(args, "interval", "absent") is None:
+        args.interval = config.interval or 1.0
+    return config
+
+
+def backend_args(args: argparse.Namespace) -> dict[str, Any]:
+    """How to open the same data source again: the TUI's and `run`'s jobs' supervisors use it."""
+    demo = args.demo or args.scenario is not None
+    return {"demo": (args.scenario or "default") if demo else None, "seed": args.seed,
+            "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB")}
+
+
+def open_source(args: argparse.Namespace):
+    """The backend the options ask for: the demo, a recording, or the NVIDIA driver."""
+    from gpumon.monitor.backends import open_backend
+
+    replay = getattr(args, "replay", None)
+    opened = backend_args(args)
+    if opened["demo"] is not None and replay is not None:
+        raise UsageError("--demo and --replay cannot be used together")
+    return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed)
+
+
+def read_once(args: argparse.Namespace, read: Callable[[Any], Any]) -> Any:
+    load_settings(args)
+    backend = open_source(args)
+    try:
+        return read(backend)
+    finally:
+        backend.close()
+
+
+def print_document(args: argparse.Namespace, data: Any, as_text: Callable[[Any], str]) -> int:
+    """The --json document, or the table for people."""
+    if args.json:
+        json.dump(data.to_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(as_text(data))
+    return EXIT_OK

@@ -1,0 +1,30 @@
+"""`gpumon jobs`: list, stop and prune the jobs gpumon launched."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpumon.cli.common import load_settings
+from gpumon.cli.tables import jobs_text
+from gpumon.errors import EXIT_OK
+from gpumon.jobs import records
+
+
+def run(args: argparse.Namespace) -> int:
+    load_settings(args)
+    if args.prune:
+        removed = records.prune()
+        print(f"removed {len(removed)} finished job{'s' if len(removed) != 1 else ''}")
+        return EXIT_OK
+    if args.stop:
+        print(records.stop(records.find_job(args.stop)))
+        return EXIT_OK
+    listed = records.list_jobs()
+    if args.json:
+        json.dump([job.to_dict() for job in listed], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(jobs_text(listed))
+    return EXIT_OK

@@ -1,0 +1,231 @@
+"""The command line's grammar: every subcommand, its options, and the types that check them.
+
+Each subcommand is a module of gpumon.cli with a `run(args) -> int`; the parser only names it
+(`args.subcommand`), so `gpumon snapshot` never imports the TUI and `gpumon --version` imports nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpumon import __version__
+from gpumon.errors import UsageError
+
+MIN_INTERVAL = 0.1
+# The demo's scenarios, repeated here so parsing never imports the demo backend (a test checks
+# that the two lists agree).
+DEMO_SCENARIOS = ("default", "workstation", "hot", "lost")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the bad part, with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= MIN_INTERVAL:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} s, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100, got {text}")
+    return value
+
+
+def _size(text: str) -> str:
+    """Checks SIZE syntax now; a percentage is resolved later against each card's total."""
+    from gpumon.units import parse_size
+
+    try:
+        parse_size(text, total=1 << 40)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _scenario(text: str) -> str:
+    if text not in DEMO_SCENARIOS:
+        raise argparse.ArgumentTypeError(f"unknown demo scenario {text!r}; choose from {', '.join(DEMO_SCENARIOS)}")
+    return text
+
+
+# Subcommands repeat the options that apply to them (so `gpumon snapshot --demo` works as well as
+# `gpumon --demo snapshot`); a subparser's defaults are SUPPRESSed so they never overwrite a value
+# given before the subcommand.
+
+def _default(value, suppress: bool):
+    return argparse.SUPPRESS if suppress else value
+
+
+def _add_config_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    parser.add_argument("--config", default=_default(None, suppress), metavar="FILE",
+                        help="config file (default ~/.config/gpumon/config.toml, or $GPUMON_CONFIG)")
+
+
+def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay: bool = True) -> None:
+    """Where samples come from, and how often."""
+    g = parser.add_argument_group("where the data comes from")
+    g.add_argument("--interval", type=_interval, default=_default(None, suppress), metavar="SECONDS",
+                   help="seconds between samples (default 1.0, at least 0.1)")
+    g.add_argument("--demo", action="store_true", default=_default(False, suppress),
+                   help="simulated GPUs, no driver needed")
+    g.add_argument("--scenario", type=_scenario, default=_default(None, suppress), metavar="NAME",
+                   help=f"the demo's scenario: {', '.join(DEMO_SCENARIOS)} (implies --demo)")
+    g.add_argument("--seed", type=int, default=_default(0, suppress), help="random seed of --demo (default 0)")
+    if replay:
+        g.add_argument("--replay", default=_default(None, suppress), metavar="FILE", help="play back a recording")
+    g.add_argument("--nvml-lib", default=_default(None, suppress), metavar="PATH",
+                   help="load this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    _add_config_option(g, suppress)
+
+
+def _add_record_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    parser.add_argument("--record", default=_default(None, suppress), metavar="FILE",
+                        help="append every sample to FILE as JSON lines (.gz: compressed)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA machines.")
+    parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
+    _add_source_options(parser, suppress=False)
+    tui = parser.add_argument_group("the interactive monitor (no COMMAND)")
+    _add_record_option(tui, suppress=False)
+    tui.add_argument("--theme", metavar="NAME", help="colour theme")
+    tui.add_argument("--no-color", action="store_true", help="no colours (also when $NO_COLOR is set)")
+    tui.add_argument("--readonly", action="store_true", help="no process actions or launches")
+    tui.add_argument("--alert", action="append", default=[], metavar="RULE",
+                     help="show a badge on cards where RULE fires (repeatable)")
+    parser.set_defaults(subcommand="tui")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("snapshot", help="print one sample as a table or JSON")
+    p.add_argument("--json", action="store_true", help="the schema-1 JSON document")
+    _add_source_options(p, suppress=True)
+    p.set_defaults(subcommand="snapshot")
+
+    p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
+    p.add_argument("--json", action="store_true", help="the same as JSON")
+    _add_source_options(p, suppress=True)
+    p.set_defaults(subcommand="topo")
+
+    p = sub.add_parser("select", help="print a CUDA_VISIBLE_DEVICES value for the best free cards")
+    p.add_argument("--count", type=_positive_int, default=1, metavar="N", help="how many cards (default 1)")
+    p.add_argument("--min-free", type=_size, metavar="SIZE", help="free memory each card needs: 8G, 512M, 50%%")
+    p.add_argument("--max-util", type=_percent, metavar="PCT", help="highest utilisation allowed")
+    p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
+    _add_source_options(p, suppress=True)
+    p.set_defaults(subcommand="select")
+
+    p = sub.add_parser("watch", help="headless: sample, evaluate alert rules, print events")
+    p.add_argument("--alert", action="append", default=[], metavar="RULE",
+                   help="alert rule, e.g. 'temp > 85 for 30s' (repeatable; adds to the config's)")
+    p.add_argument("--format", choices=("jsonl", "text"), help="event lines (default: jsonl unless a terminal)")
+    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N samples")
+    p.add_argument("--exit-on-alert", action="store_true", help="exit with status 1 at the first firing alert")
+    p.add_argument("--on-alert", metavar="CMD", help="run CMD with sh -c per event; event on stdin and in GPUMON_*")
+    p.add_argument("--hook-timeout", type=_interval, metavar="SECONDS", help="kill a hook after this long (default 10)")
+    p.add_argument("--prometheus", metavar="ADDR", help="serve metrics on PORT or HOST:PORT (default host 127.0.0.1)")
+    p.add_argument("--prometheus-processes", action="store_true", help="also export per-process GPU memory")
+    p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
+    _add_record_option(p, suppress=True)
+    _add_source_options(p, suppress=True)
+    p.set_defaults(subcommand="watch")
+
+    p = sub.add_parser("run", help="launch a command pinned to a card (detached unless --foreground)",
+                       usage="gpumon run [OPTIONS] -- CMD [ARG...]")
+    p.add_argument("--gpu", default="auto", metavar="SPEC",
+                   help="index, UUID, PCI bus id, comma list, or auto[:N] (default auto: least loaded)")
+    p.add_argument("--mem-limit", type=_size, metavar="SIZE", help="GPU memory cap per card: 8G, 512M, 50%%")
+    p.add_argument("--no-numa", action="store_true", help="do not pin to the card's CPUs")
+    p.add_argument("--foreground", action="store_true", help="run in this terminal and wait for it")
+    p.add_argument("--name", help="a name for the job (default: the program's name)")
+    p.add_argument("--wait", action="store_true", help="queue until matching cards are free, then start")
+    p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
+    p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation")
+    p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
+    p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+    _add_source_options(p, suppress=True, replay=False)
+    p.set_defaults(subcommand="run")
+
+    p = sub.add_parser("jobs", help="jobs launched by gpumon")
+    p.add_argument("--json", action="store_true", help="as JSON, oldest first")
+    p.add_argument("--prune", action="store_true", help="remove the records of finished jobs")
+    p.add_argument("--stop", metavar="ID", help="stop a job (SIGTERM, then SIGKILL after a grace period)")
+    _add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="jobs")
+
+    p = sub.add_parser("alerts", help="alert rules: export them for Prometheus")
+    alerts = p.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser, required=True)
+    e = alerts.add_parser("export", help="write the configured rules as a Prometheus alerting-rules file")
+    e.add_argument("--prometheus-rules", action="store_true", required=True, help="Prometheus rules YAML")
+    e.add_argument("--alert", action="append", default=[], metavar="RULE", help="rule (adds to the config's)")
+    _add_config_option(e, suppress=True)
+    e.set_defaults(subcommand="alerts")
+    return parser
+
+
+def _options_with_values(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string, of the parser and its subcommands, that takes a value."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0:
+            found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options_with_values(sub)
+    return found
+
+
+def normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Accept the older `--demo SCENARIO` as `--demo --scenario SCENARIO`.
+
+    Only gpumon's own options are looked at: nothing after `--`, and nothing from the first word of
+    `run`'s command on, is ever changed (`gpumon run -- python sim.py --demo` runs exactly that).
+    """
+    with_values = _options_with_values(parser)
+    out: list[str] = []
+    i = 0
+    in_run = False
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or (in_run and not arg.startswith("-")):
+            return out + argv[i:]  # the user's command: untouched
+        if arg == "--demo" and i + 1 < len(argv) and argv[i + 1] in DEMO_SCENARIOS:
+            out += ["--demo", "--scenario", argv[i + 1]]
+            i += 2
+            continue
+        if arg.startswith("--demo="):
+            out += ["--demo", "--scenario", arg.partition("=")[2]]
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+        if arg in with_values and i < len(argv):
+            out.append(argv[i])  # the option's value, whatever it looks like
+            i += 1
+        elif arg == "run" and not in_run:
+            in_run = True
+    return out

@@ -1,0 +1,24 @@
+"""`gpumon run [OPTIONS] -- CMD [ARG...]`: launch a command pinned to cards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpumon.cli.common import backend_args, load_settings, open_source
+from gpumon.jobs.launch import LaunchRequest, launch
+
+
+def run(args: argparse.Namespace) -> int:
+    load_settings(args)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    request = LaunchRequest(
+        command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
+        foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
+        max_util=args.max_util, cwd=args.cwd, systemd=args.systemd,
+    )
+    backend = open_source(args)
+    try:
+        return launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout)
+    finally:
+        backend.close()

@@ -1,0 +1,17 @@
+"""`gpumon` with no command: the interactive monitor."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpumon.alerting.rules import parse_rules
+from gpumon.cli.common import backend_args, load_settings, open_source
+from gpumon.tui.app import run_app
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_settings(args)
+    rules = parse_rules(config.rules + config.watch_rules + args.alert)
+    args.theme = args.theme or config.theme
+    args.readonly = args.readonly or config.readonly
+    return run_app(args, open_source(args), rules, backend_args(args))

@@ -1,0 +1,51 @@
+"""`gpumon watch`: headless sampling, alert rules, hooks, Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from gpumon.alerting.events import EventWriter
+from gpumon.alerting.hooks import HookRunner
+from gpumon.alerting.rules import AlertEngine, parse_rules
+from gpumon.alerting.watch import Watch
+from gpumon.cli.common import load_settings, open_source
+from gpumon.monitor.recording import Recorder
+from gpumon.monitor.sampler import Sampler
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_settings(args)
+    rules = parse_rules(config.watch_rules + config.rules + args.alert)
+    fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
+    backend = open_source(args)
+    replaying = args.replay is not None
+    count = args.count
+    if replaying:  # as fast as the data comes: rule durations use the recorded times
+        remaining = len(backend.snapshots)
+        count = min(count, remaining) if count else remaining
+    on_alert = args.on_alert or config.on_alert
+    hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
+    recorder = Recorder(args.record) if args.record else None
+    per_process = args.prometheus_processes or config.prometheus_processes
+    # Events never name processes: psutil is needed only to record them or export them.
+    enrich = recorder is not None or per_process
+    watch = Watch(
+        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
+        EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
+    )
+    server = None
+    try:
+        address = args.prometheus or config.prometheus
+        if address:
+            server = watch.serve_prometheus(address, per_process)
+        return asyncio.run(watch.run())
+    finally:
+        if server is not None:
+            server.shutdown()
+        if hooks is not None:
+            hooks.close()
+        if recorder is not None:
+            recorder.close()
+        backend.close()

@@ -1,0 +1,5 @@
+"""Work on the cards: choosing and pinning cards, launching detached jobs, their supervisor and
+records, GPU memory limits, and signalling processes the user owns.
+
+Jobs read the cards only through monitor/ backends, like every other view.
+"""

@@ -1,0 +1,65 @@
+"""The package's shape: layers that only import downwards, no Textual below the views, no NVML
+outside its backend, small modules, and a command line that never touches the user's command."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpumon
+from gpumon.cli.parser import DEMO_SCENARIOS, build_parser, normalise_argv
+from gpumon.monitor.backends.demo import SCENARIOS
+
+PACKAGE = Path(gpumon.__file__).parent
+MAX_MODULE_LINES = 420
+
+
+def test_import_contracts_hold():
+    """Layers, no Textual in the data layer, NVML only in its backend (contracts in pyproject.toml)."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint)], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_no_textual_when_every_headless_module_is_imported():
+    modules = [m.name for m in pkgutil.walk_packages([str(PACKAGE)], "gpumon.")
+               if not m.name.startswith("gpumon.tui") and m.name not in ("gpumon.cli.tui", "gpumon.__main__")
+               and "sitecustomize" not in m.name]
+    assert "gpumon.monitor.sampler" in modules and "gpumon.alerting.watch" in modules
+    code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_modules_stay_small():
+    big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not big, f"split these modules by concern: {big}"
+
+
+def test_the_parser_knows_the_demo_scenarios():
+    assert DEMO_SCENARIOS == tuple(SCENARIOS)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--", "python", "sim.py", "--demo"], ["run", "--", "python", "sim.py", "--demo"]),
+    (["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"], ["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"]),
+    (["run", "--demo", "--", "python", "x.py", "--demo=lost"], ["run", "--demo", "--", "python", "x.py", "--demo=lost"]),
+    (["--demo", "hot"], ["--demo", "--scenario", "hot"]),
+    (["--demo", "snapshot"], ["--demo", "snapshot"]),
+    (["snapshot", "--demo=lost", "--json"], ["snapshot", "--demo", "--scenario", "lost", "--json"]),
+    (["run", "--name", "--demo", "python", "--demo", "lost"], ["run", "--name", "--demo", "python", "--demo", "lost"]),
+])
+def test_only_gpumons_own_options_are_rewritten(argv, expected):
+    assert normalise_argv(argv, build_parser()) == expected
+
+
+def test_run_keeps_the_command_byte_for_byte():
+    parser = build_parser()
+    argv = ["run", "--gpu", "0", "--", "python", "sim.py", "--demo", "--interval", "5", "--", "x"]
+    args = parser.parse_args(normalise_argv(argv, parser))
+    assert args.command == ["--", "python", "sim.py", "--demo", "--interval", "5", "--", "x"]
