@@ -9,6 +9,7 @@ shell (`shell_request`), so pipes, `&&` and `VAR=value` work as they do at a pro
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -30,6 +31,8 @@ from gpumon.units import format_bytes, format_cpu_list, parse_size
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
 # Programs that run another program: a job is named after what they run.
 WRAPPERS = {"env", "nohup", "nice", "ionice", "time", "exec", "stdbuf", "taskset", "numactl", "srun", "uv", "poetry"}
+_OPTION_VALUE = re.compile(r"^[0-9][0-9a-fx,.:-]*$")  # `10`, `0-3`, `0x3`: values of a wrapper's options
+_SCRIPT = re.compile(r"(/|\.(py|sh|jl|R|js|rb|pl)$)")
 INTERPRETERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "julia", "Rscript", "node", "ruby", "perl")
 
 
@@ -59,8 +62,8 @@ def program_name(argv: list[str]) -> str:
         if "=" in word and not word.startswith(("-", "=")):
             continue  # VAR=value before the program
         if base in WRAPPERS:
-            while words and words[0].startswith("-"):
-                words.pop(0)
+            while words and (words[0].startswith("-") or _OPTION_VALUE.match(words[0])):
+                words.pop(0)  # the wrapper's own options: `nice -n 10`, `taskset -c 0-3`
             if base in ("uv", "poetry") and words[:1] == ["run"]:
                 words.pop(0)
             continue
@@ -69,11 +72,15 @@ def program_name(argv: list[str]) -> str:
                 words = shlex.split(words[1])
             except ValueError:
                 words = words[1].split()
+            if words[:1] == ["cd"] and len(words) > 3 and words[2] in ("&&", ";"):
+                words = words[3:]  # `cd ~/llm && make`: the job is make
             continue
         if base.startswith(INTERPRETERS):
             if words[:1] == ["-m"] and len(words) > 1:
                 return words[1]
-            script = next((w for w in words if not w.startswith("-")), None)
+            arguments = [w for w in words if not w.startswith("-") and "=" not in w]
+            script = next((w for w in arguments if _SCRIPT.search(w)), None) or next(
+                (w for w in arguments if not _OPTION_VALUE.match(w)), None)
             return os.path.basename(script) if script else base
         return base or "job"
     return "job"

@@ -1,0 +1,35 @@
+"""A job is named after what it runs, and the TUI's history keeps what the user typed."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumon.jobs import records
+from gpumon.jobs.launch import prepare, program_name, shell_request, start
+from gpumon.monitor.backends.demo import DemoBackend
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["python", "train.py", "--epochs", "3"], "train.py"),
+    (["/usr/bin/python3.11", "-u", "scripts/train.py"], "train.py"),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "x"], "vllm.entrypoints.openai.api_server"),
+    (["env", "CUDA_LAUNCH_BLOCKING=1", "python", "train.py"], "train.py"),
+    (["/bin/sh", "-c", "cd ~/llm && make -j8"], "make"),
+    (["/bin/sh", "-c", "OMP_NUM_THREADS=4 torchrun --nproc 2 pretrain.py"], "pretrain.py"),
+    (["nohup", "nice", "-n", "10", "./sim", "--steps", "9"], "sim"),
+    (["uv", "run", "python", "eval.py"], "eval.py"),
+    ([], "job"),
+])
+def test_program_name(argv, name):
+    assert program_name(argv) == name
+
+
+def test_history_keeps_the_typed_command_not_the_shell_wrapper(tmp_path):
+    backend = DemoBackend()
+    typed = "python train.py --lr 3e-4 | tee log.txt"
+    request = shell_request(typed, "0", cwd=str(tmp_path))
+    spec = prepare(request, backend.sample(), None, {"demo": "default"})
+    assert spec.command == ["/bin/sh", "-c", typed]
+    assert spec.name == "train.py"
+    start(spec, foreground=True, typed=request.typed)  # records it without starting a supervisor
+    assert records.command_history()[0] == typed
