@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["TZ"] = "UTC"
 time.tzset()
 
-from showcase import SHOTS, demo_app, use_showcase_state, wait_for_first_frame  # noqa: E402
+from showcase import SHOTS, demo_app, showcase_state, wait_for_first_frame  # noqa: E402
 
 
 async def render(name: str, options: dict, size: tuple[int, int], keys: tuple[str, ...], out: Path) -> Path:
@@ -33,12 +33,12 @@ async def render(name: str, options: dict, size: tuple[int, int], keys: tuple[st
 
 
 async def main() -> None:
-    use_showcase_state()  # jobs and command history from a fixed folder, not the user's own
     out = ROOT / "screenshots"
     out.mkdir(exist_ok=True)
-    for name, options, size, keys in SHOTS:
-        await render(name, options, size, keys, out)
-        print(f"screenshots/{name}")
+    with showcase_state():  # jobs and command history from a fixed folder, not the user's own
+        for name, options, size, keys in SHOTS:
+            await render(name, options, size, keys, out)
+            print(f"screenshots/{name}")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@ screenshots. Shared by scripts/screenshots.py and the tests, so both see the sam
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpumon.alerting.rules import parse_rules
@@ -70,12 +73,27 @@ async def wait_for_first_frame(pilot) -> None:
 SHOWCASE_STATE = Path(tempfile.gettempdir()) / "gpumon-showcase-state"
 
 
-def use_showcase_state() -> Path:
-    """Point gpumon's state dir (jobs, history) at a fresh fixed folder with the demo jobs in it."""
-    shutil.rmtree(SHOWCASE_STATE, ignore_errors=True)
-    os.environ["XDG_STATE_HOME"] = str(SHOWCASE_STATE)
-    write_demo_jobs(SHOWCASE_STATE)
-    return SHOWCASE_STATE
+@contextlib.contextmanager
+def showcase_state() -> Iterator[Path]:
+    """Point gpumon's state dir (jobs, history) at a fresh fixed folder with the demo jobs in it.
+
+    The folder's path shows on screen (the jobs panel's log path), so it is the same everywhere;
+    a lock keeps two runs on one machine (two checkouts' test suites) from sharing it at once.
+    """
+    with open(Path(tempfile.gettempdir()) / "gpumon-showcase.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        previous = os.environ.get("XDG_STATE_HOME")
+        shutil.rmtree(SHOWCASE_STATE, ignore_errors=True)
+        os.environ["XDG_STATE_HOME"] = str(SHOWCASE_STATE)
+        write_demo_jobs(SHOWCASE_STATE)
+        try:
+            yield SHOWCASE_STATE
+        finally:
+            shutil.rmtree(SHOWCASE_STATE, ignore_errors=True)
+            if previous is None:
+                os.environ.pop("XDG_STATE_HOME", None)
+            else:
+                os.environ["XDG_STATE_HOME"] = previous
 
 
 def write_demo_jobs(state_home: Path) -> None:

@@ -25,9 +25,7 @@ def test_layout_snapshot(snap_compare, name):
     assert snap_compare(demo_app(**options), terminal_size=size, press=keys, run_before=wait_for_first_frame)
 
 
-def test_screenshots_folder_matches_the_current_ui(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(SHOWCASE_STATE))
-    use_showcase_state()
+def test_screenshots_folder_matches_the_current_ui(tmp_path):
     from screenshots import render
 
     async def render_all():
@@ -39,5 +37,6 @@ def test_screenshots_folder_matches_the_current_ui(tmp_path, monkeypatch):
                 stale.append(name)
         return stale
 
-    stale = asyncio.run(render_all())
+    with showcase_state():
+        stale = asyncio.run(render_all())
     assert not stale, f"screenshots out of date (run scripts/screenshots.py): {stale}"
