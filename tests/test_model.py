@@ -9,13 +9,7 @@ import pytest
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, ProcessSample, Snapshot, throttle_names
 from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.units import (
-    format_bytes,
-    format_cpu_list,
-    parse_cpu_list,
-    parse_duration,
-    parse_size,
-)
+from gpumon.units import format_bytes, format_cpu_list, parse_cpu_list, parse_duration, parse_size
 
 SCHEMA_GPU_KEYS = {
     "index", "uuid", "name", "pci_bus_id", "state", "utilization_gpu", "utilization_memory",

@@ -12,12 +12,7 @@ import urllib.request
 import pytest
 from conftest import GIB, Card, require_tool
 
-from gpumon.alerting.prometheus import (
-    GpumonCollector,
-    exposition,
-    parse_listen_address,
-    prometheus_rules,
-)
+from gpumon.alerting.prometheus import GpumonCollector, exposition, parse_listen_address, prometheus_rules
 from gpumon.alerting.rules import parse_rules
 from gpumon.errors import UsageError
 from gpumon.monitor.backends.demo import DemoBackend

@@ -6,13 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from showcase import (
-    SHOTS,
-    SHOWCASE_STATE,
-    demo_app,
-    use_showcase_state,
-    wait_for_first_frame,
-)
+from showcase import SHOTS, demo_app, showcase_state, wait_for_first_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 

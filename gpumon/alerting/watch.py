@@ -15,11 +15,7 @@ from dataclasses import dataclass, field
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
-from gpumon.alerting.prometheus import (
-    GpumonCollector,
-    parse_listen_address,
-    registry_for,
-)
+from gpumon.alerting.prometheus import GpumonCollector, parse_listen_address, registry_for
 from gpumon.alerting.rules import AlertEngine, AlertEvent
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.model import GpuSample, Snapshot

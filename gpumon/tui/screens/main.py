@@ -19,14 +19,7 @@ from textual.widgets import Footer, Input
 from gpumon.errors import UsageError
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import (
-    card_limits,
-    prepare,
-    run_in_terminal,
-    shell_request,
-    start,
-    summary,
-)
+from gpumon.jobs.launch import card_limits, prepare, run_in_terminal, shell_request, start, summary
 from gpumon.model import Snapshot
 from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.cuda_order import cuda_ordinals

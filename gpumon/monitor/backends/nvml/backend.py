@@ -11,14 +11,7 @@ from typing import Any
 
 import pynvml
 
-from gpumon.model import (
-    GpuSample,
-    MigSample,
-    ProcessSample,
-    Snapshot,
-    Topology,
-    throttle_names,
-)
+from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, Topology, throttle_names
 from gpumon.monitor.backends.nvml.events import XidEvents
 from gpumon.monitor.backends.nvml.library import (
     NOT_AVAILABLE,
