@@ -16,6 +16,8 @@ def run(args: argparse.Namespace) -> int:
     load_settings(args)
     if args.prune:
         removed = records.prune()
+        for job in removed:
+            print(f"removed {job.spec.id}  {job.spec.name}  {job.state}")
         print(f"removed {len(removed)} finished job{'s' if len(removed) != 1 else ''}")
         return EXIT_OK
     if args.stop:

@@ -103,9 +103,9 @@ def jobs_text(jobs: list) -> str:
         return "No jobs. Start one with: gpumon run --gpu 0 -- python train.py\n"
     rows = [["ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LIMIT", "LOG / REASON"]]
     for job in jobs:
-        exit_text = "" if job.exit_code is None else str(job.exit_code)
+        exit_text = job.signal or ("" if job.exit_code is None else str(job.exit_code))
         rows.append([
-            job.spec.id, job.spec.name[:20], job.state, ",".join(map(str, job.spec.gpu_indices)) or "-",
+            job.spec.id, job.spec.name[:20], job.state_text, ",".join(map(str, job.spec.gpu_indices)) or "-",
             str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
             format_bytes(job.spec.mem_limit, na=""), job.reason or str(job.log),
         ])

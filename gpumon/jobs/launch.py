@@ -4,6 +4,10 @@
 snapshot; `start` records it and hands it to its supervisor; `run_in_terminal` is the foreground
 path (the TUI suspends itself around it). A command line typed into the TUI runs in the user's
 shell (`shell_request`), so pipes, `&&` and `VAR=value` work as they do at a prompt.
+
+A job gets the environment of whoever launched it: the shell's for `gpumon run` (also under
+`--systemd`, whose user manager has an environment of its own), and for the TUI the environment
+gpumon was started with, not the one it changed for itself (NO_COLOR, COLUMNS, ...).
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
-import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -123,7 +128,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         created=time.time(), gpus=[g.uuid for g in gpus] if not request.wait else [],
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
-        backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval,
+        backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
     )
 
 
@@ -134,18 +139,34 @@ def systemd_available() -> bool:
     return probe.returncode == 0
 
 
-def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, typed: str | None = None) -> Path:
-    """Record the job and start its supervisor; returns the job's directory."""
+def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, typed: str | None = None,
+          env: Mapping[str, str] | None = None) -> Path:
+    """Record the job and start its supervisor (not in the foreground: the caller does that, see
+    `run_foreground`); returns the job's directory. `env`: the job's environment (default ours)."""
     if systemd and not systemd_available():
         raise UsageError("--systemd: no systemd user instance is reachable here (systemctl --user failed)")
     directory = jobs.create_job(spec)
     jobs.remember_command(typed or shlex.join(spec.command))
     if systemd:
+        jobs.save_environment(directory, dict(os.environ if env is None else env))
         subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
-                        sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)], check=True)
+                        *jobs.supervisor_command(directory)], check=True)
     elif not foreground:
-        jobs.start_supervisor(directory)
+        jobs.start_supervisor(directory, env=None if env is None else dict(env))
     return directory
+
+
+def run_foreground(directory: Path, env: Mapping[str, str] | None = None) -> int:
+    """Run the job's supervisor in this terminal and wait for it. Ctrl-C reaches the job (and the
+    supervisor, which records the end); gpumon itself ignores it meanwhile, or it would leave
+    before the job does, and the TUI would crash behind it."""
+    # Ignored from before the start: the supervisor inherits that until it has its own handler, so a
+    # Ctrl-C while it starts up cannot kill it before it can record anything.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return jobs.start_supervisor(directory, foreground=True, env=None if env is None else dict(env)).wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def summary(job: jobs.Job) -> list[str]:
@@ -166,13 +187,15 @@ def summary(job: jobs.Job) -> list[str]:
     return lines
 
 
-def run_in_terminal(directory: Path, where: str, command: str) -> int:
-    """The foreground path: the job runs in this terminal (the caller has given it up) until it
-    ends, then waits for Enter so its last output can be read."""
+def run_in_terminal(directory: Path, where: str, command: str, env: Mapping[str, str] | None = None) -> int:
+    """The TUI's foreground path: the job runs in this terminal (the caller has given it up) until
+    it ends, then waits for Enter so its last output can be read."""
     print(f"gpumon: running on {where}: {command}", flush=True)
-    code = jobs.start_supervisor(directory, foreground=True).wait()
+    code = run_foreground(directory, env)
+    job = jobs.load_job(directory)
+    ended = f"was stopped by {job.signal}" if job is not None and job.signal else f"exited with status {code}"
     try:
-        input(f"\ngpumon: exited with status {code}. Press Enter to return to gpumon. ")
+        input(f"\ngpumon: the job {ended}. Press Enter to return to gpumon. ")
     except EOFError:
         pass
     return code
@@ -185,8 +208,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
     directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
     if request.foreground:
-        supervisor = jobs.start_supervisor(directory, foreground=True)
-        return supervisor.wait()
+        return run_foreground(directory)
     job = jobs.wait_until_started(directory)
     if job is None:
         raise UsageError(f"job {spec.id} did not start; see {directory}/supervisor.log")

@@ -54,8 +54,19 @@ def limit_environment(limit: int, card_totals: list[int], base_env: dict[str, st
     return env, applied
 
 
-def over_limit_reason(used: int, limit: int) -> str:
-    return f"memory limit exceeded: {format_bytes(used)} > {format_bytes(limit)}"
+def over_limit(used_per_card: dict[int, int], limit: int) -> str | None:
+    """Why the job must stop, or None. The limit is per card: each card's memory of the job's
+    processes is compared with it (a process on two cards counts on each with that card's memory)."""
+    for index, used in sorted(used_per_card.items()):
+        if used > limit:
+            return f"memory limit exceeded on GPU {index}: {_binary(used)} > {_binary(limit)}"
+    return None
+
+
+def _binary(size: int) -> str:
+    """'9.0 GiB', '512 MiB': the units spelled out in a record people read later."""
+    short = format_bytes(size)
+    return f"{short[:-1]} {short[-1]}iB" if short[-1] in "KMGT" else short
 
 
 class CardLimits:

@@ -17,6 +17,15 @@ SIGNALS = {"terminate": signal.SIGTERM, "kill": signal.SIGKILL, "interrupt": sig
 CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_JOB_ID", "CUDA_MPS_PIPE_DIRECTORY")
 
 
+# psutil derives a start time from the boot time and clock ticks, so the same process always gives
+# the same value; a pid reused even a moment later starts at least a tick (10 ms) apart.
+SAME_START_S = 0.005
+
+
+def same_start(proc: psutil.Process, started: float | None) -> bool:
+    return started is None or abs(proc.create_time() - started) <= SAME_START_S
+
+
 class ActionError(Exception):
     pass
 
@@ -24,7 +33,7 @@ class ActionError(Exception):
 def _same_process(pid: int, started: float | None) -> psutil.Process:
     try:
         proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 1.0:
+        if not same_start(proc, started):
             raise ActionError(f"pid {pid} is now a different process; not touched")
         return proc
     except psutil.NoSuchProcess:
@@ -33,16 +42,27 @@ def _same_process(pid: int, started: float | None) -> psutil.Process:
         raise ActionError(f"no permission to inspect process {pid}") from None
 
 
+def signal_process(pid: int, started: float | None, sig: int, group: bool = False) -> None:
+    """Send `sig` to the process `pid` that started at `started` (to its process group when
+    `group`: a job's command leads its own). Every signal gpumon sends goes through here."""
+    proc = _same_process(pid, started)
+    try:
+        if group:
+            if os.getpgid(pid) != pid:
+                raise ActionError(f"process {pid} no longer leads its process group; not touched")
+            os.killpg(pid, sig)
+        else:
+            proc.send_signal(sig)  # psutil checks the start time again right before the kill
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        raise ActionError(f"process {pid} has already exited") from None
+    except (psutil.AccessDenied, PermissionError):
+        raise ActionError(f"not permitted to signal process {pid} (it belongs to another user)") from None
+
+
 def send_signal(pid: int, started: float | None, action: str) -> str:
     """Send terminate/kill/interrupt; returns a confirmation line."""
     sig = SIGNALS[action]
-    proc = _same_process(pid, started)
-    try:
-        proc.send_signal(sig)
-    except psutil.NoSuchProcess:
-        raise ActionError(f"process {pid} has already exited") from None
-    except psutil.AccessDenied:
-        raise ActionError(f"not permitted to signal process {pid} (it belongs to another user)") from None
+    signal_process(pid, started, sig)
     return f"sent {sig.name} to {pid}"
 
 

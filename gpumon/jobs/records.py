@@ -4,7 +4,8 @@ Each job has a private directory (0700) in the user's state dir:
     ~/.local/state/gpumon/jobs/<id>/
         job.json      what was asked: command, cards, limit, cwd, the environment added
         process.json  the running command's pid and start time (a recycled pid is not the job)
-        exit.json     exit code or signal, end time, and why gpumon stopped it if it did
+        supervisor.json  the supervisor's pid and start time
+        exit.json     how it ended (state, exit code or signal, end time), and why if gpumon stopped it
         peak          peak GPU memory the watchdog saw (bytes)
         output.log    the command's stdout and stderr
 Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
@@ -12,6 +13,10 @@ either old or new, never half-written. A small supervisor process (gpumon.jobs.s
 detached job: it waits for a free card when queued, starts the command, enforces the memory
 limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
 connection does not touch it.
+
+Homes are often shared between hosts (NFS): each job records the host it runs on, and a job of
+another host is shown as its records say, never judged by this host's pids (which mean nothing
+there), never stopped from here and never pruned while it may run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,9 +39,15 @@ import platformdirs
 import psutil
 
 from gpumon.errors import UsageError
+from gpumon.jobs.processes import ActionError, same_start, signal_process
 
-STATES = ("queued", "running", "exited", "killed", "lost")
-FINISHED = ("exited", "killed", "lost")
+STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
+FINISHED = ("exited", "failed", "cancelled", "killed", "lost")
+THIS_HOST = socket.gethostname()
+
+
+STOP_RECORD = "stop.json"  # `jobs --stop` of a job whose supervisor is gone
+ENVIRONMENT_RECORD = "environment.json"
 
 
 def state_dir() -> Path:
@@ -91,6 +103,7 @@ class JobSpec:
     env_added: dict[str, str] = field(default_factory=dict)
     cpus: list[int] | None = None
     limits_applied: list[str] = field(default_factory=list)
+    host: str = ""  # where the job runs ("" in records older than the field: this host)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -112,6 +125,22 @@ class Job:
     reason: str | None = None
     peak_gpu_memory: int | None = None
     supervisor_pid: int | None = None
+    supervisor_started: float | None = None
+    signal: str | None = None  # the signal that ended the command: "SIGKILL"
+
+    @property
+    def host(self) -> str:
+        return self.spec.host or THIS_HOST
+
+    @property
+    def remote(self) -> bool:
+        """Runs on another host that shares this home: its pids mean nothing here."""
+        return self.host != THIS_HOST
+
+    @property
+    def state_text(self) -> str:
+        """The state for people: another host's unfinished job says where it runs."""
+        return f"{self.state} on {self.host}" if self.remote and self.state not in FINISHED else self.state
 
     @property
     def log(self) -> Path:
@@ -129,18 +158,19 @@ class Job:
         s = self.spec
         return {
             "id": s.id, "name": s.name, "command": s.command, "gpus": s.gpus, "gpu_indices": s.gpu_indices,
-            "state": self.state, "pid": self.pid, "exit_code": self.exit_code, "started": self.started,
+            "host": self.host, "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
+            "signal": self.signal, "started": self.started,
             "ended": self.ended, "log": str(self.log), "mem_limit": s.mem_limit,
             "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
         }
 
     def processes(self) -> list[psutil.Process]:
-        """The job's command and everything it started, if it is running."""
-        if self.state != "running" or self.pid is None:
+        """The job's command and everything it started, if it is running (on this host)."""
+        if self.state != "running" or self.pid is None or self.remote:
             return []
         try:
             root = psutil.Process(self.pid)
-            if self.started is not None and abs(root.create_time() - self.started) > 1:
+            if not same_start(root, self.started):
                 return []
             return [root] + root.children(recursive=True)
         except psutil.Error:
@@ -152,11 +182,25 @@ def _alive(pid: int | None, started: float | None) -> bool:
         return False
     try:
         proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - started) > 1:
+        if not same_start(proc, started):
             return False  # the pid was recycled by another process
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _signal_name(number: Any) -> str | None:
+    try:
+        return signal.Signals(int(number)).name
+    except (TypeError, ValueError):
+        return None
+
+
+def _ended_state(ended: dict[str, Any], reason: str | None) -> str:
+    state = ended.get("state")
+    if state in FINISHED:
+        return state
+    return "killed" if ended.get("signal") or reason else "exited"  # records written before "state"
 
 
 def load_job(directory: Path) -> Job | None:
@@ -171,7 +215,7 @@ def load_job(directory: Path) -> Job | None:
     supervisor = _read_json(directory / "supervisor.json") or {}
     ended = _read_json(directory / "exit.json")
     job = Job(spec, directory, "lost", pid=process.get("pid"), started=process.get("started"),
-              supervisor_pid=supervisor.get("pid"))
+              supervisor_pid=supervisor.get("pid"), supervisor_started=supervisor.get("started"))
     try:
         job.peak_gpu_memory = int((directory / "peak").read_text())
     except (OSError, ValueError):
@@ -180,12 +224,19 @@ def load_job(directory: Path) -> Job | None:
         job.ended = ended.get("ended")
         job.exit_code = ended.get("exit_code")
         job.reason = ended.get("reason")
-        job.state = "killed" if ended.get("signal") or job.reason else "exited"
+        job.signal = _signal_name(ended.get("signal"))
+        job.state = _ended_state(ended, job.reason)
+    elif job.remote:
+        # Another host's job: what its records say; only that host can tell whether it still runs.
+        job.state = "running" if job.pid is not None else "queued"
     elif _alive(job.pid, job.started):
         job.state = "running"
-    elif _alive(job.supervisor_pid, supervisor.get("started")):
+    elif _alive(job.supervisor_pid, job.supervisor_started):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state = "queued" if job.pid is None else "running"
+    elif (stopped := _read_json(directory / STOP_RECORD)) is not None:
+        job.state, job.ended = "killed", stopped.get("time")
+        job.reason = "stopped by the user (gpumon's supervisor was gone: exit status unknown)"
     else:
         job.reason = "gpumon's supervisor is gone and the command is no longer running; exit status unknown" \
             if job.pid else "never started (the launch was interrupted)"
@@ -208,13 +259,14 @@ def find_job(ident: str) -> Job:
     return matches[0]
 
 
-def prune() -> list[str]:
-    """Remove the records of finished jobs; returns their ids."""
+def prune() -> list[Job]:
+    """Remove the records of finished jobs; returns them. Another host's unfinished jobs are kept:
+    from here they cannot be known to be over."""
     removed = []
     for job in list_jobs():
         if job.state in FINISHED:
             shutil.rmtree(job.dir, ignore_errors=True)
-            removed.append(job.spec.id)
+            removed.append(job)
     return removed
 
 
@@ -232,15 +284,34 @@ def create_job(spec: JobSpec) -> Path:
     return directory
 
 
-def start_supervisor(directory: Path, foreground: bool = False) -> subprocess.Popen:
-    """Start the job's supervisor. Detached: own session, no terminal, stdin from /dev/null."""
-    command = [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
+def supervisor_command(directory: Path) -> list[str]:
+    return [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
+
+
+def start_supervisor(directory: Path, foreground: bool = False,
+                     env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the job's supervisor (with `env`, the environment the job gets; default this one's).
+    Detached: own session, no terminal, stdin from /dev/null."""
+    command = supervisor_command(directory)
     if foreground:
-        return subprocess.Popen(command + ["--foreground"])
+        return subprocess.Popen(command + ["--foreground"], env=env)
     with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:
         os.chmod(directory / "supervisor.log", 0o600)
         return subprocess.Popen(command, stdin=devnull, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True)
+                                close_fds=True, env=env)
+
+
+def save_environment(directory: Path, env: dict[str, str]) -> None:
+    """For a supervisor started by someone else (systemd): the environment the job must get. Private
+    (0600) like every record, and removed by the supervisor as soon as it has read it."""
+    write_atomic(directory / ENVIRONMENT_RECORD, json.dumps(env))
+
+
+def take_environment(directory: Path) -> dict[str, str] | None:
+    path = directory / ENVIRONMENT_RECORD
+    env = _read_json(path)
+    path.unlink(missing_ok=True)
+    return {str(k): str(v) for k, v in env.items()} if env is not None else None
 
 
 def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:
@@ -249,7 +320,7 @@ def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:
     while time.monotonic() < deadline:
         job = load_job(directory)
         # A job that is not meant to wait is "queued" only for the moment before its command starts.
-        if job is not None and (job.pid is not None or job.state in ("exited", "killed")
+        if job is not None and (job.pid is not None or (job.state in FINISHED and job.state != "lost")
                                 or (job.state == "queued" and job.spec.wait)):
             return job
         time.sleep(0.05)
@@ -257,16 +328,31 @@ def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:
 
 
 def stop(job: Job) -> str:
-    """Ask the supervisor to stop the job: SIGTERM to the command, SIGKILL after its grace period."""
+    """Ask the supervisor to stop the job: SIGTERM to the command, SIGKILL after its grace period.
+    Every signal goes to the process that was recorded (pid *and* start time), never to a pid the
+    kernel has given to someone else since."""
     if job.state not in ("running", "queued"):
         raise UsageError(f"job {job.spec.id} is {job.state}, not running")
-    if _alive(job.supervisor_pid, None):
-        os.kill(job.supervisor_pid, signal.SIGTERM)
-        return f"stopping job {job.spec.id}"
-    # No supervisor (it was killed): signal the command's process group ourselves.
+    if job.remote:
+        raise UsageError(f"job {job.spec.id} runs on {job.host}; stop it there: "
+                         f"ssh {job.host} gpumon jobs --stop {job.spec.id}")
+    if _alive(job.supervisor_pid, job.supervisor_started):
+        try:
+            signal_process(job.supervisor_pid, job.supervisor_started, signal.SIGTERM)
+            return f"stopping job {job.spec.id}"
+        except ActionError:
+            pass  # it ended just now: the command may be left
+    # No supervisor (it was killed): signal the command's process group ourselves, SIGKILL when
+    # asked a second time, and record that the user stopped it.
     if job.pid is not None and _alive(job.pid, job.started):
-        os.killpg(job.pid, signal.SIGTERM)
-        return f"sent SIGTERM to job {job.spec.id}"
+        again = (job.dir / STOP_RECORD).exists()
+        sig = signal.SIGKILL if again else signal.SIGTERM
+        try:
+            signal_process(job.pid, job.started, sig, group=True)
+        except ActionError as exc:
+            raise UsageError(f"job {job.spec.id}: {exc}") from None
+        write_atomic(job.dir / STOP_RECORD, json.dumps({"time": time.time()}))
+        return f"sent {sig.name} to job {job.spec.id} (its supervisor is gone)"
     raise UsageError(f"job {job.spec.id} has no process left to stop")
 
 

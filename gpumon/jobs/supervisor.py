@@ -1,9 +1,13 @@
 """The supervisor of one job: `python -m gpumon.jobs.supervisor JOB_DIR [--foreground]`.
 
 It waits for a free card when the job is queued, pins and starts the command, watches its GPU
-memory (the limit's guarantee), and records how it ended. SIGTERM asks it to stop the job:
-SIGTERM to the command's process group, SIGKILL after a grace period. It is single-threaded, so it
-can set its own CPU affinity before starting the command, which inherits it (no preexec_fn).
+memory per card (the limit's guarantee), and records how it ended: `exited`, `killed` (by gpumon,
+or by a signal, which is named), `failed` (could not start, with the reason) or `cancelled`
+(stopped while queued). SIGTERM asks it to stop the job: SIGTERM to the command's process group,
+SIGKILL after a grace period. SIGINT (Ctrl-C) is forwarded to a detached command (a foreground one
+gets it from the terminal itself); the supervisor waits for the command and records the end either
+way. It is single-threaded, so it can set its own CPU affinity before starting the command, which
+inherits it (no preexec_fn).
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from pathlib import Path
 import psutil
 
 from gpumon.errors import GpumonError
-from gpumon.jobs.limits import limit_environment, over_limit_reason
+from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
-from gpumon.jobs.records import JobSpec, write_atomic
+from gpumon.jobs.records import JobSpec, take_environment, write_atomic
 from gpumon.model import Snapshot
 from gpumon.monitor.backends import Backend, open_backend
 
 GRACE_S = 5.0
 FREE_SAMPLES_IN_A_ROW = 3
+STOPPED = "stopped by the user"
 
 
 class Supervisor:
@@ -44,28 +49,51 @@ class Supervisor:
     def _write(self, name: str, data: dict) -> None:
         write_atomic(self.dir / name, json.dumps(data))
 
-    def _finish(self, exit_code: int | None, sig: int | None, reason: str | None) -> None:
-        self._write("exit.json", {"exit_code": exit_code, "signal": sig, "ended": time.time(), "reason": reason})
+    def _finish(self, state: str, reason: str | None, exit_code: int | None = None, sig: int | None = None) -> None:
+        self._write("exit.json", {"state": state, "exit_code": exit_code, "signal": sig, "ended": time.time(),
+                                  "reason": reason})
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        self.stop_requested = "stopped by the user"
+        self.stop_requested = STOPPED
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        """Ctrl-C: a queued job is cancelled; a running one gets SIGINT and is waited for."""
+        if self.child is None:
+            self.stop_requested = "interrupted by the user"
+        elif not self.foreground and self.child.returncode is None:
+            try:  # not reaped yet: the group id cannot have been reused
+                os.killpg(self.child.pid, signal.SIGINT)
+            except OSError:
+                pass
 
     # -- the job's life --
 
     def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        # The terminal going away is not a reason to stop. A handler, not SIG_IGN: the command
+        # would inherit an ignored signal.
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
         me = psutil.Process()
         self._write("supervisor.json", {"pid": me.pid, "started": me.create_time()})
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
+        saved = take_environment(self.dir)
+        if saved is not None:  # started by systemd: the environment of whoever launched the job
+            os.environ.clear()
+            os.environ.update(saved)
         try:
             backend = open_backend(**self.spec.backend)
         except GpumonError as exc:
-            self._finish(None, None, f"could not reach the driver: {exc}")
+            self._finish("failed", f"could not reach the driver: {exc}")
             return 1
         try:
-            gpus = self._choose_cards(backend)
+            try:
+                gpus = self._choose_cards(backend)
+            except GpumonError as exc:  # the cards chosen at launch are gone
+                self._finish("failed", f"could not start: {exc}")
+                return 1
             if gpus is None:
-                self._finish(None, None, self.stop_requested or "cancelled")
+                asked = self.stop_requested or STOPPED
+                self._finish("cancelled", "cancelled by the user" if asked == STOPPED else asked)
                 return 0
             return self._start_and_watch(backend, gpus)
         finally:
@@ -73,10 +101,8 @@ class Supervisor:
 
     def _choose_cards(self, backend: Backend):
         if self.spec.gpus and not self.spec.wait:
-            try:  # the UUIDs chosen at launch (cards or MIG slices)
-                return resolve_spec(",".join(self.spec.gpus), backend.sample())
-            except GpumonError:
-                return None
+            # The UUIDs chosen at launch (cards or MIG slices).
+            return resolve_spec(",".join(self.spec.gpus), backend.sample())
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
         topo = backend.topology()
         streak: tuple[tuple[str, ...], int] = ((), 0)
@@ -115,8 +141,8 @@ class Supervisor:
         try:
             self.child = self._spawn(dict(os.environ) | env_added)
         except OSError as exc:
-            self._finish(127, None, f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
-            return 127
+            self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
+            return 1
         started = psutil.Process(self.child.pid).create_time()
         self._write("process.json", {"pid": self.child.pid, "started": started})
         return self._watch(backend, gpus)
@@ -139,17 +165,18 @@ class Supervisor:
                 self._stop_child()
                 break
             used = self._job_gpu_memory(backend.sample(), cards)
-            if used > self.peak:
-                self.peak = used
-                write_atomic(self.dir / "peak", str(used))
-            if self.spec.mem_limit and used > self.spec.mem_limit:
-                reason = over_limit_reason(used, self.spec.mem_limit)
+            peak = max(used.values(), default=0)
+            if peak > self.peak:
+                self.peak = peak
+                write_atomic(self.dir / "peak", str(peak))
+            if self.spec.mem_limit and (reason := over_limit(used, self.spec.mem_limit)):
                 self._stop_child()
                 break
             self._sleep(self.spec_interval)
         code = self.child.wait()
         sig = -code if code < 0 else None
-        self._finish(code if code >= 0 else None, sig, reason)
+        state = "killed" if reason or sig else "exited"
+        self._finish(state, reason, code if code >= 0 else None, sig)
         return 0
 
     def _sleep(self, seconds: float) -> None:
@@ -165,10 +192,11 @@ class Supervisor:
         except psutil.Error:
             return []
 
-    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int]) -> int:
-        """GPU memory of the job's own processes on its cards; other users' processes never count."""
+    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int]) -> dict[int, int]:
+        """Per card, the GPU memory of the job's own processes; other users' processes never count."""
         pids = {p.pid for p in self._job_processes()}
-        return sum(p.gpu_memory or 0 for g in snapshot.gpus if g.index in cards for p in g.processes if p.pid in pids)
+        return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
+                for g in snapshot.gpus if g.index in cards}
 
     def _stop_child(self) -> None:
         """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace."""
@@ -181,9 +209,11 @@ class Supervisor:
         self._signal_all(family + self._job_processes(), signal.SIGKILL)
 
     def _signal_all(self, processes: list[psutil.Process], sig: int) -> None:
-        if not self.foreground:
+        # The command's own group, only while the command is not reaped: until then its pid (the
+        # group's id) cannot belong to anyone else.
+        if not self.foreground and self.child.returncode is None:
             try:
-                os.killpg(self.child.pid, sig)  # the command's own session and group
+                os.killpg(self.child.pid, sig)
             except OSError:
                 pass
         for proc in processes:  # and anything that left the group; psutil refuses recycled pids
