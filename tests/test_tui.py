@@ -489,7 +489,7 @@ def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, launch_app,
             assert isinstance(app.screen, JobsScreen)
             await pilot.pause(1.5)
             assert "hello" in "\n".join(app.screen.query_one("#jobs-log").lines)
-            await pilot.press("s")  # stop it
+            await pilot.press("s", "y")  # stop it, after confirming
             for _ in range(100):
                 if jobs.list_jobs()[0].state == "killed":
                     break

@@ -13,6 +13,9 @@ from gpumon.errors import EXIT_OK, EXIT_USAGE, GpumonError
 from gpumon.sanitize import printable
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in gpumon, not the user's input
+# The environment gpumon was started with, before it changes any of it for itself (the TUI sets
+# NO_COLOR and drops COLUMNS/LINES): jobs launched from the TUI get this one.
+STARTUP_ENVIRONMENT = dict(os.environ)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

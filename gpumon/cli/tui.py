@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpumon.alerting.rules import parse_rules
+from gpumon.cli import STARTUP_ENVIRONMENT
 from gpumon.cli.common import backend_args, load_settings, open_source
 from gpumon.tui.app import run_app
 
@@ -14,4 +15,4 @@ def run(args: argparse.Namespace) -> int:
     rules = parse_rules(config.rules + config.watch_rules + args.alert)
     args.theme = args.theme or config.theme
     args.readonly = args.readonly or config.readonly
-    return run_app(args, open_source(args), rules, backend_args(args))
+    return run_app(args, open_source(args), rules, backend_args(args), env=STARTUP_ENVIRONMENT)

@@ -180,7 +180,10 @@ def _check_theme(name: str | None) -> None:
 
 
 def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None = None,
-            backend_args: dict | None = None) -> int:
+            backend_args: dict | None = None, env: Mapping[str, str] | None = None) -> int:
+    """`env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
+    the changes below."""
+    env = dict(os.environ if env is None else env)
     _check_theme(args.theme)
     if args.no_color:
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
@@ -194,7 +197,7 @@ def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
-                     rules=rules, recorder=recorder, backend_args=backend_args)
+                     rules=rules, recorder=recorder, backend_args=backend_args, env=env)
     try:
         status = app.run()
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -19,9 +20,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-body"):
-            yield Static(self.question, id="confirm-question")
+            # As text, never markup: the detail quotes command lines of other users' processes.
+            yield Static(Text(self.question), id="confirm-question")
             if self.detail:
-                yield Static(self.detail, id="confirm-detail")
+                yield Static(Text(self.detail), id="confirm-detail")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", variant="primary", id="no")

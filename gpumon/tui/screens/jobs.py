@@ -13,10 +13,12 @@ from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
+from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_runtime
 
 LOG_TAIL_BYTES = 64 * 1024
-STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red", "lost": "red"}
+STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red", "failed": "bold red",
+                "cancelled": "dim", "lost": "red"}
 
 
 class LogTail:
@@ -86,9 +88,9 @@ class JobsScreen(ModalScreen[str | None]):
         table.clear()
         for job in self.jobs:
             table.add_row(
-                job.spec.id, job.spec.name[:24], Text(job.state, style=STATE_STYLES.get(job.state, "")),
+                job.spec.id, job.spec.name[:24], Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
                 ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
-                "" if job.exit_code is None else str(job.exit_code), format_runtime(job.runtime),
+                job.signal or ("" if job.exit_code is None else str(job.exit_code)), format_runtime(job.runtime),
                 format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,
             )
         if self.jobs:
@@ -115,14 +117,27 @@ class JobsScreen(ModalScreen[str | None]):
             log.write(new)
 
     def action_stop(self) -> None:
+        """Asks first, like signalling a process (`x`): stopping loses the job's unsaved work."""
         job = self.selected
         if job is None:
             return
-        try:
-            self.notify(jobs.stop(job))
-        except (UsageError, OSError) as exc:
-            self.notify(str(exc), severity="error")
-        self.refresh_jobs()
+        if job.state not in ("running", "queued"):
+            self.notify(f"job {job.spec.id} is {job.state}, not running", severity="warning")
+            return
+        verb = "Cancel the queued" if job.state == "queued" else "Stop"
+        question = f"{verb} job {job.spec.name} ({job.spec.id})?"
+        detail = "SIGTERM to its processes, SIGKILL after 5 s." if job.state == "running" else "It has not started yet."
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.notify(jobs.stop(job))
+            except (UsageError, OSError) as exc:
+                self.notify(str(exc), severity="error")
+            self.refresh_jobs()
+
+        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job.spec.command)}"), answered)
 
     def action_processes(self) -> None:
         job = self.selected

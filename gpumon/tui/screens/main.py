@@ -1,12 +1,15 @@
 """The main screen: status line, card panels with history charts beside them, the process table.
 
-It is handed each Snapshot by the app and patches its widgets; while a dialog covers it, it only
-keeps the newest snapshot and catches up when it is shown again.
+It is handed each Snapshot by the app and patches its widgets. Behind an overlay (help, topology,
+alerts, the run dialog, jobs) it stays visible and keeps updating, but every few seconds only:
+Textual repaints the whole screen for any change behind a modal, so a per-sample update would
+cost a full frame each time. It catches up at once when it is shown again.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 
 from textual.app import ComposeResult
@@ -40,6 +43,7 @@ WIDE = 140  # columns from which history charts sit beside the cards
 CHART_MIN_HEIGHT = 8
 FULL_PANEL_LINES = 4  # a full card panel: title, bars, details, blank line
 JOB_SCAN_S = 3.0  # how often the process table learns which pids belong to gpumon jobs
+BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay covers part of it
 
 
 class MainScreen(Screen):
@@ -76,6 +80,7 @@ class MainScreen(Screen):
         self._ordinals: dict[int, str] | None = None
         self._layout_key: tuple | None = None
         self._top_height = 0
+        self._applied_at = 0.0  # monotonic time of the last update on screen
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.interval, id="status")
@@ -120,6 +125,8 @@ class MainScreen(Screen):
         self.snapshot = snapshot
         if self.app.screen is self:
             self._apply()
+        elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
+            self._apply()  # visible behind an overlay
 
     def on_screen_resume(self, event: ScreenResume) -> None:
         if self.snapshot is not None:
@@ -148,6 +155,7 @@ class MainScreen(Screen):
         assert snap is not None
         if not self.is_attached or not self.children:  # the app is shutting down
             return
+        self._applied_at = time.monotonic()
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
@@ -296,13 +304,14 @@ class MainScreen(Screen):
                                 foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd)
         try:
             spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
-            directory = start(spec, foreground=choice.foreground, typed=request.typed)
+            # The environment gpumon started with, not the one it changed for itself (NO_COLOR, ...).
+            directory = start(spec, foreground=choice.foreground, typed=request.typed, env=self.env)
         except (UsageError, OSError) as exc:
             self.notify(str(exc), severity="error")
             return
         if choice.foreground:
             with self.app.suspend():
-                run_in_terminal(directory, f"GPU {gpu.index}", choice.command)
+                run_in_terminal(directory, f"GPU {gpu.index}", choice.command, env=self.env)
             return
         self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -35,8 +37,20 @@ class RunChoice:
     wait: bool
 
 
+def directory_problem(text: str) -> str | None:
+    """Why a typed working directory is not usable, or None when it is."""
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isdir(path):
+        return f"working directory does not exist: {path}"
+    if not os.access(path, os.X_OK):
+        return f"working directory is not accessible: {path}"
+    return None
+
+
 class RunDialog(ModalScreen[RunChoice | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    # Enter launches from any field: a checkbox would otherwise take it as "toggle". On a button
+    # it presses that button (Cancel cancels).
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "submit", "Launch", priority=True, show=False)]
 
     def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str) -> None:
         super().__init__()
@@ -78,17 +92,22 @@ class RunDialog(ModalScreen[RunChoice | None]):
             event.stop()
 
     def _choice(self) -> RunChoice | None:
+        """What to launch, or None with the problem shown (everything typed stays as it is)."""
         command = self.query_one("#run-command", Input).value.strip()
+        cwd = self.query_one("#run-cwd", Input).value.strip() or self.cwd
         limit = self.query_one("#run-limit", Input).value.strip() or None
         error = self.query_one("#run-error", Static)
         if not command:
             error.update("Type a command to run.")
             return None
-        if limit and (problem := size_problem(limit, self.gpu)):
-            error.update(problem)
-            return None
+        for problem, field in ((directory_problem(cwd), "#run-cwd"),
+                               (limit and size_problem(limit, self.gpu), "#run-limit")):
+            if problem:
+                error.update(Text(problem))
+                self.query_one(field, Input).focus()
+                return None
         return RunChoice(
-            command=command, cwd=self.query_one("#run-cwd", Input).value.strip() or self.cwd, mem_limit=limit,
+            command=command, cwd=cwd, mem_limit=limit,
             numa=self.query_one("#run-numa", Checkbox).value,
             foreground=self.query_one("#run-foreground", Checkbox).value,
             wait=self.query_one("#run-wait", Checkbox).value,
@@ -99,8 +118,11 @@ class RunDialog(ModalScreen[RunChoice | None]):
         if choice is not None:
             self.dismiss(choice)
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self._launch()
+    def action_submit(self) -> None:
+        if isinstance(self.focused, Button):
+            self.focused.press()
+        else:
+            self._launch()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "run-launch":
@@ -138,7 +160,7 @@ class MemLimitDialog(ModalScreen[str | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         value = event.value.strip()
         if value and (problem := size_problem(value, self.gpu)):
-            self.query_one("#limit-error", Static).update(problem)
+            self.query_one("#limit-error", Static).update(Text(problem))
             return
         self.dismiss(value)
 
