@@ -79,15 +79,16 @@ def test_lost_throttle_ecc_procs():
     assert run("procs > 3", [(0, {"processes": procs})]) == [("firing", 0)]
 
 
-def test_xid_fires_on_the_event_and_resolves_after_quiet():
-    engine = AlertEngine([parse_rule("xid == 79"), parse_rule("xid")])
+def test_xid_fires_on_each_event_and_resolves_after_quiet():
+    engine = AlertEngine([parse_rule("xid == 79 for 1s"), parse_rule("xid for 1s")])
     gpu = card(1)
     fired = engine.xid(gpu, 79, when=10.5)
-    assert [(e.rule, e.value, e.time) for e in fired] == [("xid == 79", 79, 10.5), ("xid", 79, 10.5)]
-    assert engine.xid(gpu, 13, when=10.7) == []  # already firing: once
-    resolved = engine.evaluate(snap(11.0, gpu))
+    assert [(e.rule, e.value, e.time) for e in fired] == [("xid == 79 for 1s", 79, 10.5), ("xid for 1s", 79, 10.5)]
+    assert [(e.rule, e.value) for e in engine.xid(gpu, 13, when=10.7)] == [("xid for 1s", 13)]  # each XID is news
+    assert engine.evaluate(snap(11.0, gpu)) == []  # not quiet for long enough yet
+    resolved = engine.evaluate(snap(11.8, gpu))
     assert [e.event for e in resolved] == ["resolved", "resolved"]
-    assert [e.rule for e in engine.xid(gpu, 13, when=12)] == ["xid"]
+    assert [e.rule for e in engine.xid(gpu, 13, when=12)] == ["xid for 1s"]
 
 
 def test_firing_lists_rules_per_card():

@@ -65,7 +65,7 @@ def test_xid_event_fires_between_samples(fake_driver):
     fake_driver.machine.cards = [Card(), Card()]
     fake_driver.machine.xids = [dict(gpu=1, at=1.2, code=79)]
     fake_driver.write()
-    out = fake_driver.run("watch", "--alert", "xid == 79", "--interval", "10", "--count", "2")
+    out = fake_driver.run("watch", "--alert", "xid == 79 for 5s", "--interval", "10", "--count", "2")
     events = events_of(out.stdout)
     assert events[0]["event"] == "firing" and events[0]["gpu"] == 1 and events[0]["value"] == 79
     # It came from the event thread: the second sample is 10 s after the first, but this is not.

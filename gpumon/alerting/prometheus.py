@@ -5,6 +5,12 @@ Metric names follow dcgm-exporter 3.x (the `DCGM_FI_DEV_*` fields of its default
 framebuffer sizes in MiB) with its labels `gpu`, `UUID`, `device`, `modelName`, `Hostname`,
 `pci_bus_id`, so dashboards and rules written for dcgm-exporter work unchanged. gpumon's own
 metrics are prefixed `gpumon_`.
+
+XIDs are events: `DCGM_FI_DEV_XID_ERRORS` keeps dcgm-exporter's meaning (the last XID's code, for
+dashboards), and `gpumon_xid_last_timestamp_seconds{..., xid="CODE"}` is the unix time of the
+newest XID of each code on each card. The exported `xid` rules are written over that one, so they
+mean what gpumon's do: firing as soon as an XID is scraped, resolved once the card has been quiet
+for the rule's quiet period.
 """
 
 from __future__ import annotations
@@ -52,7 +58,9 @@ class GpumonCollector(Collector):
     """Builds the metrics at scrape time from the newest snapshot: nothing is done per sample."""
 
     def __init__(self, latest: Callable[[], Snapshot | None], engine: AlertEngine | None = None,
-                 xid: Callable[[], dict[int, int]] | None = None, processes: bool = False) -> None:
+                 xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False) -> None:
+        """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
+        replaces whole (read from the scrape thread)."""
         self.latest = latest
         self.engine = engine
         self.xid = xid
@@ -71,10 +79,19 @@ class GpumonCollector(Collector):
                     family.add_metric(labels[g.index], float(value))
             yield family
         xids = self.xid() if self.xid else {}
+        newest: dict[int, tuple[float, int]] = {}
+        for (index, code), when in xids.items():
+            newest[index] = max(newest.get(index, (when, code)), (when, code))
         family = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS)
         for g in snap.gpus:
-            family.add_metric(labels[g.index], float(xids.get(g.index, 0)))
+            family.add_metric(labels[g.index], float(newest[g.index][1]) if g.index in newest else 0.0)
         yield family
+        seen = GaugeMetricFamily("gpumon_xid_last_timestamp_seconds", "Unix time of the newest XID error of this code.",
+                                 labels=LABELS + ["xid"])
+        for (index, code), when in sorted(xids.items()):
+            if index in labels:
+                seen.add_metric(labels[index] + [str(code)], when)
+        yield seen
         lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
         for g in snap.gpus:
             lost.add_metric(labels[g.index], 1.0 if g.state == "lost" else 0.0)
@@ -118,12 +135,62 @@ _PROMQL: dict[str, str] = {
     "clock_sm": "DCGM_FI_DEV_SM_CLOCK{sel}",
     "procs": "gpumon_gpu_processes{sel}",
     "ecc": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{sel}",
-    "xid": "DCGM_FI_DEV_XID_ERRORS{sel}",
 }
+XID_CODES = range(1, 1000)
+
+
+def _xid_expr(rule: Rule) -> str:
+    """An XID of a matching code on the card within the quiet period: fires when one is scraped,
+    resolves when the newest is older than the quiet period. One alert per card and code."""
+    matchers = [] if rule.gpus is None else ['gpu=~"' + "|".join(str(i) for i in sorted(rule.gpus)) + '"']
+    if rule.op == "==":
+        matchers.append(f'xid="{rule.threshold:g}"')
+    elif rule.op == "!=":
+        if rule.threshold != 0:  # `xid` alone is "any XID": no matcher
+            matchers.append(f'xid!="{rule.threshold:g}"')
+    else:
+        matchers.append(f'xid=~"{_codes_regex([c for c in XID_CODES if rule.holds(float(c))])}"')
+    sel = "{" + ",".join(matchers) + "}" if matchers else ""
+    return f"time() - gpumon_xid_last_timestamp_seconds{sel} < {rule.duration:g}"
+
+
+def _digits(digits: list[int]) -> str:
+    if len(digits) == 10:
+        return "[0-9]"
+    if len(digits) == 1:
+        return str(digits[0])
+    if digits == list(range(digits[0], digits[-1] + 1)):
+        return f"[{digits[0]}-{digits[-1]}]"
+    return "[" + "".join(map(str, digits)) + "]"
+
+
+def _codes_regex(codes: list[int]) -> str:
+    """A short regex for a set of XID codes (1..999), decade by decade: `xid > 100` is
+    `10[1-9]|1[1-9][0-9]|[2-9][0-9][0-9]`, not 899 alternatives."""
+    wanted = set(codes)
+    parts: list[str] = []
+    decades = {d: [c % 10 for c in range(d * 10, d * 10 + 10) if c in wanted] for d in range(100)}
+    full = {d for d, digits in decades.items() if len(digits) == 10}
+    done: set[int] = set()
+    hundreds = [h for h in range(1, 10) if all(d in full for d in range(h * 10, h * 10 + 10))]
+    if hundreds:
+        parts.append(_digits(hundreds) + "[0-9][0-9]")
+        done |= {d for h in hundreds for d in range(h * 10, h * 10 + 10)}
+    for h in range(10):  # whole decades of one hundred: `1[1-9][0-9]`
+        tens = [d % 10 for d in range(h * 10, h * 10 + 10) if d in full and d not in done and d]
+        if tens:
+            parts.append((str(h) if h else "") + _digits(tens) + "[0-9]")
+            done |= {h * 10 + t for t in tens}
+    for d, digits in decades.items():
+        if digits and d not in done:
+            parts.append((str(d) if d else "") + _digits(digits))
+    return "|".join(parts) or "0"  # XID codes start at 1: "0" matches none
 
 
 def rule_expr(rule: Rule) -> str:
     sel = "" if rule.gpus is None else '{gpu=~"' + "|".join(str(i) for i in sorted(rule.gpus)) + '"}'
+    if rule.metric == "xid":
+        return _xid_expr(rule)
     if rule.metric == "lost":
         return f"gpumon_gpu_lost{sel} == 1"
     if rule.metric == "throttle":
@@ -152,7 +219,7 @@ def prometheus_rules(rules: list[Rule]) -> str:
             f"      - alert: {_alert_name(rule, i)}",
             f"        expr: {json.dumps(rule_expr(rule))}",
         ]
-        if rule.duration:
+        if rule.duration and rule.metric != "xid":  # an xid rule's duration is its quiet period, in expr
             lines.append(f"        for: {_duration(rule.duration)}")
         if rule.clear is not None:
             lines.append("        # gpumon's 'clear' hysteresis has no PromQL equivalent; rule kept without it")

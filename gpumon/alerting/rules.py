@@ -6,7 +6,12 @@ resolves once when it has been false for DURATION (with `clear`, false means pas
 so a noisy value does not flap.
 
 Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
-`thermal` and `power`), `ecc > 0`.
+`thermal` and `power`), `ecc > 0`. An XID is an event, not a level: an `xid` rule fires once per
+XID error (its code is the event's value) and resolves once no XID has come for its quiet period,
+the rule's `for` (default 10 minutes).
+
+The scrape thread of the Prometheus exporter asks which rules fire while the event loop evaluates
+them: it reads a copy the engine publishes after each change, never the live states.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ METRICS: dict[str, Callable[[GpuSample], float | None]] = {
     "ecc": lambda g: g.ecc_errors_uncorrected,
 }
 SPECIAL = ("lost", "xid", "throttle")
+XID_QUIET_S = 600.0  # an xid rule resolves after this long without an XID, unless `for` says otherwise
 
 
 class RuleError(UsageError):
@@ -158,6 +164,8 @@ def parse_rule(text: str) -> Rule:
             fields["clear"], _ = _value(metric, arg, text)
         else:
             fields["gpus"] = _gpus(arg, text)
+    if metric == "xid" and "for" not in fields.get("_seen", ()):
+        fields["duration"] = XID_QUIET_S
     fields.pop("_seen", None)
     return Rule(**fields)
 
@@ -215,14 +223,19 @@ class AlertEvent:
 class AlertEngine:
     rules: list[Rule]
     _states: dict[tuple[int, int], _State] = field(default_factory=dict)
+    _firing: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def firing(self) -> dict[int, tuple[str, ...]]:
-        """Card index -> texts of the rules firing on it now."""
+        """Card index -> texts of the rules firing on it now. Safe from any thread: a copy made
+        when the states last changed, replaced whole, never changed in place."""
+        return self._firing
+
+    def _publish(self) -> None:
         out: dict[int, list[str]] = {}
         for (rule_i, gpu), state in self._states.items():
             if state.firing:
                 out.setdefault(gpu, []).append(self.rules[rule_i].text)
-        return {gpu: tuple(texts) for gpu, texts in out.items()}
+        self._firing = {gpu: tuple(texts) for gpu, texts in out.items()}
 
     def evaluate(self, snapshot: Snapshot) -> list[AlertEvent]:
         events: list[AlertEvent] = []
@@ -238,20 +251,23 @@ class AlertEngine:
                     event = None if value is None else self._step(rule, state, gpu, value, snapshot.time)
                 if event:
                     events.append(event)
+        if events:
+            self._publish()
         return events
 
     def xid(self, gpu: GpuSample, code: int, when: float) -> list[AlertEvent]:
-        """An XID error arrived: matching xid rules fire now, not at the next sample. They resolve
-        once no XID has come for the rule's duration (at the first sample after that)."""
+        """An XID error arrived: matching xid rules fire now, not at the next sample, once per XID
+        (each one is news: another code, or the same fault again). A rule resolves once no XID has
+        come for its quiet period (at the first sample after that)."""
         events = []
         for rule_i, rule in enumerate(self.rules):
             if rule.metric != "xid" or not rule.applies_to(gpu.index) or not rule.holds(float(code)):
                 continue
             state = self._states.setdefault((rule_i, gpu.index), _State())
-            state.since, state.value = when, float(code)  # `since`: the last XID seen
-            if not state.firing:
-                state.firing = True
-                events.append(self._event("firing", rule, gpu, float(code), when))
+            state.firing, state.since, state.value = True, when, float(code)  # `since`: the last XID seen
+            events.append(self._event("firing", rule, gpu, float(code), when))
+        if events:
+            self._publish()
         return events
 
     def _xid_quiet(self, rule: Rule, state: _State, gpu: GpuSample, now: float) -> AlertEvent | None:

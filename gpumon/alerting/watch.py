@@ -1,14 +1,18 @@
 """`gpumon watch`: sample, evaluate the alert rules, and send events to stdout, hooks and Prometheus.
 
 Runs without a screen (systemd, cron, tmux). SIGTERM and SIGINT end it cleanly with status 0,
-after the output is flushed and queued hooks have run.
+after the output is flushed and queued hooks have run. Outputs failing never stop alerting: a
+closed stdout (`watch --metrics | head -1`) ends it quietly with status 0, as Unix tools do, and a
+recording that cannot be written (a full disk) is reported once while rules and hooks go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +41,9 @@ class Watch:
     metrics: bool = False
     count: int | None = None
     status: int = EXIT_OK
-    last_xid: dict[int, int] = field(default_factory=dict)
+    # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
+    xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    output_closed: bool = False
     _xid_stop: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
@@ -47,7 +53,7 @@ class Watch:
         from prometheus_client import start_http_server
 
         host, port = parse_listen_address(address)
-        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: dict(self.last_xid), processes)
+        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: self.xid_seen, processes)
         try:
             server, _ = start_http_server(port, host, registry=registry_for(collector))
         except OSError as exc:
@@ -75,19 +81,33 @@ class Watch:
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         if snapshot.stale:  # the same data again: nothing new to record or evaluate
             return
-        if self.recorder is not None:
-            self.recorder.write(snapshot)
+        if self.recorder is not None and (problem := self.recorder.write(snapshot)):
+            log.error("%s", problem)
         if self.metrics:
-            self.writer.metrics(snapshot)
+            self._output(self.writer.metrics, snapshot)
         for event in self.engine.evaluate(snapshot):
             self._emit(event)
 
     def _emit(self, event: AlertEvent) -> None:
-        self.writer.event(event)
         if self.hooks is not None:
             self.hooks.submit(event)
+        self._output(self.writer.event, event)
         if self.exit_on_alert and event.event == "firing":
             self.status = EXIT_ALERT
+            self.stop()
+
+    def _output(self, write, item) -> None:
+        """A line on stdout. When its reader has gone, watch ends quietly (queued hooks still run)."""
+        if self.output_closed:
+            return
+        try:
+            write(item)
+        except BrokenPipeError:
+            self.output_closed = True
+            # What is still buffered goes nowhere, instead of failing again when Python exits.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
             self.stop()
 
     def _xid_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,7 +120,7 @@ class Watch:
                     return
 
     def _on_xid(self, index: int, code: int, when: float) -> None:
-        self.last_xid[index] = code
+        self.xid_seen = {**self.xid_seen, (index, code): when}
         latest = self.sampler.latest
         gpu = next((g for g in latest.gpus if g.index == index), None) if latest else None
         if gpu is None:

@@ -1,7 +1,8 @@
 """Recordings: `--record FILE` appends every snapshot as a JSON line (gzip when FILE ends in .gz),
 flushed after every sample so a crash loses at most the sample being written; the file is private
-(0600). `read_recording` reads one back for `--replay`: a bad line (a crash mid-write leaves a
-truncated last line) is skipped with a warning."""
+(0600). A write that fails (a full disk) stops the recording and is reported once by the caller;
+monitoring and alerting go on. `read_recording` reads one back for `--replay`: a bad line (a crash
+mid-write leaves a truncated last line) is skipped with a warning."""
 
 from __future__ import annotations
 
@@ -28,17 +29,29 @@ class Recorder:
         raw = os.fdopen(fd, "ab")
         self._file: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="ab") if path.endswith(".gz") else raw
         self._raw = raw
+        self.failed: str | None = None
 
-    def write(self, snapshot: Snapshot) -> None:
-        self._file.write(json.dumps(snapshot.to_dict(), separators=(",", ":")).encode() + b"\n")
-        self._file.flush()  # for gzip a sync flush: everything so far is readable after a crash
-        if self._file is not self._raw:
-            self._raw.flush()
+    def write(self, snapshot: Snapshot) -> str | None:
+        """Append one snapshot. Never raises: the first failure stops the recording and is
+        returned (once) for the caller to report; later calls do nothing."""
+        if self.failed is not None:
+            return None
+        try:
+            self._file.write(json.dumps(snapshot.to_dict(), separators=(",", ":")).encode() + b"\n")
+            self._file.flush()  # for gzip a sync flush: everything so far is readable after a crash
+            if self._file is not self._raw:
+                self._raw.flush()
+        except OSError as exc:
+            self.failed = f"cannot write recording {self.path}: {exc.strerror or exc}; recording stopped"
+            return self.failed
+        return None
 
     def close(self) -> None:
-        self._file.close()
-        if self._file is not self._raw:
-            self._raw.close()
+        for f in (self._file, self._raw) if self._file is not self._raw else (self._raw,):
+            try:
+                f.close()
+            except OSError:  # the failure was reported when it happened
+                pass
 
 
 def read_recording(path: str) -> Iterator[Snapshot]:

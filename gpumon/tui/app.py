@@ -87,8 +87,8 @@ class GpumonApp(App[int]):
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         if not snapshot.stale:
-            if self.recorder is not None:
-                self.recorder.write(snapshot)
+            if self.recorder is not None and (problem := self.recorder.write(snapshot)):
+                self.notify(problem, severity="error", timeout=10)
             events = self.engine.evaluate(snapshot)
             self.alert_log = (self.alert_log + events)[-200:]
             for event in events:
