@@ -91,7 +91,8 @@ def test_a_bad_working_directory_is_shown_in_the_dialog_and_the_command_kept(lau
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)])
 def test_the_memory_limit_explanation_fits_at_every_width(size):
     async def go():
-        async with create_app(DemoBackend(), interval=0.1, backend_args={"demo": "default"}).run_test(size=size) as pilot:
+        app = create_app(DemoBackend(), interval=0.1, backend_args={"demo": "default"})
+        async with app.run_test(size=size) as pilot:
             await started(pilot)
             await pilot.press("m")
             assert isinstance(pilot.app.screen, MemLimitDialog)

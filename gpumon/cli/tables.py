@@ -1,13 +1,31 @@
-"""Plain-text tables for the terminal: `gpumon snapshot`, `gpumon topo` and `gpumon jobs`."""
+"""Plain-text tables for the terminal: `gpumon snapshot`, `gpumon topo` and `gpumon jobs`.
+
+Widths are terminal cells, not code points (a CJK character or an emoji takes two), and text from
+the driver or other users is cut to its column with `…`, so one long name never pushes the rest
+of the table off the screen.
+"""
 
 from __future__ import annotations
 
 import time
 
+from rich.cells import cell_len, set_cell_size
+
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.units import format_bytes, format_runtime
 
 NA = "N/A"
+NAME_CELLS = 36  # a card name ("NVIDIA RTX 6000 Ada Generation" is 30)
+USER_CELLS = 24
+COMMAND_CELLS = 120
+JOB_NAME_CELLS = 20
+
+
+def fit(text: str, cells: int) -> str:
+    """`text` cut to at most `cells` terminal cells, ending in `…` when it was cut."""
+    if cell_len(text) <= cells:
+        return text
+    return set_cell_size(text, cells - 1).rstrip() + "…"
 
 
 def _fmt(value: object, suffix: str = "") -> str:
@@ -20,11 +38,12 @@ def _fmt(value: object, suffix: str = "") -> str:
 
 def table(rows: list[list[str]], right: set[int] = frozenset()) -> str:
     """Align columns; columns in `right` are right-aligned (numbers)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
+        padded = [" " * (w - cell_len(cell)) + cell if i in right else cell + " " * (w - cell_len(cell))
+                  for i, (cell, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
 
 
@@ -52,16 +71,18 @@ def snapshot_text(snapshot: Snapshot) -> str:
     gpu_rows = [["GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "FAN", "POWER", "SM CLK", "PSTATE", "BUS ID"]]
     for g in snapshot.gpus:
         if g.state != "ok" and g.utilization_gpu is None:
-            gpu_rows.append([str(g.index), g.name, g.state.upper(), "", "", "", "", "", "", "", g.pci_bus_id])
+            gpu_rows.append([str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), "", "", "", "", "", "", "",
+                             g.pci_bus_id or NA])
             continue
         gpu_rows.append([
-            str(g.index), g.name, g.state.upper(), _fmt(g.utilization_gpu, "%"), _memory(g),
+            str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), _fmt(g.utilization_gpu, "%"), _memory(g),
             _fmt(g.temperature, "C"), _fmt(g.fan, "%"), _power(g), _fmt(g.clock_sm, "MHz"),
-            g.pstate or NA, g.pci_bus_id,
+            g.pstate or NA, g.pci_bus_id or NA,
         ])
     out = [header, "", table(gpu_rows, right={0, 3, 5, 6, 8})]
     mig_rows = [["GPU", "MIG SLICE (use with --gpu)", "NAME", "MEMORY"]] + [
-        [str(g.index), m.uuid, m.name, f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}"]
+        [str(g.index), m.uuid, fit(m.name, NAME_CELLS),
+         f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}"]
         for g in snapshot.gpus for m in g.mig_devices
     ]
     if len(mig_rows) > 1:
@@ -70,8 +91,8 @@ def snapshot_text(snapshot: Snapshot) -> str:
     for g in snapshot.gpus:
         for p in sorted(g.processes, key=lambda p: -(p.gpu_memory or 0)):
             proc_rows.append([
-                str(g.index), str(p.pid), p.user or "?", p.type[0].upper(), format_bytes(p.gpu_memory),
-                _fmt(p.sm_util), _fmt(p.cpu_percent), (p.command or "?")[:120],
+                str(g.index), str(p.pid), fit(p.user or "?", USER_CELLS), p.type[0].upper(), format_bytes(p.gpu_memory),
+                _fmt(p.sm_util), _fmt(p.cpu_percent), fit(p.command or "?", COMMAND_CELLS),
             ])
     out.append("")
     out.append(table(proc_rows, right={0, 1, 4, 5, 6}) if len(proc_rows) > 1 else "No processes on any GPU.")
@@ -105,7 +126,8 @@ def jobs_text(jobs: list) -> str:
     for job in jobs:
         exit_text = job.signal or ("" if job.exit_code is None else str(job.exit_code))
         rows.append([
-            job.spec.id, job.spec.name[:20], job.state_text, ",".join(map(str, job.spec.gpu_indices)) or "-",
+            job.spec.id, fit(job.spec.name, JOB_NAME_CELLS), job.state_text,
+            ",".join(map(str, job.spec.gpu_indices)) or "-",
             str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
             format_bytes(job.spec.mem_limit, na=""), job.reason or str(job.log),
         ])

@@ -17,8 +17,14 @@ from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_runtime
 
 LOG_TAIL_BYTES = 64 * 1024
-STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red", "failed": "bold red",
-                "cancelled": "dim", "lost": "red"}
+STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
+                "failed": "bold red", "cancelled": "dim", "lost": "red"}
+
+
+def _cut(text: str, cells: int) -> Text:
+    cut = Text(text)
+    cut.truncate(cells, overflow="ellipsis")
+    return cut
 
 
 class LogTail:
@@ -88,7 +94,7 @@ class JobsScreen(ModalScreen[str | None]):
         table.clear()
         for job in self.jobs:
             table.add_row(
-                job.spec.id, job.spec.name[:24], Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
+                job.spec.id, _cut(job.spec.name, 24), Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
                 ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
                 job.signal or ("" if job.exit_code is None else str(job.exit_code)), format_runtime(job.runtime),
                 format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,

@@ -21,6 +21,7 @@ from gpumon.units import format_bytes
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
 NA = "N/A"
+MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop the identifiers instead
 
 
 def bar(fraction: float | None, width: int) -> tuple[str, str]:
@@ -121,7 +122,7 @@ class GpuPanel(PartialRefresh, Widget):
 
     def _title(self, gpu: GpuSample, width: int) -> Text:
         title = Text(f"{gpu.index} ", style=self._style("title"))
-        title.append(gpu.name, style=self._style("title"))
+        name = Text(gpu.name, style=self._style("title"))
         right = Text(style=self._style("muted"))
         if gpu.uuid:
             right.append(gpu.uuid[:12])
@@ -134,10 +135,18 @@ class GpuPanel(PartialRefresh, Widget):
         if gpu.mig_devices:
             right.append(f"  MIG×{len(gpu.mig_devices)}")
         badge = self._badge(gpu)
-        gap = width - len(title) - len(right) - len(badge)
-        if gap < 1:  # narrow: keep name and badge, drop the identifiers
-            return title + Text(" ") + badge if badge else title
-        return title + Text(" " * gap) + right + badge
+        # Widths in cells. A long name is cut with … to leave room for the identifiers; when even
+        # a short name does not fit beside them, they are dropped.
+        room = width - title.cell_len - right.cell_len - badge.cell_len - 1
+        if room < min(name.cell_len, MIN_NAME_CELLS):
+            right = Text()
+            room = width - title.cell_len - badge.cell_len - 1
+        name.truncate(max(1, room), overflow="ellipsis")
+        title.append_text(name)
+        gap = max(1, width - title.cell_len - right.cell_len - badge.cell_len)
+        line = title + Text(" " * gap) + right + badge
+        line.truncate(width)
+        return line
 
     def _badge(self, gpu: GpuSample) -> Text:
         badge = Text()
@@ -208,10 +217,11 @@ class GpuPanel(PartialRefresh, Widget):
 
     def _compact_line(self, gpu: GpuSample, width: int) -> Text:
         line = Text(f"{gpu.index:>2} ", style=self._style("title"))
-        name_width = 16 if width >= 76 else 10
-        line.append(short_name(gpu.name)[:name_width].ljust(name_width), style=self._style("title"))
+        name = Text(short_name(gpu.name), style=self._style("title"))
+        name.truncate(16 if width >= 76 else 10, overflow="ellipsis", pad=True)  # cells, not characters
+        line.append_text(name)
         if gpu.state == "lost":
-            line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - len(line)], style=self._style("lost"))
+            line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - line.cell_len], style=self._style("lost"))
             return line
         tail = Text()
         if gpu.temperature is not None:
@@ -222,7 +232,7 @@ class GpuPanel(PartialRefresh, Widget):
         mem_pct = gpu.memory_percent
         mem_value = NA if gpu.memory_used is None else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}"
         util_value = NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%"
-        fixed = len(line) + len(tail) + 2 * 4 + len(util_value) + len(mem_value.rjust(10)) + 4
+        fixed = line.cell_len + tail.cell_len + 2 * 4 + len(util_value) + len(mem_value.rjust(10)) + 4
         bar_width = max(3, (width - fixed) // 2)
         line.append(" ")
         line.append_text(self._bar("", _frac(gpu.utilization_gpu), bar_width, "bar", util_value))

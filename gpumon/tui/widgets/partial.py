@@ -7,6 +7,7 @@ terminal receives a handful of characters instead of whole lines every second.
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.geometry import Region
 from textual.widget import Widget
@@ -21,7 +22,8 @@ def _styles_per_cell(text: Text) -> list[tuple]:
 
 
 def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
-    """First and one-past-last cell that differ between two single-width lines; None if equal.
+    """First and one-past-last cell that differ between two lines; None if equal. Cells, not
+    characters: a CJK name or an emoji before the change takes two cells each.
 
     One span per line: Textual sends each span from the start of the segment it begins in, so
     several spans on a line would resend shared segments.
@@ -31,7 +33,7 @@ def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
     a, b = old.plain, new.plain
     length = max(len(a), len(b))
     if old.style != new.style:
-        return 0, length
+        return 0, max(cell_len(a), cell_len(b))
     sa, sb = _styles_per_cell(old), _styles_per_cell(new)
 
     def same(i: int) -> bool:
@@ -41,7 +43,7 @@ def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
     if start is None:
         return None
     end = next(i for i in range(length, start, -1) if not same(i - 1))
-    return start, end
+    return min(cell_len(a[:start]), cell_len(b[:start])), max(cell_len(a[:end]), cell_len(b[:end]))
 
 
 class PartialRefresh:
