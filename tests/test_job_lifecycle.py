@@ -238,3 +238,21 @@ def test_snapshot_checks_its_config_file(fake_driver, tmp_path):
     assert result.returncode == 2 and str(bad) in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
+
+
+def test_a_failing_systemd_run_is_one_line_and_a_failed_job(fake_driver, tmp_path):
+    four_cards(fake_driver.machine)
+    fake_driver.write()
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, text in (("systemd-run", "#!/bin/sh\necho 'Failed to start transient service unit: Access denied' >&2\n"
+                                       "exit 1\n"), ("systemctl", "#!/bin/sh\nexit 0\n")):
+        (tools / name).write_text(text)
+        (tools / name).chmod(stat.S_IRWXU)
+    env = fake_driver.env | {"PATH": f"{tools}:{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--gpu", "0", "--systemd", "--", "true"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Access denied" in result.stderr and "Traceback" not in result.stderr
+    (job,) = job_json(fake_driver)
+    assert job["state"] == "failed" and "Access denied" in job["reason"]
+    assert not any(job_dir(job).glob("environment*"))

@@ -149,8 +149,13 @@ def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, t
     jobs.remember_command(typed or shlex.join(spec.command))
     if systemd:
         jobs.save_environment(directory, dict(os.environ if env is None else env))
-        subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
-                        *jobs.supervisor_command(directory)], check=True)
+        started = subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
+                                  *jobs.supervisor_command(directory)], capture_output=True, text=True)
+        if started.returncode != 0:
+            jobs.take_environment(directory)  # nobody will read it
+            reason = (started.stderr.strip().splitlines() or [f"exit status {started.returncode}"])[-1]
+            jobs.record_failure(directory, f"systemd-run failed: {reason}")
+            raise UsageError(f"--systemd: systemd-run failed: {reason}")
     elif not foreground:
         jobs.start_supervisor(directory, env=None if env is None else dict(env))
     return directory

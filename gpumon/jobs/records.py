@@ -284,6 +284,12 @@ def create_job(spec: JobSpec) -> Path:
     return directory
 
 
+def record_failure(directory: Path, reason: str) -> None:
+    """The job could not be started at all (its supervisor records everything after that)."""
+    write_atomic(directory / "exit.json", json.dumps({"state": "failed", "exit_code": None, "signal": None,
+                                                      "ended": time.time(), "reason": reason}))
+
+
 def supervisor_command(directory: Path) -> list[str]:
     return [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
 

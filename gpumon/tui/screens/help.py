@@ -40,7 +40,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     ("Jobs", [
         ("r", "run a command on the selected card: pinned by UUID, its NUMA node's CPUs, detached"),
         ("m", "default GPU memory limit for jobs on the selected card"),
-        ("J", "jobs gpumon launched: state, log (following), s stop, p show its processes"),
+        ("J", "jobs gpumon launched: state, log (following), s stop (asks first), p show its processes"),
     ]),
 ]
 
