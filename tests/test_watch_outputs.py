@@ -90,7 +90,7 @@ def test_the_exported_xid_rule_fires_on_an_xid_and_resolves_after_the_quiet_peri
 
     def alerts(name: str, at: str, firing: bool) -> dict:
         rule = {"GpumonXid1": "xid", "GpumonXid2": "xid == 79 for 2m"}[name]
-        notes = {"rule": rule, "summary": f"gpumon rule {rule!r} on GPU 1 (NVIDIA H100)"}
+        notes = {"rule": rule, "summary": f"gpumon rule {rule!r} on GPU 1 (NVIDIA H100): XID 79"}
         expected = [{"exp_labels": card | {"xid": "79", "severity": "warning"}, "exp_annotations": notes}]
         return {"eval_time": at, "alertname": name, "exp_alerts": expected if firing else []}
 

@@ -227,12 +227,18 @@ def prometheus_rules(rules: list[Rule]) -> str:
             "        labels:",
             "          severity: warning",
             "        annotations:",
-            f"          summary: {json.dumps('gpumon rule ' + repr(rule.text) + ' on GPU {{ $labels.gpu }} ({{ $labels.modelName }})')}",
+            f"          summary: {json.dumps(_summary(rule))}",
             f"          rule: {json.dumps(rule.text)}",
         ]
     if not rules:
         lines[-1] = "    rules: []"
     return "\n".join(lines) + "\n"
+
+
+def _summary(rule: Rule) -> str:
+    where = " on GPU {{ $labels.gpu }} ({{ $labels.modelName }})"
+    what = ": XID {{ $labels.xid }}" if rule.metric == "xid" else ""
+    return f"gpumon rule {rule.text!r}{where}{what}"
 
 
 def _duration(seconds: float) -> str:
