@@ -53,8 +53,16 @@ def shell_line(env: dict[str, str], *argv: str, status: Path) -> str:
     return f"env -i {assignments} {shlex.join(argv)}; echo gpumon-exit=$? > {status}; sleep 60"
 
 
+def type_into_dialog(tmux: Tmux, text: str) -> None:
+    """Type, then wait until it is on screen: keys sent in one burst with what follows can be
+    taken for a paste (Enter and Tab included)."""
+    tmux("send-keys", "-t", "t", "-l", text)
+    tmux.wait_for(lambda s: text[-30:] in s, what="the typed command in the dialog")
+    time.sleep(0.3)
+
+
 def the_job() -> records.Job:
-    for _ in range(100):
+    for _ in range(300):
         listed = records.list_jobs()
         if listed and listed[0].state not in ("running", "queued"):
             return listed[0]
@@ -70,7 +78,7 @@ def test_ctrl_c_on_a_foreground_run_is_recorded(fake_driver, terminal, tmp_path)
                           "--gpu", "1", "--foreground", "--", "sh", "-c", READY, status=status))
     tmux.wait_for(lambda s: "job-is-ready" in s, what="the job to start")
     tmux.keys("C-c")
-    for _ in range(100):
+    for _ in range(300):
         if status.exists():
             break
         time.sleep(0.1)
@@ -90,7 +98,7 @@ def test_ctrl_c_on_a_foreground_job_from_the_tui_is_recorded(fake_driver, termin
     tmux.wait_for(lambda s: "L4" in s, what="the dashboard")
     tmux.keys("r")
     tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
-    tmux("send-keys", "-t", "t", "-l", READY)
+    type_into_dialog(tmux, READY)
     tmux.keys("Tab", "Tab", "Tab", "Tab", "Space", "BTab", "BTab", "BTab", "BTab", "Enter")  # Foreground
     tmux.wait_for(lambda s: "job-is-ready" in s, what="the job in the terminal")
     # A moment later, as a person would: a key sent while the TUI hands the terminal over can
@@ -118,9 +126,9 @@ def test_a_job_from_the_tui_gets_the_environment_gpumon_started_with(fake_driver
     tmux.keys("r")
     tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
     dump = f"{shlex.quote(sys.executable)} -c 'import json, os; print(json.dumps(dict(os.environ)))' > {out}"
-    tmux("send-keys", "-t", "t", "-l", dump)
+    type_into_dialog(tmux, dump)
     tmux.keys("Enter")
-    for _ in range(100):
+    for _ in range(300):
         if out.exists() and out.stat().st_size:
             break
         time.sleep(0.1)
