@@ -256,3 +256,39 @@ def test_a_failing_systemd_run_is_one_line_and_a_failed_job(fake_driver, tmp_pat
     (job,) = job_json(fake_driver)
     assert job["state"] == "failed" and "Access denied" in job["reason"]
     assert not any(job_dir(job).glob("environment*"))
+
+
+def test_a_stepped_clock_does_not_lose_a_running_job(fake_driver):
+    """The date a process started moves when the clock is stepped (psutil adds the boot time,
+    which moves with it); the job is still recognised by its start since boot, and can be stopped."""
+    four_cards(fake_driver.machine)
+    fake_driver.write()
+    run_job(fake_driver, "--gpu", "0", "--name", "steady", "--", "sleep", "60")
+    (job,) = job_json(fake_driver)
+    for name in ("process.json", "supervisor.json"):
+        record = job_dir(job) / name
+        data = json.loads(record.read_text())
+        assert data["booted"] > 0
+        data["started"] += 2.0  # as if recorded before the clock was stepped back by 2 s
+        record.write_text(json.dumps(data))
+    assert job_json(fake_driver)[0]["state"] == "running"
+    assert fake_driver.run("jobs", "--stop", "steady").returncode == 0
+    job = state_of(fake_driver, "killed")
+    assert "stopped by the user" in job["reason"]
+
+
+def test_a_recycled_pid_is_not_the_job_even_with_a_boot_relative_record(fake_driver, idle_processes):
+    four_cards(fake_driver.machine)
+    fake_driver.write()
+    run_job(fake_driver, "--gpu", "0", "--name", "gone", "--", "sleep", "60")
+    (job,) = job_json(fake_driver)
+    record = job_dir(job) / "supervisor.json"
+    supervisor = json.loads(record.read_text())
+    os.kill(supervisor["pid"], signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(supervisor["pid"]) or
+             psutil.Process(supervisor["pid"]).status() == psutil.STATUS_ZOMBIE, what="supervisor gone")
+    bystander = idle_processes()
+    record.write_text(json.dumps({**supervisor, "pid": bystander.pid}))
+    assert fake_driver.run("jobs", "--stop", "gone").returncode == 0
+    time.sleep(0.5)
+    assert bystander.poll() is None, "an unrelated process was signalled"

@@ -17,12 +17,22 @@ SIGNALS = {"terminate": signal.SIGTERM, "kill": signal.SIGKILL, "interrupt": sig
 CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_JOB_ID", "CUDA_MPS_PIPE_DIRECTORY")
 
 
-# psutil derives a start time from the boot time and clock ticks, so the same process always gives
-# the same value; a pid reused even a moment later starts at least a tick (10 ms) apart.
+# A process's start is counted in clock ticks since boot, so it never changes; a pid reused even a
+# moment later starts at least a tick (10 ms) apart.
 SAME_START_S = 0.005
 
 
-def same_start(proc: psutil.Process, started: float | None) -> bool:
+def since_boot(proc: psutil.Process) -> float:
+    """When the process started, in seconds since boot: unlike its start as a date (psutil adds the
+    boot time, which moves when the clock is stepped), this never changes while the machine runs."""
+    return proc.create_time() - psutil.boot_time()
+
+
+def same_start(proc: psutil.Process, started: float | None, booted: float | None = None) -> bool:
+    """Whether `proc` is the process recorded as starting at `started` (a date) — or, when the
+    record has it, `booted` seconds after boot, which survives a stepped clock."""
+    if booted is not None:
+        return abs(since_boot(proc) - booted) <= SAME_START_S
     return started is None or abs(proc.create_time() - started) <= SAME_START_S
 
 
@@ -30,10 +40,10 @@ class ActionError(Exception):
     pass
 
 
-def _same_process(pid: int, started: float | None) -> psutil.Process:
+def _same_process(pid: int, started: float | None, booted: float | None = None) -> psutil.Process:
     try:
         proc = psutil.Process(pid)
-        if not same_start(proc, started):
+        if not same_start(proc, started, booted):
             raise ActionError(f"pid {pid} is now a different process; not touched")
         return proc
     except psutil.NoSuchProcess:
@@ -42,10 +52,11 @@ def _same_process(pid: int, started: float | None) -> psutil.Process:
         raise ActionError(f"no permission to inspect process {pid}") from None
 
 
-def signal_process(pid: int, started: float | None, sig: int, group: bool = False) -> None:
+def signal_process(pid: int, started: float | None, sig: int, group: bool = False,
+                   booted: float | None = None) -> None:
     """Send `sig` to the process `pid` that started at `started` (to its process group when
     `group`: a job's command leads its own). Every signal gpumon sends goes through here."""
-    proc = _same_process(pid, started)
+    proc = _same_process(pid, started, booted)
     try:
         if group:
             if os.getpgid(pid) != pid:

@@ -127,6 +127,10 @@ class Job:
     supervisor_pid: int | None = None
     supervisor_started: float | None = None
     signal: str | None = None  # the signal that ended the command: "SIGKILL"
+    # Seconds after boot at which the command and the supervisor started (None in older records):
+    # what identifies them even after the clock was stepped.
+    booted: float | None = None
+    supervisor_booted: float | None = None
 
     @property
     def host(self) -> str:
@@ -170,19 +174,19 @@ class Job:
             return []
         try:
             root = psutil.Process(self.pid)
-            if not same_start(root, self.started):
+            if not same_start(root, self.started, self.booted):
                 return []
             return [root] + root.children(recursive=True)
         except psutil.Error:
             return []
 
 
-def _alive(pid: int | None, started: float | None) -> bool:
+def _alive(pid: int | None, started: float | None, booted: float | None = None) -> bool:
     if pid is None:
         return False
     try:
         proc = psutil.Process(pid)
-        if not same_start(proc, started):
+        if not same_start(proc, started, booted):
             return False  # the pid was recycled by another process
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -215,7 +219,8 @@ def load_job(directory: Path) -> Job | None:
     supervisor = _read_json(directory / "supervisor.json") or {}
     ended = _read_json(directory / "exit.json")
     job = Job(spec, directory, "lost", pid=process.get("pid"), started=process.get("started"),
-              supervisor_pid=supervisor.get("pid"), supervisor_started=supervisor.get("started"))
+              booted=process.get("booted"), supervisor_pid=supervisor.get("pid"),
+              supervisor_started=supervisor.get("started"), supervisor_booted=supervisor.get("booted"))
     try:
         job.peak_gpu_memory = int((directory / "peak").read_text())
     except (OSError, ValueError):
@@ -229,9 +234,9 @@ def load_job(directory: Path) -> Job | None:
     elif job.remote:
         # Another host's job: what its records say; only that host can tell whether it still runs.
         job.state = "running" if job.pid is not None else "queued"
-    elif _alive(job.pid, job.started):
+    elif _alive(job.pid, job.started, job.booted):
         job.state = "running"
-    elif _alive(job.supervisor_pid, job.supervisor_started):
+    elif _alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state = "queued" if job.pid is None else "running"
     elif (stopped := _read_json(directory / STOP_RECORD)) is not None:
@@ -342,19 +347,19 @@ def stop(job: Job) -> str:
     if job.remote:
         raise UsageError(f"job {job.spec.id} runs on {job.host}; stop it there: "
                          f"ssh {job.host} gpumon jobs --stop {job.spec.id}")
-    if _alive(job.supervisor_pid, job.supervisor_started):
+    if _alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         try:
-            signal_process(job.supervisor_pid, job.supervisor_started, signal.SIGTERM)
+            signal_process(job.supervisor_pid, job.supervisor_started, signal.SIGTERM, booted=job.supervisor_booted)
             return f"stopping job {job.spec.id}"
         except ActionError:
             pass  # it ended just now: the command may be left
     # No supervisor (it was killed): signal the command's process group ourselves, SIGKILL when
     # asked a second time, and record that the user stopped it.
-    if job.pid is not None and _alive(job.pid, job.started):
+    if job.pid is not None and _alive(job.pid, job.started, job.booted):
         again = (job.dir / STOP_RECORD).exists()
         sig = signal.SIGKILL if again else signal.SIGTERM
         try:
-            signal_process(job.pid, job.started, sig, group=True)
+            signal_process(job.pid, job.started, sig, group=True, booted=job.booted)
         except ActionError as exc:
             raise UsageError(f"job {job.spec.id}: {exc}") from None
         write_atomic(job.dir / STOP_RECORD, json.dumps({"time": time.time()}))

@@ -26,6 +26,7 @@ import psutil
 from gpumon.errors import GpumonError
 from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
+from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import JobSpec, take_environment, write_atomic
 from gpumon.model import Snapshot
 from gpumon.monitor.backends import Backend, open_backend
@@ -75,7 +76,7 @@ class Supervisor:
         # would inherit an ignored signal.
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
         me = psutil.Process()
-        self._write("supervisor.json", {"pid": me.pid, "started": me.create_time()})
+        self._write("supervisor.json", {"pid": me.pid, "started": me.create_time(), "booted": since_boot(me)})
         saved = take_environment(self.dir)
         if saved is not None:  # started by systemd: the environment of whoever launched the job
             os.environ.clear()
@@ -143,8 +144,8 @@ class Supervisor:
         except OSError as exc:
             self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
             return 1
-        started = psutil.Process(self.child.pid).create_time()
-        self._write("process.json", {"pid": self.child.pid, "started": started})
+        child = psutil.Process(self.child.pid)
+        self._write("process.json", {"pid": child.pid, "started": child.create_time(), "booted": since_boot(child)})
         return self._watch(backend, gpus)
 
     def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
