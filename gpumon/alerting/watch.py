@@ -7,6 +7,7 @@ after the output is flushed and queued hooks have run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
@@ -106,4 +107,4 @@ class Watch:
         if gpu is None:
             gpu = GpuSample(index=index, uuid="", name="?", pci_bus_id="")
         for event in self.engine.xid(gpu, code, when):
-            self._emit(event)
+            self._emit(dataclasses.replace(event, host=latest.host if latest else None))

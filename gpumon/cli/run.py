@@ -10,8 +10,12 @@ from gpumon.jobs.launch import LaunchRequest, launch
 
 
 def run(args: argparse.Namespace) -> int:
-    load_settings(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.host is not None:
+        from gpumon.cli.fleet_commands import run_host
+
+        return run_host(args, command)
+    load_settings(args)
     request = LaunchRequest(
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
