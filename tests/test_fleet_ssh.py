@@ -156,7 +156,8 @@ def test_run_on_a_host_lands_on_exactly_that_card_with_the_command_byte_for_byte
     launched = ssh_lab.gpumon("run", "--host", "h2", "--gpu", "3", "--cwd", str(tmp_path), "--",
                               "env", f"OUT={out}", sys.executable, "-c", script, *HOSTILE_ARGS)
     assert launched.returncode == 0, launched.stderr
-    assert "GPU 3" in launched.stdout
+    assert "GPU 3" in launched.stdout.splitlines()[0]  # the host's own summary, line by line
+    assert launched.stdout.splitlines()[-1].startswith("log: ")
     deadline = time.monotonic() + 30
     while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
         time.sleep(0.1)

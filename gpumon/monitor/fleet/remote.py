@@ -23,6 +23,11 @@ from gpumon.sanitize import printable
 MAX_OUTPUT = 16 << 20
 
 
+def _lines(text: str) -> str:
+    """Output of a host's gpumon, for people: each line made printable, the lines kept."""
+    return "\n".join(printable(line) for line in text.strip().splitlines())
+
+
 class HostError(UsageError):
     """An action on a host failed: the message names the host and says why."""
 
@@ -85,7 +90,7 @@ class RemoteGpumon:
         return jobs
 
     def stop_job(self, job_id: str) -> str:
-        return printable(self.call(["jobs", "--stop", job_id]).strip())
+        return _lines(self.call(["jobs", "--stop", job_id]))
 
     def signal(self, pid: int, started: float | None, action: str) -> str:
         """terminate / kill / interrupt one of the host's processes, checked there (own processes
@@ -93,12 +98,12 @@ class RemoteGpumon:
         args = ["signal", str(pid), "--signal", action]
         if started is not None:
             args += ["--started", repr(float(started))]
-        return printable(self.call(args).strip())
+        return _lines(self.call(args))
 
     def launch(self, run_args: Sequence[str], timeout: float = 120.0) -> str:
         """`gpumon run RUN_ARGS` there (options, then `--` and the command, word for word);
         returns what it printed (the job id, its cards, the log path)."""
-        return printable(self.call(["run", *run_args], timeout=timeout).strip())
+        return _lines(self.call(["run", *run_args], timeout=timeout))
 
     def follow_log(self, job_id: str) -> subprocess.Popen[bytes]:
         """`gpumon jobs --log ID --follow` there: read its stdout; terminate() it to stop (the remote
