@@ -15,6 +15,8 @@ import psutil
 import pytest
 from conftest import Card
 
+from gpumon.jobs.launch import shell_request
+from gpumon.jobs.remote_launch import run_args
 from gpumon.monitor.fleet import HostError, SshTransport, open_fleet, parse_hosts
 
 
@@ -175,6 +177,13 @@ def test_signal_and_follow_a_log_on_a_host(lab_env, idle_processes):
     output = remote.launch(["--gpu", "0", "--", "sh", "-c", "for i in 4 5 6; do echo line $i; sleep 1; done"])
     cli = lab.gpumon("jobs", "--hosts", "h", "--log", output.split()[1], "--follow")
     assert cli.returncode == 0 and cli.stdout.split() == ["line", "4", "line", "5", "line", "6"]
+
+    # What the run dialog sends: a typed command line, run by the host's shell exactly as typed.
+    typed = """echo "$((6*7))" 'a  b' "it's" | tr a x; echo $GPUMON_JOB_ID | grep -c ."""
+    output = remote.launch(run_args(shell_request(typed, "0")))
+    follower = remote.follow_log(output.split()[1])
+    assert follower.stdout.read().decode() == "42 x  b it's\n1\n"
+    follower.wait(30)
 
     remote.launch(["--gpu", "0", "--name", "forever", "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done"])
     (job,) = [j for j in remote.jobs() if j["name"] == "forever"]

@@ -157,6 +157,7 @@ def test_a_good_document_is_kept_and_made_printable():
     assert [(h["host"], h["state"], h["error"]) for h in doc["hosts"]] == [
         ("h", "ok", None), ("down", "unreachable", "connection refused")]
     assert doc["hosts"][0]["snapshot"]["gpus"][0]["utilization_gpu"] == 50 and status.card_id(0) == "h:0"
+    assert status.can_launch and not HostStatus("bare", "live", source="nvidia-smi").can_launch
 
 
 def _stream(fake_driver, *args: str) -> subprocess.Popen:

@@ -113,6 +113,15 @@ def test_select_picks_the_best_set_on_one_host(ssh_lab):
     assert one.returncode == 1 and one.stdout == ""
     assert "no host has 3 free cards" in one.stderr
 
+    # `run --hosts … --gpu auto:2` places the job the same way, then launches it there.
+    launched = ssh_lab.gpumon("run", "--hosts", "busy,roomy", "--gpu", "auto:2", "--name", "pair", "--", "sleep", "60")
+    assert launched.returncode == 0, launched.stderr
+    assert "roomy: GPU 2, GPU 3" in launched.stderr
+    (job,) = json.loads(ssh_lab.gpumon("jobs", "--hosts", "roomy", "--json").stdout)
+    assert (job["name"], job["gpus"]) == ("pair", uuids.split(","))
+    wrong = ssh_lab.gpumon("run", "--hosts", "busy,roomy", "--gpu", "3", "--", "true")
+    assert wrong.returncode == 2 and "use --host HOST" in wrong.stderr and wrong.stderr.count("\n") == 1
+
 
 def test_jobs_across_hosts_have_a_host_column(ssh_lab):
     for alias in ("h1", "h2"):

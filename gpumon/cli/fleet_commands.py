@@ -1,8 +1,9 @@
-"""The headless commands with `--hosts`: snapshot, select, jobs, and `run --host`."""
+"""The headless commands with `--hosts`: snapshot, select, jobs, and `run --host` / `run --hosts`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,12 +11,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gpumon.cli import fleet
-from gpumon.cli.common import load_settings
+from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across
+from gpumon.jobs.launch import LaunchRequest
+from gpumon.jobs.remote_launch import run_args
 from gpumon.model import FleetSnapshot, Topology
-from gpumon.monitor.fleet import HostError, RemoteGpumon
+from gpumon.monitor.fleet import HostError, HostSpec, RemoteGpumon
 from gpumon.monitor.fleet.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
 
@@ -51,14 +54,8 @@ def select_hosts(args: argparse.Namespace) -> int:
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
 
-    def topology(host: str) -> Topology | None:
-        try:
-            return runner.remote(host).topology()
-        except HostError as exc:  # placed without link ranks then, like a card set of unknown links
-            print(f"gpumon: {exc} (placing without its topology)", file=sys.stderr)
-            return None
-
-    best, reasons = choose_across(list(doc.hosts), args.count, topology, args.min_free, args.max_util)
+    best, reasons = choose_across(list(doc.hosts), args.count, lambda h: _topology(runner, h), args.min_free,
+                                  args.max_util)
     if args.verbose or best is None:
         for reason in reasons:
             print(f"gpumon: {reason}", file=sys.stderr)
@@ -135,28 +132,49 @@ def jobs_hosts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def run_args(args: argparse.Namespace, command: list[str]) -> list[str]:
-    """`gpumon run`'s options for the host's gpumon, then `--` and the command word for word."""
-    out = ["--gpu", args.gpu]
-    for flag, value in (("--mem-limit", args.mem_limit), ("--name", args.name), ("--min-free", args.min_free),
-                        ("--max-util", args.max_util), ("--cwd", args.cwd)):
-        if value is not None:
-            out += [flag, str(value)]
-    for flag, on in (("--no-numa", args.no_numa), ("--foreground", args.foreground), ("--wait", args.wait),
-                     ("--systemd", args.systemd)):
-        if on:
-            out.append(flag)
-    return out + ["--", *command]
-
-
-def run_host(args: argparse.Namespace, command: list[str]) -> int:
+def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
+    """`run --host HOST`, or `run --hosts LIST --gpu auto[:N]`: the best free set on one of them."""
     config = load_settings(args)
-    spec = parse_entry(args.host)
-    if not command or not command[0].strip():
+    if not request.command or not request.command[0].strip():
         raise UsageError("no command given: gpumon run --host HOST [OPTIONS] -- CMD [ARG...]")
+    if args.host is not None:
+        if fleet_requested(args):
+            raise UsageError("--host launches on one host; --hosts chooses among several: give one of them")
+        spec = parse_entry(args.host)
+    else:
+        spec, request = _place(args, config, request)
     remote = RemoteGpumon(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
-    forwarded = run_args(args, command)
-    if args.foreground:  # the job in this terminal, through a remote terminal
+    forwarded = run_args(request)
+    if request.foreground:  # the job in this terminal, through a remote terminal
         return subprocess.call(remote.argv(["run", *forwarded], tty=sys.stdin.isatty()))
     print(remote.launch(forwarded))
     return EXIT_OK
+
+
+def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[HostSpec, LaunchRequest]:
+    spec = request.gpu_spec
+    if not (spec == "auto" or spec.startswith("auto:")):
+        raise UsageError(f"--gpu {spec} names cards of one host: use --host HOST (--hosts goes with --gpu auto[:N])")
+    if request.wait:
+        raise UsageError("--wait queues on one host: use --host HOST with --wait")
+    count_text = spec.partition(":")[2] or "1"
+    if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
+        raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
+    hosts = fleet.host_list(args, config)
+    doc = fleet.collect(args, config, hosts)
+    runner = fleet.build(args, config, hosts)
+    best, reasons = choose_across(list(doc.hosts), int(count_text), lambda h: _topology(runner, h),
+                                  request.min_free, request.max_util)
+    if best is None:
+        raise UsageError(f"no host has {count_text} free card(s) for --gpu {spec}: " + "; ".join(reasons))
+    uuids = ",".join(g.uuid for g in best.choice.gpus)
+    print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
+    return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
+
+
+def _topology(runner, host: str) -> Topology | None:
+    try:
+        return runner.remote(host).topology()
+    except HostError as exc:  # placed without link ranks then, like a card set of unknown links
+        print(f"gpumon: {exc} (placing without its topology)", file=sys.stderr)
+        return None

@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
     _add_source_options(p, suppress=True, replay=False)
-    _add_ssh_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them
     p.set_defaults(subcommand="run")
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")

@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import stat
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,19 +161,6 @@ class SshTransport:
     def gpumon_argv(self, host: HostSpec, args: Sequence[str], tty: bool = False) -> list[str]:
         """ssh to `host` running its gpumon with exactly `args`."""
         return self.argv(host, quote_remote([self.remote_gpumon, *args]), tty=tty)
-
-    def run(self, host: HostSpec, args: Sequence[str], timeout: float = 60.0,
-            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        """Run the host's gpumon with `args` and wait (blocking: call it from a worker thread).
-        A host that does not answer within `timeout` gives returncode None and stderr 'timeout'."""
-        argv = self.gpumon_argv(host, args)
-        try:
-            return subprocess.run(argv, input=input, stdin=None if input is not None else subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            return subprocess.CompletedProcess(argv, None, exc.stdout or b"", b"timed out")  # type: ignore[arg-type]
-        except OSError as exc:  # the ssh program itself is missing
-            raise UsageError(f"cannot run {self.base[0]!r}: {exc.strerror or exc}") from None
 
     async def spawn(self, host: HostSpec, remote_command: str, limit: int) -> asyncio.subprocess.Process:
         """Start ssh with pipes (stdin held open: closing it ends the remote program)."""
