@@ -4,6 +4,7 @@ checks on what hosts send, and the remote-side commands (`snapshot --stream`, `j
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from test_cli import assert_one_line_error, gpumon
 from gpumon.config import load_config
 from gpumon.errors import UsageError
 from gpumon.model import FleetSnapshot, HostStatus
+from gpumon.monitor.fleet import open_fleet
 from gpumon.monitor.fleet.hosts import expand_ranges, parse_hosts, read_hostfile
 from gpumon.monitor.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.monitor.fleet.ssh import SshTransport, describe_failure, quote_remote
@@ -67,6 +69,8 @@ def test_bad_hosts_on_the_command_line_are_one_line_and_status_2(tmp_path):
     assert_one_line_error(gpumon("select", "--hostfile", str(tmp_path / "missing")), 2, "cannot read host file")
     assert_one_line_error(gpumon("snapshot", "--hosts", "h", "--ssh", "ssh 'unbalanced"), 2, "bad --ssh")
     assert_one_line_error(gpumon("--hosts", "h1"), 2, "for many hosts use")
+    assert_one_line_error(gpumon("jobs", "--hosts", "h1", "--ssh", "/nonexistent/ssh -x"), 2,
+                          "cannot find '/nonexistent/ssh'", "--ssh")
 
 
 def test_fleet_config(tmp_path):
@@ -92,6 +96,8 @@ def test_ssh_command_line(monkeypatch):
     assert argv[-3:] == ["--", "h1", "~/.local/bin/gpumon jobs --json"]
     assert not any("StrictHostKeyChecking" in word or "UserKnownHostsFile" in word for word in argv)
     path_a, path_b = transport.control_path(a), transport.control_path(b)
+    venv = SshTransport(None, "'~/my venv/bin/python' -m gpumon")
+    assert venv.gpumon_command(["jobs"]) == "~/'my venv/bin/python' -m gpumon jobs"
     assert path_a != path_b and path_a.parent == Path(runtime) / "gpumon-ssh"  # one connection per host as listed
     assert stat.S_IMODE(path_a.parent.stat().st_mode) == 0o700
     assert f"ControlPath={path_a}" in argv and "ControlMaster=auto" in argv
@@ -236,3 +242,46 @@ def test_local_is_a_host_read_without_ssh():
     (local,) = json.loads(result.stdout)["hosts"]
     assert (local["host"], local["state"], local["source"]) == ("local", "ok", "local")
     assert local["snapshot"]["backend"] == "demo" and len(local["snapshot"]["gpus"]) == 4
+
+
+# An "ssh" that runs the remote command here (its last argument), for tests of the stream itself
+# (bash execs a lone command, so signals reach the program, as ending ssh ends the remote side).
+LOCAL_SSH = "#!/bin/bash\nfor last; do :; done\nexec /bin/bash -c \"$last\"\n"
+# A "gpumon" that streams documents in bursts, so one is nearly always waiting to be read.
+FLOOD = r'''#!PYTHON
+import json, sys, time
+line = json.dumps({"schema": 1, "time": 1.0, "host": "x", "backend": "nvml", "driver_version": None,
+                   "cuda_driver_version": None, "gpus": []}).encode() + b"\n"
+try:
+    while True:
+        sys.stdout.buffer.write(line * 20)
+        sys.stdout.buffer.flush()
+        time.sleep(0.002)
+except BrokenPipeError:
+    pass
+'''
+
+
+def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, monkeypatch):
+    """A cancel that arrives with a line must not be lost (asyncio.wait_for on 3.11 drops it)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpm-", dir="/tmp"))
+    ssh, flood = tmp_path / "ssh", tmp_path / "flood"
+    ssh.write_text(LOCAL_SSH)
+    flood.write_text(FLOOD.replace("PYTHON", sys.executable))
+    for script in (ssh, flood):
+        script.chmod(0o755)
+    transport = SshTransport(str(ssh), str(flood), sharing=False)
+
+    async def cycles() -> None:
+        for _ in range(4):
+            fleet = open_fleet(parse_hosts("a,b"), transport, interval=0.1)
+            runner = asyncio.create_task(fleet.run())
+            async with asyncio.timeout(20):
+                while not all(s.state == "live" for s in fleet.statuses()):
+                    await asyncio.sleep(0.01)
+            fleet.stop()
+            async with asyncio.timeout(10):  # TimeoutError here: a stream went on after stop()
+                await runner
+
+    asyncio.run(cycles())
+    shutil.rmtree(os.environ["XDG_RUNTIME_DIR"])

@@ -53,7 +53,8 @@ class FleetWatch:
         try:
             while not self._stop.is_set() and (self.count is None or ticks < self.count):
                 try:
-                    await asyncio.wait_for(self._stop.wait(), self.fleet.interval)
+                    async with asyncio.timeout(self.fleet.interval):
+                        await self._stop.wait()
                 except TimeoutError:
                     pass
                 ticks += 1

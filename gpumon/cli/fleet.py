@@ -46,7 +46,9 @@ def local_args(args: argparse.Namespace) -> list[str]:
 def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> Fleet:
     if getattr(args, "replay", None) or getattr(args, "record", None):
         raise UsageError("--replay and --record read or write one machine: not with --hosts")
-    return open_fleet(hosts, transport(args, config), args.interval, lambda: open_source(args), local_args(args))
+    remote = any(not h.is_local for h in hosts)
+    return open_fleet(hosts, transport(args, config) if remote else None, args.interval, lambda: open_source(args),
+                      local_args(args))
 
 
 def settle_timeout(interval: float) -> float:

@@ -132,7 +132,7 @@ def _add_ssh_options(g, suppress: bool) -> None:
     g.add_argument("--ssh", default=_default(None, suppress), metavar="CMD",
                    help="the ssh command line, split like a shell would (default ssh; also $GPUMON_SSH)")
     g.add_argument("--remote-gpumon", default=_default(None, suppress), metavar="PATH",
-                   help="gpumon on the hosts (default gpumon)")
+                   help="gpumon on the hosts: a path, or words like '~/venv/bin/python -m gpumon' (default gpumon)")
 
 
 def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:

@@ -168,7 +168,8 @@ class Fleet:
         """Wait until every host has answered once (or failed), at most `timeout` seconds."""
         if self._unsettled:
             try:
-                await asyncio.wait_for(self._settled.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._settled.wait()
             except TimeoutError:
                 for name in list(self._unsettled):
                     self.report(name, "unreachable", error=f"timeout (no answer in {timeout:g} s)")

@@ -38,8 +38,11 @@ class LocalSource:
                              error="the driver is slow to answer" if snapshot.stale else None)
 
             sampler.subscribe(publish)
+            # Stopped, not cancelled: the sampler ends its own loop (a cancel could be lost in it).
+            running = asyncio.ensure_future(sampler.run())
             try:
-                await sampler.run()
+                await asyncio.shield(running)
             finally:
                 sampler.stop()
+                await running
                 backend.close()

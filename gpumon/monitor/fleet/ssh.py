@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -133,9 +134,17 @@ class SshTransport:
     def __init__(self, command: str | None = None, remote_gpumon: str | None = None,
                  connect_timeout: float = CONNECT_TIMEOUT_S, sharing: bool = True) -> None:
         self.base = ssh_argv(command)
-        self.remote_gpumon = remote_gpumon or DEFAULT_REMOTE
-        if self.remote_gpumon.startswith("-") or not self.remote_gpumon.strip():
-            raise UsageError(f"bad --remote-gpumon {self.remote_gpumon!r}: expected a program name or path")
+        if shutil.which(self.base[0]) is None:
+            raise UsageError(f"cannot find {self.base[0]!r} to reach other hosts: install OpenSSH's client "
+                             "or name yours with --ssh")
+        # A program, or a command line of words (`~/venv/bin/python -m gpumon`), split like a shell would.
+        text = remote_gpumon or DEFAULT_REMOTE
+        try:
+            self.remote_gpumon = shlex.split(text)
+        except ValueError as exc:
+            raise UsageError(f"bad --remote-gpumon {text!r}: {exc}") from None
+        if not self.remote_gpumon or self.remote_gpumon[0].startswith("-"):
+            raise UsageError(f"bad --remote-gpumon {text!r}: expected a program name or path")
         self.connect_timeout = connect_timeout
         self.control_dir = control_dir() if sharing else None
 
@@ -158,9 +167,13 @@ class SshTransport:
         argv += ["-t"] if tty else ["-T"]
         return argv + ["--", host.destination, remote_command]
 
+    def gpumon_command(self, args: Sequence[str]) -> str:
+        """The remote command line that runs the host's gpumon with exactly `args`."""
+        return quote_remote([*self.remote_gpumon, *args])
+
     def gpumon_argv(self, host: HostSpec, args: Sequence[str], tty: bool = False) -> list[str]:
         """ssh to `host` running its gpumon with exactly `args`."""
-        return self.argv(host, quote_remote([self.remote_gpumon, *args]), tty=tty)
+        return self.argv(host, self.gpumon_command(args), tty=tty)
 
     async def spawn(self, host: HostSpec, remote_command: str, limit: int) -> asyncio.subprocess.Process:
         """Start ssh with pipes (stdin held open: closing it ends the remote program)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gpumon.monitor.fleet import nvidia_smi
 from gpumon.monitor.fleet.hosts import HostSpec
 from gpumon.monitor.fleet.schema import SchemaError, snapshot_from_remote
-from gpumon.monitor.fleet.ssh import NOT_FOUND, SshTransport, describe_failure, quote_remote
+from gpumon.monitor.fleet.ssh import NOT_FOUND, SshTransport, describe_failure
 
 MAX_LINE = 4 << 20  # one snapshot document: 8 cards with thousands of processes fit easily
 STALE_INTERVALS = 3
@@ -81,7 +81,12 @@ async def _end(proc: asyncio.subprocess.Process) -> int | None:
             except ProcessLookupError:
                 pass
         try:
-            return await asyncio.wait_for(proc.wait(), CLOSE_GRACE_S)
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await proc.wait()
+                # What it sent last (bounded by the pipe) is read to the end, so the pipe closes.
+                while await proc.stdout.read(65536):
+                    pass
+            break
         except TimeoutError:
             continue
     return proc.returncode
@@ -118,8 +123,7 @@ class SshSource:
 
     async def _stream(self, fleet) -> Ending:
         name = self.spec.name
-        command = quote_remote([self.transport.remote_gpumon, "snapshot", "--json", "--stream",
-                                "--interval", f"{self.interval:g}"])
+        command = self.transport.gpumon_command(["snapshot", "--json", "--stream", "--interval", f"{self.interval:g}"])
         try:
             proc = await self.transport.spawn(self.spec, command, limit=MAX_LINE)
         except OSError as exc:
@@ -132,7 +136,10 @@ class SshSource:
         try:
             while True:
                 try:
-                    line = await asyncio.wait_for(proc.stdout.readline(), quiet)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                    # arrives as it times out, and this loop would outlive Fleet.stop().
+                    async with asyncio.timeout(quiet):
+                        line = await proc.stdout.readline()
                 except TimeoutError:
                     if live:
                         fleet.report(name, "stale", source="gpumon", error=f"no data for {quiet:g} s")
@@ -153,8 +160,9 @@ class SshSource:
         finally:
             code = await _end(proc)
             try:
-                await asyncio.wait_for(stderr_task, CLOSE_GRACE_S)
-            except (TimeoutError, asyncio.CancelledError):
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await stderr_task
+            except TimeoutError:
                 stderr_task.cancel()
         if problem is not None:
             return problem
@@ -181,7 +189,8 @@ class SshSource:
             stderr_task = asyncio.create_task(_keep_tail(proc.stderr, tail))
             proc.stdin.close()
             try:
-                out = await asyncio.wait_for(_read_all(proc.stdout, MAX_LINE), max(10.0, 3 * self.interval))
+                async with asyncio.timeout(max(10.0, 3 * self.interval)):
+                    out = await _read_all(proc.stdout, MAX_LINE)
             except TimeoutError:
                 out = None
             code = await _end(proc)
