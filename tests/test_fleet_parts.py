@@ -85,9 +85,17 @@ def test_fleet_config(tmp_path):
     assert_one_line_error(gpumon("jobs", "--config", str(config)), 2, "line 2", "[fleet.groups]")
 
 
-def test_ssh_command_line(monkeypatch):
-    runtime = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")  # short: sockets have a 108-byte path limit
-    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    """A short XDG_RUNTIME_DIR of this test's own (sockets have a 108-byte path limit)."""
+    path = tempfile.mkdtemp(prefix="gpm-", dir="/tmp")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_ssh_command_line(runtime_dir):
+    runtime = runtime_dir
     transport = SshTransport("ssh -F ~/lab -o BatchMode=no", "~/.local/bin/gpumon")
     a, b = parse_hosts("h1,h2")
     argv = transport.gpumon_argv(a, ["jobs", "--json"])
@@ -101,7 +109,6 @@ def test_ssh_command_line(monkeypatch):
     assert path_a != path_b and path_a.parent == Path(runtime) / "gpumon-ssh"  # one connection per host as listed
     assert stat.S_IMODE(path_a.parent.stat().st_mode) == 0o700
     assert f"ControlPath={path_a}" in argv and "ControlMaster=auto" in argv
-    shutil.rmtree(runtime)
 
 
 def test_remote_quoting_gives_the_program_every_argument_byte_for_byte():
@@ -262,9 +269,8 @@ except BrokenPipeError:
 '''
 
 
-def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, monkeypatch):
+def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, runtime_dir):
     """A cancel that arrives with a line must not be lost (asyncio.wait_for on 3.11 drops it)."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpm-", dir="/tmp"))
     ssh, flood = tmp_path / "ssh", tmp_path / "flood"
     ssh.write_text(LOCAL_SSH)
     flood.write_text(FLOOD.replace("PYTHON", sys.executable))
@@ -284,4 +290,3 @@ def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, monkeypatch)
                 await runner
 
     asyncio.run(cycles())
-    shutil.rmtree(os.environ["XDG_RUNTIME_DIR"])
