@@ -12,6 +12,14 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     prometheus = "127.0.0.1:9400"
     prometheus_processes = false
 
+    [fleet]
+    hosts = ["gpu01", "gpu[02-08]"]   # the TUI's hosts when no --hosts is given
+    ssh = "ssh -F ~/.ssh/lab_config"
+    remote = "~/.local/bin/gpumon"
+
+    [fleet.groups]
+    lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -32,6 +40,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
     "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
               "prometheus": (str,), "prometheus_processes": (bool,)},
+    "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,)},
 }
 
 
@@ -48,6 +57,10 @@ class Config:
     format: str | None = None
     prometheus: str | None = None
     prometheus_processes: bool = False
+    fleet_hosts: list[str] = field(default_factory=list)
+    fleet_ssh: str | None = None
+    fleet_remote: str | None = None
+    fleet_groups: dict[str, list[str]] = field(default_factory=dict)
 
 
 def default_path() -> Path:
@@ -95,8 +108,11 @@ def load_config(path: str | None = None) -> Config:
             if not isinstance(value, schema[key]) or (isinstance(value, bool) and bool not in schema[key]):
                 wanted = " or ".join(t.__name__ for t in schema[key])
                 raise bad(key, f"{name!r} must be {wanted}, not {type(value).__name__}")
-            if key == "rules" and not all(isinstance(r, str) for r in value):
+            if key in ("rules", "hosts") and not all(isinstance(r, str) for r in value):
                 raise bad(key, f"{name!r} must be a list of strings")
+            for group, members in (value.items() if key == "groups" else ()):
+                if not isinstance(members, list) or not all(isinstance(h, str) for h in members):
+                    raise bad(group, f"group {group!r} of [fleet.groups] must be a list of host names")
     top, watch = data, data.get("watch", {})
     config.interval = float(top["interval"]) if "interval" in top else None
     if config.interval is not None and not config.interval >= 0.1:
@@ -112,4 +128,9 @@ def load_config(path: str | None = None) -> Config:
         raise bad("format", f"'watch.format' must be \"jsonl\" or \"text\", not {config.format!r}")
     config.prometheus = watch.get("prometheus")
     config.prometheus_processes = watch.get("prometheus_processes", False)
+    fleet = data.get("fleet", {})
+    config.fleet_hosts = list(fleet.get("hosts", []))
+    config.fleet_ssh = fleet.get("ssh")
+    config.fleet_remote = fleet.get("remote")
+    config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
     return config

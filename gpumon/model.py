@@ -190,3 +190,56 @@ class Topology:
                 for i, idx in enumerate(self.indices)
             ]
         }
+
+
+# -- many hosts (the fleet) --
+
+# What a fleet host is doing, for people: connecting (first try), live, stale (no data for three
+# intervals, at least 2 s), reconnecting (after a failure, with backoff), unreachable (the last try failed: `error`
+# says why), error (it answered, but with something unusable: `error` says what).
+HOST_STATES = ("connecting", "live", "stale", "reconnecting", "unreachable", "error")
+# The same, as the fleet document of docs/design.md says it.
+_DOCUMENT_STATE = {"live": "ok", "stale": "stale", "error": "error"}
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    """One host of the fleet: its state and its latest snapshot (kept while it is stale or away)."""
+
+    host: str  # the entry as the user listed it: an ssh destination, alias or "local"
+    state: str = "connecting"
+    source: str = "gpumon"  # "gpumon" | "nvidia-smi" | "prometheus" | "local"
+    snapshot: Snapshot | None = None
+    error: str | None = None  # why it is not live, in words
+    since: float = 0.0  # when `state` began (unix s)
+    note: str | None = None  # what people should know, e.g. that launching needs gpumon there
+    retry_at: float | None = None  # unreachable: when the next try starts (unix s)
+
+    @property
+    def can_launch(self) -> bool:
+        """Jobs, logs and signals need gpumon on the host (or this machine)."""
+        return self.source in ("gpumon", "local")
+
+    def card_id(self, index: int) -> str:
+        return f"{self.host}:{index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        state = _DOCUMENT_STATE.get(self.state, "unreachable")
+        error = self.error if state != "ok" else None
+        if state == "unreachable" and error is None:
+            error = "no answer yet" if self.state == "connecting" else "unreachable"
+        # Old data of a host that is away is not a reading: the TUI keeps it, the document does not.
+        shown = self.snapshot if state in ("ok", "stale") else None
+        return {"host": self.host, "state": state, "error": error, "source": self.source,
+                "snapshot": shown.to_dict() if shown is not None else None}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Every host at one instant: `snapshot --json --hosts` prints its to_dict()."""
+
+    time: float
+    hosts: tuple[HostStatus, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "time": self.time, "hosts": [h.to_dict() for h in self.hosts]}

@@ -119,4 +119,7 @@ def idle_processes() -> Iterator[list[subprocess.Popen]]:
         proc.wait()
 
 
+# The real-sshd fleet harness (tests/sshd.py) and its fixture `ssh_lab`.
+from sshd import ssh_lab  # noqa: E402, F401
+
 __all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "IN_CI"]

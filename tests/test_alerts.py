@@ -101,7 +101,7 @@ def test_event_json_has_the_design_keys():
     engine = AlertEngine([parse_rule("temp > 5")])
     (event,) = engine.evaluate(snap(3.0, card(2, temperature=9)))
     assert event.to_dict() == {"event": "firing", "rule": "temp > 5", "gpu": 2, "uuid": "GPU-2", "metric": "temp",
-                               "value": 9, "threshold": 5, "time": 3.0}
+                               "value": 9, "threshold": 5, "time": 3.0, "host": "h"}
 
 
 @pytest.mark.parametrize(

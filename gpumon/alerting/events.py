@@ -15,9 +15,10 @@ from gpumon.units import format_bytes
 class EventWriter:
     """One line per event (and per sample with --metrics), flushed at once: pipes and logs see it."""
 
-    def __init__(self, stream: IO[str], fmt: str) -> None:
+    def __init__(self, stream: IO[str], fmt: str, show_hosts: bool = False) -> None:
         self.stream = stream
         self.fmt = fmt
+        self.show_hosts = show_hosts  # many hosts: cards are HOST:INDEX in text
 
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")
@@ -28,19 +29,23 @@ class EventWriter:
             self._line(json.dumps(event.to_dict()))
             return
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time))
-        self._line(f"{when}  {event.event.upper():8}  GPU {event.gpu}  {event.rule}  "
-                   f"({event.metric}={_number(event.value)}, threshold {_number(event.threshold)})  {event.uuid}")
+        where = f"HOST {event.host}" if event.gpu is None else (
+            f"GPU {event.host}:{event.gpu}" if self.show_hosts else f"GPU {event.gpu}")
+        self._line(f"{when}  {event.event.upper():8}  {where}  {event.rule}  "
+                   f"({event.metric}={_number(event.value)}, threshold {_number(event.threshold)})  "
+                   f"{event.uuid or event.error or ''}".rstrip())
 
-    def metrics(self, snapshot: Snapshot) -> None:
+    def metrics(self, snapshot: Snapshot, host: str | None = None) -> None:
         if self.fmt == "jsonl":
-            self._line(json.dumps({"event": "sample", "time": snapshot.time, "gpus": [
+            head = {"event": "sample", "time": snapshot.time} | ({"host": host} if host is not None else {})
+            self._line(json.dumps(head | {"gpus": [
                 {"gpu": g.index, "state": g.state, "util": g.utilization_gpu, "mem": _round(g.memory_percent),
                  "temp": g.temperature, "power": g.power_draw, "procs": len(g.processes)}
                 for g in snapshot.gpus]}))
             return
         when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
         cards = "  ".join(_card_text(g) for g in snapshot.gpus)
-        self._line(f"{when}  {cards}")
+        self._line(f"{when}  {host + '  ' if host is not None else ''}{cards}")
 
 
 def _number(value: float) -> str:

@@ -27,11 +27,14 @@ QUEUE_LIMIT = 1000
 def hook_environment(event: AlertEvent) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
-        "GPUMON_EVENT": event.event, "GPUMON_RULE": event.rule, "GPUMON_GPU": str(event.gpu),
-        "GPUMON_UUID": event.uuid, "GPUMON_METRIC": event.metric, "GPUMON_VALUE": f"{event.value:g}",
+        "GPUMON_EVENT": event.event, "GPUMON_RULE": event.rule,
+        "GPUMON_GPU": "" if event.gpu is None else str(event.gpu), "GPUMON_UUID": event.uuid or "",
+        "GPUMON_HOST": event.host or "", "GPUMON_METRIC": event.metric, "GPUMON_VALUE": f"{event.value:g}",
         "GPUMON_THRESHOLD": f"{event.threshold:g}", "GPUMON_TIME": f"{event.time:.3f}",
         "GPUMON_NAME": event.name,
     })
+    if event.error is not None:
+        env["GPUMON_ERROR"] = event.error
     return env
 
 
@@ -64,7 +67,7 @@ class HookRunner:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("hook queue full: event for GPU %d (%s) dropped", event.gpu, event.rule)
+            log.warning("hook queue full: event for GPU %s (%s) dropped", event.gpu, event.rule)
 
     def _work(self) -> None:
         while (event := self._queue.get()) is not None:
@@ -74,9 +77,9 @@ class HookRunner:
                 log.warning("alert hook could not start: %s", exc)
                 continue
             if status is None:
-                log.warning("alert hook killed after %gs (event %s on GPU %d)", self.timeout, event.event, event.gpu)
+                log.warning("alert hook killed after %gs (event %s on GPU %s)", self.timeout, event.event, event.gpu)
             elif status != 0:
-                log.warning("alert hook exited with status %d (event %s on GPU %d)", status, event.event, event.gpu)
+                log.warning("alert hook exited with status %d (event %s on GPU %s)", status, event.event, event.gpu)
 
     def close(self, wait: float | None = None) -> None:
         """Let queued hooks finish (each still bounded by the timeout), then stop the worker."""

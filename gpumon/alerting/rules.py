@@ -6,9 +6,10 @@ resolves once when it has been false for DURATION (with `clear`, false means pas
 so a noisy value does not flap.
 
 Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
-`thermal` and `power`), `ecc > 0`. An XID is an event, not a level: an `xid` rule fires once per
-XID error (its code is the event's value) and resolves once no XID has come for its quiet period,
-the rule's `for` (default 10 minutes).
+`thermal` and `power`), `ecc > 0`, and `unreachable` (a fleet host, evaluated per host by
+alerting.fleet_watch; never true of a card). An XID is an event, not a level: an `xid` rule fires
+once per XID error (its code is the event's value) and resolves once no XID has come for its quiet
+period, the rule's `for` (default 10 minutes).
 
 The scrape thread of the Prometheus exporter asks which rules fire while the event loop evaluates
 them: it reads a copy the engine publishes after each change, never the live states.
@@ -16,6 +17,7 @@ them: it reads a copy the engine publishes after each change, never the live sta
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections.abc import Callable, Iterable
@@ -45,7 +47,7 @@ METRICS: dict[str, Callable[[GpuSample], float | None]] = {
     "procs": lambda g: len(g.processes) if g.state == "ok" else None,
     "ecc": lambda g: g.ecc_errors_uncorrected,
 }
-SPECIAL = ("lost", "xid", "throttle")
+SPECIAL = ("lost", "xid", "throttle", "unreachable")
 XID_QUIET_S = 600.0  # an xid rule resolves after this long without an XID, unless `for` says otherwise
 
 
@@ -72,6 +74,8 @@ class Rule:
         """The number this rule compares, or None when the card does not say."""
         if self.metric == "lost":
             return 1.0 if gpu.state == "lost" else 0.0
+        if self.metric == "unreachable":
+            return None  # a host's condition, not a card's
         if gpu.state == "lost":
             return None
         if self.metric == "throttle":
@@ -117,7 +121,7 @@ def parse_rule(text: str) -> Rule:
     word, start, end = take()  # type: ignore[misc]
     metric = word.lower()
     fields: dict[str, Any] = {"text": text, "metric": metric}
-    if metric == "lost":
+    if metric in ("lost", "unreachable"):
         fields.update(op="==", threshold=1.0)
     elif metric == "throttle":
         reason = take()
@@ -159,7 +163,7 @@ def parse_rule(text: str) -> Rule:
             except UsageError:
                 raise _fail(text, arg[1], arg[2], f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
-            if metric in ("lost", "throttle", "xid"):
+            if metric in ("lost", "throttle", "xid", "unreachable"):
                 raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
             fields["clear"], _ = _value(metric, arg, text)
         else:
@@ -206,17 +210,23 @@ class _State:
 class AlertEvent:
     event: str  # "firing" | "resolved"
     rule: str
-    gpu: int
-    uuid: str
+    gpu: int | None  # None: about a whole host (unreachable)
+    uuid: str | None
     metric: str
     value: float
     threshold: float
     time: float
     name: str = ""  # the card's name (from the driver); in hook environments, not in the JSON
+    host: str | None = None  # the host of the card (the fleet's name for it, else the snapshot's)
+    error: str | None = None  # unreachable: why
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
-                "metric": self.metric, "value": self.value, "threshold": self.threshold, "time": self.time}
+        out = {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
+               "metric": self.metric, "value": self.value, "threshold": self.threshold, "time": self.time,
+               "host": self.host}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 @dataclass
@@ -224,6 +234,7 @@ class AlertEngine:
     rules: list[Rule]
     _states: dict[tuple[int, int], _State] = field(default_factory=dict)
     _firing: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    _host_states: dict[tuple[int, str], _State] = field(default_factory=dict)
 
     def firing(self) -> dict[int, tuple[str, ...]]:
         """Card index -> texts of the rules firing on it now. Safe from any thread: a copy made
@@ -250,7 +261,7 @@ class AlertEngine:
                     value = rule.value(gpu)
                     event = None if value is None else self._step(rule, state, gpu, value, snapshot.time)
                 if event:
-                    events.append(event)
+                    events.append(dataclasses.replace(event, host=snapshot.host))
         if events:
             self._publish()
         return events
@@ -268,6 +279,20 @@ class AlertEngine:
             events.append(self._event("firing", rule, gpu, float(code), when))
         if events:
             self._publish()
+        return events
+
+    def evaluate_host(self, host: str, unreachable: bool, now: float, error: str | None = None) -> list[AlertEvent]:
+        """The `unreachable` rules for one fleet host: they fire and resolve like card rules."""
+        events = []
+        whole_host = GpuSample(index=-1, uuid="", name=host, pci_bus_id="")
+        for rule_i, rule in enumerate(self.rules):
+            if rule.metric != "unreachable":
+                continue
+            state = self._host_states.setdefault((rule_i, host), _State())
+            event = self._step(rule, state, whole_host, 1.0 if unreachable else 0.0, now)
+            if event:
+                events.append(dataclasses.replace(event, gpu=None, uuid=None, host=host,
+                                                  error=error if event.event == "firing" else None))
         return events
 
     def _xid_quiet(self, rule: Rule, state: _State, gpu: GpuSample, now: float) -> AlertEvent | None:

@@ -9,6 +9,7 @@ recording that cannot be written (a full disk) is reported once while rules and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -126,4 +127,4 @@ class Watch:
         if gpu is None:
             gpu = GpuSample(index=index, uuid="", name="?", pci_bus_id="")
         for event in self.engine.xid(gpu, code, when):
-            self._emit(event)
+            self._emit(dataclasses.replace(event, host=latest.host if latest else None))

@@ -21,6 +21,11 @@ def load_settings(args: argparse.Namespace) -> Config:
     return config
 
 
+def fleet_requested(args: argparse.Namespace) -> bool:
+    """Did the command line name hosts (--hosts/--hostfile)? Then the command reads the fleet."""
+    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None))
+
+
 def backend_args(args: argparse.Namespace) -> dict[str, Any]:
     """How to open the same data source again: the TUI's and `run`'s jobs' supervisors use it."""
     demo = args.demo or args.scenario is not None

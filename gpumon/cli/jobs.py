@@ -6,14 +6,24 @@ import argparse
 import json
 import sys
 
-from gpumon.cli.common import load_settings
+from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.tables import jobs_text
-from gpumon.errors import EXIT_OK
+from gpumon.errors import EXIT_OK, UsageError
 from gpumon.jobs import records
 
 
 def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):
+        from gpumon.cli.fleet_commands import jobs_hosts
+
+        return jobs_hosts(args)
     load_settings(args)
+    if args.follow and not args.log:
+        raise UsageError("--follow goes with --log ID")
+    if args.log:
+        from gpumon.jobs.logs import print_log
+
+        return print_log(records.find_job(args.log), sys.stdout.buffer, follow=args.follow)
     if args.prune:
         removed = records.prune()
         for job in removed:

@@ -18,7 +18,13 @@ DEMO_SCENARIOS = ("default", "workstation", "hot", "lost")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the bad part, with exit status 2."""
+    """argparse, but a usage error is one line naming the bad part, with exit status 2, and no
+    abbreviated options (`run --host` is not `--hosts`, and a prefix never changes meaning when an
+    option is added)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -65,6 +71,27 @@ def _size(text: str) -> str:
     return text
 
 
+_SIGNAL_NAMES = {"term": "terminate", "terminate": "terminate", "kill": "kill", "int": "interrupt",
+                 "interrupt": "interrupt"}
+
+
+def _signal_name(text: str) -> str:
+    name = _SIGNAL_NAMES.get(text.lower().removeprefix("sig"))
+    if name is None:
+        raise argparse.ArgumentTypeError(f"unknown signal {text!r}: choose TERM, KILL or INT")
+    return name
+
+
+def _unix_time(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a unix time: {text!r}") from None
+    if not 0 < value < 1e11:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"not a unix time: {text!r}")
+    return value
+
+
 def _scenario(text: str) -> str:
     if text not in DEMO_SCENARIOS:
         raise argparse.ArgumentTypeError(f"unknown demo scenario {text!r}; choose from {', '.join(DEMO_SCENARIOS)}")
@@ -101,6 +128,23 @@ def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay:
     _add_config_option(g, suppress)
 
 
+def _add_ssh_options(g, suppress: bool) -> None:
+    g.add_argument("--ssh", default=_default(None, suppress), metavar="CMD",
+                   help="the ssh command line, split like a shell would (default ssh; also $GPUMON_SSH)")
+    g.add_argument("--remote-gpumon", default=_default(None, suppress), metavar="PATH",
+                   help="gpumon on the hosts: a path, or words like '~/venv/bin/python -m gpumon' (default gpumon)")
+
+
+def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Many hosts, over the user's own ssh."""
+    g = parser.add_argument_group("many hosts (over ssh)")
+    g.add_argument("--hosts", default=_default(None, suppress), metavar="LIST",
+                   help="ssh destinations or aliases, gpu[01-08], @group (config [fleet.groups]), "
+                        "ssh://user@host:port, local")
+    g.add_argument("--hostfile", default=_default(None, suppress), metavar="FILE", help="hosts, one or more a line")
+    _add_ssh_options(g, suppress)
+
+
 def _add_record_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--record", default=_default(None, suppress), metavar="FILE",
                         help="append every sample to FILE as JSON lines (.gz: compressed)")
@@ -110,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA machines.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     _add_source_options(parser, suppress=False)
+    _add_fleet_options(parser, suppress=False)
     tui = parser.add_argument_group("the interactive monitor (no COMMAND)")
     _add_record_option(tui, suppress=False)
     tui.add_argument("--theme", metavar="NAME", help="colour theme")
@@ -122,7 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("snapshot", help="print one sample as a table or JSON")
     p.add_argument("--json", action="store_true", help="the schema-1 JSON document")
+    p.add_argument("--stream", action="store_true",
+                   help="with --json: a document per line every --interval until stdin or stdout closes")
     _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="snapshot")
 
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
@@ -136,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-util", type=_percent, metavar="PCT", help="highest utilisation allowed")
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
     _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="select")
 
     p = sub.add_parser("watch", help="headless: sample, evaluate alert rules, print events")
@@ -151,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
     _add_record_option(p, suppress=True)
     _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="watch")
 
     p = sub.add_parser("run", help="launch a command pinned to a card (detached unless --foreground)",
@@ -166,16 +216,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
+    p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
     _add_source_options(p, suppress=True, replay=False)
+    _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them
     p.set_defaults(subcommand="run")
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")
     p.add_argument("--json", action="store_true", help="as JSON, oldest first")
     p.add_argument("--prune", action="store_true", help="remove the records of finished jobs")
     p.add_argument("--stop", metavar="ID", help="stop a job (SIGTERM, then SIGKILL after a grace period)")
+    p.add_argument("--log", metavar="ID", help="print a job's output")
+    p.add_argument("--follow", action="store_true", help="with --log: keep printing until the job ends")
     _add_config_option(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="jobs")
+
+    p = sub.add_parser("signal", help="signal one of your processes, checked by pid and start time")
+    p.add_argument("pid", type=_positive_int, metavar="PID")
+    p.add_argument("--signal", type=_signal_name, default="terminate", metavar="NAME",
+                   help="TERM (default), KILL or INT")
+    p.add_argument("--started", type=_unix_time, metavar="T",
+                   help="its start time (unix s, as in the snapshot): a recycled pid is never signalled")
+    _add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="signal")
 
     p = sub.add_parser("alerts", help="alert rules: export them for Prometheus")
     alerts = p.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser, required=True)

@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.cli.common import backend_args, load_settings, open_source
+from gpumon.cli.common import backend_args, fleet_requested, load_settings, open_source
 from gpumon.jobs.launch import LaunchRequest, launch
 
 
 def run(args: argparse.Namespace) -> int:
-    load_settings(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     request = LaunchRequest(
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
         max_util=args.max_util, cwd=args.cwd, systemd=args.systemd,
     )
+    if args.host is not None or fleet_requested(args):  # on another host, over ssh
+        from gpumon.cli.fleet_commands import run_host
+
+        return run_host(args, request)
+    load_settings(args)
     backend = open_source(args)
     try:
         return launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.cli.common import load_settings, open_source
+from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK
 from gpumon.jobs.placement import choose
 from gpumon.monitor.sampler import sample_once
 
 
 def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):
+        from gpumon.cli.fleet_commands import select_hosts
+
+        return select_hosts(args)
     load_settings(args)
     backend = open_source(args)
     try:

@@ -1,13 +1,21 @@
-"""`gpumon snapshot [--json]`: one sample of every card."""
+"""`gpumon snapshot [--json]`: one sample of every card (of every host, with --hosts)."""
 
 from __future__ import annotations
 
 import argparse
 
-from gpumon.cli.common import print_document, read_once
+from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import snapshot_text
 from gpumon.monitor.sampler import sample_once
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.stream:
+        from gpumon.cli.stream import run_stream
+
+        return run_stream(args)
+    if fleet_requested(args):
+        from gpumon.cli.fleet_commands import snapshot_hosts
+
+        return snapshot_hosts(args)
     return print_document(args, read_once(args, sample_once), snapshot_text)

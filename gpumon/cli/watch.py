@@ -10,7 +10,7 @@ from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, parse_rules
 from gpumon.alerting.watch import Watch
-from gpumon.cli.common import load_settings, open_source
+from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 
@@ -19,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     rules = parse_rules(config.watch_rules + config.rules + args.alert)
     fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
+    if fleet_requested(args):
+        return _watch_hosts(args, config, rules, fmt)
     backend = open_source(args)
     replaying = args.replay is not None
     count = args.count
@@ -49,3 +51,22 @@ def run(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close()
         backend.close()
+
+
+def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str) -> int:
+    from gpumon.alerting.fleet_watch import FleetWatch
+    from gpumon.cli import fleet
+    from gpumon.errors import UsageError
+
+    if args.prometheus or config.prometheus or args.prometheus_processes:
+        raise UsageError("--prometheus serves one machine's metrics: run `gpumon watch --prometheus` on each host")
+    runner = fleet.build(args, config, fleet.host_list(args, config))
+    on_alert = args.on_alert or config.on_alert
+    hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
+    watch = FleetWatch(runner, rules, EventWriter(sys.stdout, fmt, show_hosts=True), hooks, args.exit_on_alert,
+                       args.metrics, args.count)
+    try:
+        return asyncio.run(watch.run())
+    finally:
+        if hooks is not None:
+            hooks.close()

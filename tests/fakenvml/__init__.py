@@ -71,11 +71,14 @@ class FakeMachine:
     cuda: int = 12040
     init_error: int = 0
     topo_default: int = 50
+    scan_env: bool = False  # real processes pinned by CUDA_VISIBLE_DEVICES=<a card's UUID> are its processes
 
     def render(self) -> str:
         lines = [f"driver {self.driver}", f"cuda {self.cuda}", f"topo_default {self.topo_default}"]
         if self.init_error:
             lines.append(f"init_error {self.init_error}")
+        if self.scan_env:
+            lines.append("scan_env 1")
         lines += [f"delay {fn} {ms}" for fn, ms in self.delays.items()]
         lines += [card.line(i) for i, card in enumerate(self.cards)]
         lines += ["proc " + " ".join(f"{k}={v}" for k, v in p.items()) for p in self.procs]

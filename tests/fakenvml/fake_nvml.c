@@ -18,12 +18,20 @@
  *   link 0 1 10                        # nvmlDeviceGetTopologyCommonAncestor level
  *   nvlink 0 1 4                       # four active NVLinks between cards 0 and 1
  *   xid gpu=1 at=2.5 code=79           # XID event 2.5 s after nvmlInit
+ *   scan_env 1                         # list real processes pinned by CUDA_VISIBLE_DEVICES
+ *   scan_env_mem 1073741824            #   ... each using this many bytes (default 1 GiB)
  *
  * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s).
  * Faults: per card lost_after=SECONDS, handle_error=CODE, unsupported=f1,f2,
  * fail=field:code,...; functions are removed at link time by the test suite.
+ *
+ * scan_env (see its block below): every real process whose /proc/PID/environ has
+ * CUDA_VISIBLE_DEVICES naming a card's UUID (one entry of its comma list) is a
+ * compute process of that card, so a test sees a launched job on exactly the card
+ * it was pinned to, as the real driver would.
  */
 #include <ctype.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +130,8 @@ static struct {
     struct xid xids[MAX_XIDS];
     int ndelays;
     struct delay delays[MAX_DELAYS];
+    int scan_env;        /* see the scan_env block */
+    double scan_env_mem;
 } C;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -271,6 +281,8 @@ static void load_config(const char *path) {
         else if (!strcmp(word, "cuda")) C.cuda = atoi(p);
         else if (!strcmp(word, "init_error")) C.init_error = atoi(p);
         else if (!strcmp(word, "topo_default")) C.topo_default = atoi(p);
+        else if (!strcmp(word, "scan_env")) C.scan_env = atoi(p);
+        else if (!strcmp(word, "scan_env_mem")) C.scan_env_mem = atof(p);
         else if (!strcmp(word, "delay") && C.ndelays < MAX_DELAYS) {
             struct delay *d = &C.delays[C.ndelays];
             if (sscanf(p, "%63s %d", d->fn, &d->ms) == 2) C.ndelays++;
@@ -572,12 +584,67 @@ typedef struct {
 } nvmlMemory_v2_t;
 #define NVML_MEMORY_V2 0x02000028
 
+/* ---- scan_env: real processes pinned to a card by CUDA_VISIBLE_DEVICES ----
+ * With "scan_env 1", /proc is scanned (at most every 200 ms, under the lock) for
+ * processes whose environment has CUDA_VISIBLE_DEVICES=<...,UUID,...> naming a card;
+ * each is listed as a compute process of that card using scan_env_mem bytes.
+ * Processes whose environment cannot be read (other users) are skipped. */
+#define MAX_SCANNED 512
+#define ENVIRON_MAX (256 * 1024)
+static struct { unsigned int pid; int gpu; } scanned[MAX_SCANNED];
+static int nscanned;
+static double scanned_at = -1;
+
+static void scan_env_add(unsigned int pid, const char *list) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        for (int g = 0; g < C.ngpus && nscanned < MAX_SCANNED; g++)
+            if (!strcmp(tok, C.gpus[g].uuid)) {
+                scanned[nscanned].pid = pid;
+                scanned[nscanned++].gpu = g;
+            }
+}
+
+static void scan_env_refresh(void) {
+    static char env[ENVIRON_MAX];
+    if (!C.scan_env || (scanned_at >= 0 && now_mono() - scanned_at < 0.2)) return;
+    scanned_at = now_mono();
+    nscanned = 0;
+    DIR *dir = opendir("/proc");
+    if (!dir) return;
+    for (struct dirent *e; (e = readdir(dir)) && nscanned < MAX_SCANNED;) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        env[n] = 0;
+        for (char *v = env; v < env + n; v += strlen(v) + 1)
+            if (!strncmp(v, "CUDA_VISIBLE_DEVICES=", 21)) scan_env_add(strtoul(e->d_name, NULL, 10), v + 21);
+    }
+    closedir(dir);
+}
+
+static double scan_env_mem_each(void) { return C.scan_env_mem > 0 ? C.scan_env_mem : 1073741824.0; }
+
+static unsigned int scan_env_count(int gpu) {
+    unsigned int n = 0;
+    scan_env_refresh();
+    for (int i = 0; i < nscanned; i++) n += scanned[i].gpu == gpu;
+    return n;
+}
+/* ---- end of scan_env ---- */
+
 static unsigned long long mem_used(struct gpu *g) {
     double used = value(g->mem_used);
     /* Default: the sum of this card's processes, as a real driver would show. */
     if (used == 0)
         for (int i = 0; i < C.nprocs; i++)
             if (C.procs[i].gpu == g->index) used += value(C.procs[i].mem);
+    if (value(g->mem_used) == 0 && g->index >= 0) used += scan_env_count(g->index) * scan_env_mem_each();
     return (unsigned long long)used;
 }
 
@@ -703,9 +770,10 @@ typedef struct {
 
 static nvmlReturn_t list_procs(struct gpu *g, int graphics, unsigned int *count, void *out,
                                size_t stride) {
-    unsigned int n = 0;
+    unsigned int n = 0, from_env = graphics || g->index < 0 ? 0 : scan_env_count(g->index);
     for (int i = 0; i < C.nprocs; i++)
         if (C.procs[i].gpu == g->index && C.procs[i].graphics == graphics) n++;
+    n += from_env;
     if (!out || *count < n) {
         unsigned int had = *count;
         *count = n;
@@ -727,6 +795,15 @@ static nvmlReturn_t list_procs(struct gpu *g, int graphics, unsigned int *count,
             o->gpuInstanceId = 0xFFFFFFFF;
             o->computeInstanceId = 0xFFFFFFFF;
         }
+    }
+    for (int i = 0; from_env && i < nscanned; i++) { /* scan_env */
+        if (scanned[i].gpu != g->index) continue;
+        char *slot = (char *)out + j++ * stride;
+        memset(slot, 0, stride);
+        ((nvmlProcessInfo_v1_t *)slot)->pid = scanned[i].pid;
+        ((nvmlProcessInfo_v1_t *)slot)->usedGpuMemory = (unsigned long long)scan_env_mem_each();
+        if (stride != sizeof(nvmlProcessInfo_v1_t))
+            ((nvmlProcessInfo_v2_t *)slot)->gpuInstanceId = ((nvmlProcessInfo_v2_t *)slot)->computeInstanceId = 0xFFFFFFFF;
     }
     *count = n;
     return OK;

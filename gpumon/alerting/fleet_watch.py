@@ -1,0 +1,92 @@
+"""`gpumon watch --hosts`: the alert rules on every card of every host, and `unreachable` per host.
+
+Each host has its own rule engine (cards are numbered per host), fed each new document the host
+sends; every event carries `"host"`, and hooks get it as GPUMON_HOST. `unreachable` fires when a
+host cannot be read (no connection, or it answers with something unusable: `"error"` says why) for
+the rule's duration, and resolves when it is back. One host's trouble never delays another's
+events. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import time
+
+from gpumon.alerting.events import EventWriter
+from gpumon.alerting.hooks import HookRunner
+from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
+from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.model import HostStatus, Snapshot
+from gpumon.monitor.fleet import Fleet
+
+AWAY = ("unreachable", "reconnecting", "error")
+
+
+class FleetWatch:
+    def __init__(self, fleet: Fleet, rules: list[Rule], writer: EventWriter, hooks: HookRunner | None = None,
+                 exit_on_alert: bool = False, metrics: bool = False, count: int | None = None) -> None:
+        self.fleet = fleet
+        self.rules = rules
+        self.engines = {name: AlertEngine(rules) for name in fleet.names}
+        self.host_engine = AlertEngine(rules)
+        self.writer = writer
+        self.hooks = hooks
+        self.exit_on_alert = exit_on_alert
+        self.metrics = metrics
+        self.count = count
+        self.status = EXIT_OK
+        self._seen: dict[str, Snapshot] = {}
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        self.fleet.subscribe(self._on_host)
+        runner = asyncio.create_task(self.fleet.run())
+        ticks = 0
+        try:
+            while not self._stop.is_set() and (self.count is None or ticks < self.count):
+                try:
+                    async with asyncio.timeout(self.fleet.interval):
+                        await self._stop.wait()
+                except TimeoutError:
+                    pass
+                ticks += 1
+                now = time.time()
+                for status in self.fleet.statuses():  # durations of `unreachable for …` run on time
+                    self._check_host(status, now)
+        finally:
+            self.fleet.stop()
+            await runner
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        return self.status
+
+    def _on_host(self, status: HostStatus) -> None:
+        snapshot = status.snapshot
+        if status.state == "live" and snapshot is not None and snapshot is not self._seen.get(status.host):
+            self._seen[status.host] = snapshot
+            if self.metrics:
+                self.writer.metrics(snapshot, host=status.host)
+            for event in self.engines[status.host].evaluate(snapshot):
+                self._emit(dataclasses.replace(event, host=status.host))
+        self._check_host(status, time.time())
+
+    def _check_host(self, status: HostStatus, now: float) -> None:
+        away = status.state in AWAY
+        for event in self.host_engine.evaluate_host(status.host, away, now, status.error if away else None):
+            self._emit(event)
+
+    def _emit(self, event: AlertEvent) -> None:
+        self.writer.event(event)
+        if self.hooks is not None:
+            self.hooks.submit(event)
+        if self.exit_on_alert and event.event == "firing":
+            self.status = EXIT_ALERT
+            self.stop()

@@ -1,0 +1,71 @@
+"""What every command needs for many hosts: the host list, the ssh transport, and one reading of
+every host (`snapshot`, `select`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from gpumon.cli.common import backend_args, open_source
+from gpumon.config import Config
+from gpumon.errors import UsageError
+from gpumon.model import FleetSnapshot
+from gpumon.monitor.fleet import Fleet, HostSpec, SshTransport, open_fleet, parse_hosts, read_hostfile
+from gpumon.monitor.fleet.hosts import resolve
+from gpumon.monitor.fleet.ssh import CONNECT_TIMEOUT_S
+
+
+def host_list(args: argparse.Namespace, config: Config, use_config: bool = False) -> list[HostSpec]:
+    """--hosts and --hostfile together; with `use_config` (the TUI), the config's [fleet] hosts when
+    neither is given. An empty list: this machine alone, as before."""
+    hosts: list[HostSpec] = []
+    if getattr(args, "hosts", None):
+        hosts += parse_hosts(args.hosts, config.fleet_groups)
+    if getattr(args, "hostfile", None):
+        hosts += read_hostfile(args.hostfile, config.fleet_groups)
+    if not hosts and use_config and config.fleet_hosts:
+        hosts = resolve(config.fleet_hosts, config.fleet_groups)
+    return list({h.name: h for h in hosts}.values())
+
+
+def transport(args: argparse.Namespace, config: Config) -> SshTransport:
+    command = getattr(args, "ssh", None) or os.environ.get("GPUMON_SSH") or config.fleet_ssh
+    return SshTransport(command, getattr(args, "remote_gpumon", None) or config.fleet_remote)
+
+
+def local_args(args: argparse.Namespace) -> list[str]:
+    """How a gpumon started here for `local` reads the same cards as this one."""
+    opened = backend_args(args)
+    out = ["--demo", "--scenario", opened["demo"], "--seed", str(opened["seed"])] if opened["demo"] else []
+    if opened["nvml_lib"]:
+        out += ["--nvml-lib", opened["nvml_lib"]]
+    return out
+
+
+def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> Fleet:
+    if getattr(args, "replay", None) or getattr(args, "record", None):
+        raise UsageError("--replay and --record read or write one machine: not with --hosts")
+    remote = any(not h.is_local for h in hosts)
+    return open_fleet(hosts, transport(args, config) if remote else None, args.interval, lambda: open_source(args),
+                      local_args(args))
+
+
+def settle_timeout(interval: float) -> float:
+    return CONNECT_TIMEOUT_S + max(5.0, 3 * interval)
+
+
+def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> FleetSnapshot:
+    """One reading of every host: each one's first answer, or why there was none."""
+    fleet = build(args, config, hosts)
+
+    async def once() -> FleetSnapshot:
+        runner = asyncio.create_task(fleet.run())
+        try:
+            await fleet.settle(settle_timeout(args.interval))
+            return fleet.first_answers()
+        finally:
+            fleet.stop()
+            await runner
+
+    return asyncio.run(once())

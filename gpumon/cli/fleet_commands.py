@@ -1,0 +1,180 @@
+"""The headless commands with `--hosts`: snapshot, select, jobs, and `run --host` / `run --hosts`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from gpumon.cli import fleet
+from gpumon.cli.common import fleet_requested, load_settings
+from gpumon.cli.tables import snapshot_text, table
+from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.jobs.across_hosts import choose_across
+from gpumon.jobs.launch import LaunchRequest
+from gpumon.jobs.remote_launch import run_args
+from gpumon.model import FleetSnapshot, Topology
+from gpumon.monitor.fleet import HostError, HostSpec, RemoteGpumon
+from gpumon.monitor.fleet.hosts import parse_entry
+from gpumon.units import format_bytes, format_runtime
+
+MAX_PARALLEL = 32  # ssh commands at once for `jobs --hosts`
+
+
+def fleet_text(doc: FleetSnapshot) -> str:
+    parts = []
+    for status in doc.hosts:
+        head = f"== {status.host}: {status.state}" + (f" ({status.source})" if status.source != "gpumon" else "")
+        if status.error and status.state != "live":
+            head += f": {status.error}"
+        parts.append(head + (f"  [{status.note}]" if status.note else ""))
+        if status.snapshot is not None and status.state in ("live", "stale"):
+            parts.append(snapshot_text(status.snapshot))
+    return "\n".join(parts) + "\n"
+
+
+def snapshot_hosts(args: argparse.Namespace) -> int:
+    config = load_settings(args)
+    doc = fleet.collect(args, config, fleet.host_list(args, config))
+    if args.json:
+        json.dump(doc.to_dict(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(fleet_text(doc))
+    return EXIT_OK
+
+
+def select_hosts(args: argparse.Namespace) -> int:
+    config = load_settings(args)
+    hosts = fleet.host_list(args, config)
+    doc = fleet.collect(args, config, hosts)
+    runner = fleet.build(args, config, hosts)
+
+    best, reasons = choose_across(list(doc.hosts), args.count, lambda h: _topology(runner, h), args.min_free,
+                                  args.max_util)
+    if args.verbose or best is None:
+        for reason in reasons:
+            print(f"gpumon: {reason}", file=sys.stderr)
+    if best is None:
+        print(f"gpumon: no host has {args.count} free card{'s' if args.count > 1 else ''}", file=sys.stderr)
+        return EXIT_ALERT
+    if args.verbose:
+        for reason in best.choice.reasons:
+            print(f"gpumon: {best.host}: {reason}", file=sys.stderr)
+    print(f"{best.host}\t{','.join(g.uuid for g in best.choice.gpus)}")
+    return EXIT_OK
+
+
+def jobs_text(rows: list[dict]) -> str:
+    if not rows:
+        return "No jobs.\n"
+    lines = [["HOST", "ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LOG / REASON"]]
+    for job in rows:
+        runtime = None
+        if job["started"] is not None:
+            runtime = (job["ended"] or time.time()) - job["started"]
+        lines.append([
+            job["host"], job["id"], (job["name"] or "")[:20], job["state"],
+            ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""),
+            "" if job["exit_code"] is None else str(job["exit_code"]), format_runtime(runtime),
+            format_bytes(job["peak_gpu_memory"], na=""), job["reason"] or job["log"] or "",
+        ])
+    return table(lines) + "\n"
+
+
+def _show_log(argv: list[str]) -> int:
+    """The job's own output, as ssh shows it. stdin stays open: its end tells the host to stop."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # Ctrl-C: the remote tail ends with its connection
+            proc.terminate()
+            proc.wait()
+
+
+def jobs_hosts(args: argparse.Namespace) -> int:
+    config = load_settings(args)
+    hosts = fleet.host_list(args, config)
+    runner = fleet.build(args, config, hosts)
+    if args.stop or args.log:
+        if len(hosts) != 1:
+            raise UsageError("--stop and --log act on one host: give --hosts HOST")
+        remote = runner.remote(hosts[0].name)
+        if args.stop:
+            print(remote.stop_job(args.stop))
+            return EXIT_OK
+        return _show_log(remote.argv(["jobs", "--log", args.log] + (["--follow"] if args.follow else [])))
+
+    def listed(name: str) -> list[dict] | HostError:
+        try:
+            return runner.remote(name).jobs()
+        except HostError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
+        results = list(pool.map(listed, [h.name for h in hosts]))
+    rows: list[dict] = []
+    for result in results:
+        if isinstance(result, HostError):
+            print(f"gpumon: {result} (its jobs are not listed)", file=sys.stderr)
+        else:
+            rows += result
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(jobs_text(rows))
+    return EXIT_OK
+
+
+def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
+    """`run --host HOST`, or `run --hosts LIST --gpu auto[:N]`: the best free set on one of them."""
+    config = load_settings(args)
+    if not request.command or not request.command[0].strip():
+        raise UsageError("no command given: gpumon run --host HOST [OPTIONS] -- CMD [ARG...]")
+    if args.host is not None:
+        if fleet_requested(args):
+            raise UsageError("--host launches on one host; --hosts chooses among several: give one of them")
+        spec = parse_entry(args.host)
+    else:
+        spec, request = _place(args, config, request)
+    remote = RemoteGpumon(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
+    forwarded = run_args(request)
+    if request.foreground:  # the job in this terminal, through a remote terminal
+        return subprocess.call(remote.argv(["run", *forwarded], tty=sys.stdin.isatty()))
+    print(remote.launch(forwarded))
+    return EXIT_OK
+
+
+def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[HostSpec, LaunchRequest]:
+    spec = request.gpu_spec
+    if not (spec == "auto" or spec.startswith("auto:")):
+        raise UsageError(f"--gpu {spec} names cards of one host: use --host HOST (--hosts goes with --gpu auto[:N])")
+    if request.wait:
+        raise UsageError("--wait queues on one host: use --host HOST with --wait")
+    count_text = spec.partition(":")[2] or "1"
+    if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
+        raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
+    hosts = fleet.host_list(args, config)
+    doc = fleet.collect(args, config, hosts)
+    runner = fleet.build(args, config, hosts)
+    best, reasons = choose_across(list(doc.hosts), int(count_text), lambda h: _topology(runner, h),
+                                  request.min_free, request.max_util)
+    if best is None:
+        raise UsageError(f"no host has {count_text} free card(s) for --gpu {spec}: " + "; ".join(reasons))
+    uuids = ",".join(g.uuid for g in best.choice.gpus)
+    print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
+    return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
+
+
+def _topology(runner, host: str) -> Topology | None:
+    try:
+        return runner.remote(host).topology()
+    except HostError as exc:  # placed without link ranks then, like a card set of unknown links
+        print(f"gpumon: {exc} (placing without its topology)", file=sys.stderr)
+        return None

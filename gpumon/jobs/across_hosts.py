@@ -1,0 +1,63 @@
+"""Placement across hosts: the best free set of cards on ONE host (a job never spans hosts).
+
+Each host's candidate set is chosen exactly as on one machine (`placement.choose`: free enough,
+best links, least loaded); the hosts' sets are then ranked by the same measures: weakest link
+first, then the most free memory, then the lowest utilisation, then the order hosts were listed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpumon.jobs.placement import Choice, choose
+from gpumon.model import HostStatus, Topology
+from gpumon.monitor.topology import UNKNOWN_RANK, link_between, link_rank
+from gpumon.units import format_bytes
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    host: str
+    choice: Choice
+
+
+def _links(choice: Choice, topo: Topology | None) -> tuple[float, float]:
+    pairs = list(itertools.combinations([g.index for g in choice.gpus], 2))
+    if not pairs:
+        return (0.0, 0.0)
+    ranks = [link_rank(link_between(topo, a, b)) if topo is not None else UNKNOWN_RANK for a, b in pairs]
+    return (max(ranks), sum(ranks) / len(ranks))
+
+
+def _rank(position: int, choice: Choice, topo: Topology | None) -> tuple:
+    free = sum(g.memory_free or 0 for g in choice.gpus)
+    util = sum(g.utilization_gpu or 0 for g in choice.gpus)
+    return (_links(choice, topo), -free, util, position)
+
+
+def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str], Topology | None],
+                  min_free: str | None = None, max_util: float | None = None) -> tuple[HostChoice | None, list[str]]:
+    """The best host's set, and for people a line per host: what it could offer, or why nothing.
+    `topology(host)` is asked only for hosts that have `count` (>1) free cards."""
+    best: tuple[tuple, HostChoice] | None = None
+    reasons: list[str] = []
+    for position, status in enumerate(hosts):
+        if status.snapshot is None or status.state not in ("live", "stale"):
+            reasons.append(f"{status.host}: {status.state}" + (f" ({status.error})" if status.error else ""))
+            continue
+        try:
+            choice = choose(status.snapshot, count, None, min_free, max_util)
+            topo = topology(status.host) if count > 1 else None
+            if topo is not None:
+                choice = choose(status.snapshot, count, topo, min_free, max_util)
+        except ValueError as exc:
+            reasons.append(f"{status.host}: {exc}")
+            continue
+        key = _rank(position, choice, topo)
+        if best is None or key < best[0]:
+            best = (key, HostChoice(status.host, choice))
+        reasons.append(f"{status.host}: could offer " + ", ".join(f"GPU {g.index}" for g in choice.gpus)
+                       + f" ({format_bytes(-key[1])} free)")
+    return (best[1] if best else None), reasons

@@ -1,0 +1,175 @@
+"""The fleet: every host's latest `HostStatus`, written by sources, read by views.
+
+A *source* reads one or more hosts and reports what it learns (`Fleet.report`); the fleet keeps
+the newest status per host and tells its subscribers which host changed. Sources are pluggable
+(`Source`): `SshSource` (one gpumon stream per host, nvidia-smi as the fallback) and `LocalSource`
+(this machine's own backend) today; a Prometheus source reporting many hosts at once fits the same
+slot. Everything runs on one asyncio loop; no source can stall another, and nothing here costs more
+than O(1) per report, so a view redraws only the hosts that changed.
+
+For views (the TUI):
+    fleet = open_fleet(hosts, transport, interval, local_backend)
+    fleet.subscribe(on_host)            # called on the loop with the HostStatus that changed
+    worker = run_worker(fleet.run())    # until fleet.stop()
+    fleet.status("gpu01"), fleet.statuses(), fleet.document()   # any time, from any thread
+    fleet.history("gpu01")              # charts of one host (kept from the first call on)
+    fleet.remote("gpu01").launch(...)   # actions: blocking, from a worker thread
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from gpumon.model import FleetSnapshot, HostStatus
+from gpumon.monitor.fleet.hosts import HostSpec
+from gpumon.monitor.fleet.remote import RemoteGpumon
+from gpumon.monitor.fleet.ssh import SshTransport
+from gpumon.monitor.sampler import History
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[HostStatus], None]
+SETTLED = ("live", "stale", "unreachable", "error")  # a first answer, good or bad
+_KEEP: Any = object()
+
+
+class Source(Protocol):
+    kind: str  # "gpumon" | "nvidia-smi" | "prometheus" | "local": what it reads hosts through
+    hosts: tuple[str, ...]  # the names of the hosts it reports
+
+    async def run(self, fleet: Fleet) -> None:
+        """Report the hosts' statuses until cancelled; never raises for a host's trouble."""
+
+
+class Fleet:
+    def __init__(self, hosts: Sequence[HostSpec], sources: Sequence[Source], interval: float,
+                 transport: SshTransport | None = None, local_args: Sequence[str] = (),
+                 history_seconds: float = 600.0) -> None:
+        self.specs = {spec.name: spec for spec in hosts}
+        self.names = tuple(self.specs)
+        self.sources = list(sources)
+        self.interval = interval
+        self.transport = transport
+        self.local_args = list(local_args)
+        self.history_seconds = history_seconds
+        now = time.time()
+        self._status = {name: HostStatus(name, since=now, source=self._kind_of(name)) for name in self.names}
+        self._listeners: list[Listener] = []
+        self._histories: dict[str, History] = {}
+        self._unsettled = set(self.names)
+        self._first: dict[str, HostStatus] = {}  # each host's first answer (or failure)
+        self._settled = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.version = 0  # grows with every report: a view compares it to skip work
+
+    def _kind_of(self, name: str) -> str:
+        return next((s.kind for s in self.sources if name in s.hosts), "gpumon")
+
+    # -- reading (any thread) --
+
+    def status(self, name: str) -> HostStatus:
+        return self._status[name]
+
+    def statuses(self) -> tuple[HostStatus, ...]:
+        """Every host, in the order they were listed."""
+        return tuple(self._status[name] for name in self.names)
+
+    def document(self) -> FleetSnapshot:
+        return FleetSnapshot(time.time(), self.statuses())
+
+    def first_answers(self) -> FleetSnapshot:
+        """Each host as it first answered or failed (after settle(): what a one-shot command shows,
+        not the retry that may have begun since)."""
+        return FleetSnapshot(time.time(), tuple(self._first.get(n, self._status[n]) for n in self.names))
+
+    def history(self, name: str) -> History:
+        """Chart history of one host, kept from the first call on (hosts nobody looks at keep none)."""
+        if name not in self._histories:
+            self._histories[name] = History(capacity=int(self.history_seconds / max(self.interval, 0.1)) + 1)
+            snapshot = self._status[name].snapshot
+            if snapshot is not None:
+                self._histories[name].add(snapshot)
+        return self._histories[name]
+
+    def remote(self, name: str) -> RemoteGpumon:
+        """gpumon subcommands on that host (jobs, logs, signals, launches): blocking calls."""
+        return RemoteGpumon(self.specs[name], self.transport, self.local_args)
+
+    # -- writing (sources, on the loop) --
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def report(self, name: str, state: str, *, snapshot: Any = _KEEP, error: str | None = None,
+               source: str | None = None, note: Any = _KEEP, retry_at: float | None = None) -> None:
+        """A source's news about one host. `snapshot`/`note` left out: keep the ones it had."""
+        old = self._status[name]
+        new = HostStatus(
+            host=name, state=state, source=source or old.source,
+            snapshot=old.snapshot if snapshot is _KEEP else snapshot,
+            error=error, since=old.since if state == old.state else time.time(),
+            note=old.note if note is _KEEP else note, retry_at=retry_at,
+        )
+        if new == old:
+            return
+        self._status[name] = new
+        self.version += 1
+        if new.snapshot is not None and new.snapshot is not old.snapshot and name in self._histories \
+                and not new.snapshot.stale:
+            self._histories[name].add(new.snapshot)
+        if state in SETTLED and name in self._unsettled:
+            self._unsettled.discard(name)
+            self._first[name] = new
+            if not self._unsettled:
+                self._settled.set()
+        for listener in list(self._listeners):
+            try:
+                listener(new)
+            except Exception:  # one broken view must not stop the others
+                log.exception("fleet listener failed")
+
+    # -- running --
+
+    async def _guarded(self, source: Source) -> None:
+        try:
+            await source.run(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in one source: its hosts say so, the others go on
+            log.exception("fleet source %s failed", source.kind)
+            for name in source.hosts:
+                self.report(name, "error", error=f"internal error: {type(exc).__name__}: {exc}")
+
+    async def run(self) -> None:
+        """Run every source until stop(); then end them (remote streams are closed)."""
+        if not self.names:
+            return
+        tasks = [asyncio.create_task(self._guarded(s), name=f"fleet-{s.kind}") for s in self.sources]
+        try:
+            await self._stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        """End run() (call on the loop; from another thread use loop.call_soon_threadsafe)."""
+        self._stop.set()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait until every host has answered once (or failed), at most `timeout` seconds."""
+        if self._unsettled:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._settled.wait()
+            except TimeoutError:
+                for name in list(self._unsettled):
+                    self.report(name, "unreachable", error=f"timeout (no answer in {timeout:g} s)")
