@@ -6,7 +6,8 @@ resolves once when it has been false for DURATION (with `clear`, false means pas
 so a noisy value does not flap.
 
 Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
-`thermal` and `power`), `ecc > 0`.
+`thermal` and `power`), `ecc > 0`, `fabric` (an NVSwitch board's card not registered with the
+fabric: fabric manager not running, still starting, or failed).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ METRICS: dict[str, Callable[[GpuSample], float | None]] = {
     "procs": lambda g: len(g.processes) if g.state == "ok" else None,
     "ecc": lambda g: g.ecc_errors_uncorrected,
 }
-SPECIAL = ("lost", "xid", "throttle")
+SPECIAL = ("lost", "xid", "throttle", "fabric")
+FABRIC_NOT_READY = {"not_started", "in_progress", "failed"}
 
 
 class RuleError(UsageError):
@@ -66,8 +68,10 @@ class Rule:
         """The number this rule compares, or None when the card does not say."""
         if self.metric == "lost":
             return 1.0 if gpu.state == "lost" else 0.0
-        if gpu.state == "lost":
+        if gpu.state in ("lost", "stale"):  # a card that does not answer says nothing new
             return None
+        if self.metric == "fabric":
+            return None if gpu.fabric is None else float(gpu.fabric in FABRIC_NOT_READY)
         if self.metric == "throttle":
             if gpu.throttle_reasons is None:
                 return None
@@ -111,7 +115,7 @@ def parse_rule(text: str) -> Rule:
     word, start, end = take()  # type: ignore[misc]
     metric = word.lower()
     fields: dict[str, Any] = {"text": text, "metric": metric}
-    if metric == "lost":
+    if metric in ("lost", "fabric"):
         fields.update(op="==", threshold=1.0)
     elif metric == "throttle":
         reason = take()
@@ -153,7 +157,7 @@ def parse_rule(text: str) -> Rule:
             except UsageError:
                 raise _fail(text, arg[1], arg[2], f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
-            if metric in ("lost", "throttle", "xid"):
+            if metric in ("lost", "throttle", "xid", "fabric"):
                 raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
             fields["clear"], _ = _value(metric, arg, text)
         else:
@@ -282,7 +286,7 @@ class AlertEngine:
 
     @staticmethod
     def _event(kind: str, rule: Rule, gpu: GpuSample, value: float, now: float) -> AlertEvent:
-        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid, rule.metric, value, rule.threshold, now, gpu.name)
+        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid or "", rule.metric, value, rule.threshold, now, gpu.name)
 
 
 def parse_rules(texts: Iterable[str]) -> list[Rule]:

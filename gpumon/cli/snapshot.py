@@ -1,4 +1,5 @@
-"""`gpumon snapshot [--json]`: one sample of every card."""
+"""`gpumon snapshot [--json]`: one sample of every card, within --timeout (cards that have not
+answered by then are shown as not responding)."""
 
 from __future__ import annotations
 
@@ -10,4 +11,4 @@ from gpumon.monitor.sampler import sample_once
 
 
 def run(args: argparse.Namespace) -> int:
-    return print_document(args, read_once(args, sample_once), snapshot_text)
+    return print_document(args, read_once(args, lambda backend, left: sample_once(backend, wait_s=left)), snapshot_text)

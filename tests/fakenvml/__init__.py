@@ -74,10 +74,11 @@ class FakeMachine:
     count_error: int = 0  # nvmlDeviceGetCount fails with this NVML code
     driver_unloaded: bool = False  # the kernel driver is gone (a reload in progress)
     nvswitches: int = 4  # NVSwitch chips the cards' switch_links go to
+    fabric_info_max: int = 3  # newest nvmlGpuFabricInfo struct version the driver knows
 
     def render(self) -> str:
         lines = [f"driver {self.driver}", f"cuda {self.cuda}", f"topo_default {self.topo_default}",
-                 f"nvswitches {self.nvswitches}"]
+                 f"nvswitches {self.nvswitches}", f"fabric_info_max {self.fabric_info_max}"]
         if self.init_error:
             lines.append(f"init_error {self.init_error}")
         if self.count_error:

@@ -21,6 +21,7 @@
  *   count_error 999                    # nvmlDeviceGetCount fails with this code
  *   driver_unloaded 1                  # the kernel driver is unloaded (see below)
  *   nvswitches 4                       # NVSwitch chips that switch_links= go to
+ *   fabric_info_max 2                  # nvmlDeviceGetGpuFabricInfoV knows struct v2 only
  *
  * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s).
  * Faults: per card lost_after=SECONDS (and back_after=SECONDS: the card answers
@@ -156,6 +157,7 @@ static struct {
     int count_error;
     int driver_unloaded;
     int nvswitches;
+    int fabric_info_max; /* newest nvmlGpuFabricInfo version the driver knows (2 or 3) */
 } C;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -312,6 +314,7 @@ static void load_config(const char *path) {
     memset(&C, 0, sizeof C);
     memset(migs, 0, sizeof migs); /* slices not named again are destroyed */
     C.nvswitches = 4;
+    C.fabric_info_max = 3;
     snprintf(C.driver, sizeof C.driver, "550.54.15");
     C.cuda = 12040;
     C.topo_default = 50;
@@ -330,6 +333,7 @@ static void load_config(const char *path) {
         else if (!strcmp(word, "count_error")) C.count_error = atoi(p);
         else if (!strcmp(word, "driver_unloaded")) C.driver_unloaded = atoi(p);
         else if (!strcmp(word, "nvswitches")) C.nvswitches = atoi(p) > 0 ? atoi(p) : 1;
+        else if (!strcmp(word, "fabric_info_max")) C.fabric_info_max = atoi(p);
         else if (!strcmp(word, "delay") && C.ndelays < MAX_DELAYS) {
             struct delay *d = &C.delays[C.ndelays];
             if (sscanf(p, "%63s %d", d->fn, &d->ms) == 2) C.ndelays++;
@@ -397,12 +401,15 @@ static void maybe_reload(void) {
     if (st.st_size == loaded_size && st.st_mtim.tv_sec == loaded_mtime.tv_sec &&
         st.st_mtim.tv_nsec == loaded_mtime.tv_nsec)
         return;
-    /* Keep delivered flags so a reload does not replay XID events. */
-    int delivered[MAX_XIDS];
+    /* Keep delivered flags so a reload does not replay XID events (the same event: the same
+     * card, time and code in the same place of the file). */
+    struct xid before[MAX_XIDS];
     int nx = C.nxids;
-    for (int i = 0; i < nx; i++) delivered[i] = C.xids[i].delivered;
+    memcpy(before, C.xids, sizeof before);
     load_config(path);
-    for (int i = 0; i < nx && i < C.nxids; i++) C.xids[i].delivered = delivered[i];
+    for (int i = 0; i < nx && i < C.nxids; i++)
+        if (before[i].gpu == C.xids[i].gpu && before[i].at == C.xids[i].at && before[i].code == C.xids[i].code)
+            C.xids[i].delivered = before[i].delivered;
     /* An unloaded driver takes NVML's session with it: nvmlInit must be called again. */
     if (C.driver_unloaded) initialized = 0;
     loaded_size = st.st_size;
@@ -490,6 +497,7 @@ typedef int nvmlReturn_t;
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    apply_delay(__func__, NULL); /* a sick machine: nvmlInit itself takes seconds */
     pthread_mutex_lock(&lock);
     loaded_size = -1;
     maybe_reload();
@@ -498,6 +506,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         if (!initialized) {
             init_time = now_mono(); /* times in the config (lost_after, xid at=) count from here */
             session++;
+            for (int i = 0; i < C.nxids; i++) C.xids[i].delivered = 0; /* a new session's timeline */
         }
         initialized = 1;
     }
@@ -1031,7 +1040,8 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *i
 
 nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info) {
     ENTER(dev, "fabric");
-    if (info->version != FABRIC_INFO_V2 && info->version != FABRIC_INFO_V3) LEAVE(E_ARGUMENT_VERSION_MISMATCH);
+    if (info->version != FABRIC_INFO_V2 && (info->version != FABRIC_INFO_V3 || C.fabric_info_max < 3))
+        LEAVE(E_ARGUMENT_VERSION_MISMATCH);
     if (!dev->fabric_state) LEAVE(E_NOT_SUPPORTED);
     info->state = dev->fabric_state;
     info->status = dev->fabric_status;
