@@ -180,3 +180,37 @@ def test_card_lost_in_the_tui_comes_back(fake_driver, backend):
     uuid = b.sample().gpus[0].uuid
     _, values = history.series(uuid, "util")
     assert values[0] == 30 and None in values and values[-1] == 30
+
+
+def test_a_watch_service_survives_a_driver_reload(fake_driver):
+    import subprocess
+    import sys
+    import threading
+
+    fake_driver.machine.cards = [Card(extra=dict(util=20))]
+    fake_driver.write()
+    watch = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--metrics", "--interval", "0.3"],
+                             env=fake_driver.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    states: list[str] = []
+
+    def read() -> None:
+        for line in watch.stdout:
+            event = json.loads(line)
+            if event["event"] == "sample":
+                states.append(event["gpus"][0]["state"])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert until(lambda: "ok" in states, 15)
+        fake_driver.machine.driver_unloaded = True
+        fake_driver.write()
+        assert until(lambda: states[-1] == "error", 10)
+        fake_driver.machine.driver_unloaded = False
+        fake_driver.write()
+        assert until(lambda: states[-1] == "ok", 30), states[-5:]
+        assert watch.poll() is None, "watch kept running through the reload"
+    finally:
+        watch.terminate()
+        watch.wait(10)
+        reader.join(5)
