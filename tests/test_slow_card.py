@@ -92,6 +92,19 @@ def test_select_answers_within_timeout_and_skips_the_slow_card(fake_driver):
     assert len(out.stdout.strip().split(",")) == 2
 
 
+def test_topo_answers_within_timeout_and_leaves_the_slow_card_out(fake_driver):
+    one_slow_card(fake_driver.machine, slow_ms=2000)
+    fake_driver.machine.nvlinks = [(0, 2, 4)]
+    fake_driver.write()
+    started = time.monotonic()
+    out = fake_driver.run("topo", "--timeout", "2")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 7
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:2] == ["GPU0", "GPU2"] and lines[1].split()[:3] == ["GPU0", "X", "NV4"]
+    assert "GPU1 left out: not responding" in out.stdout
+
+
 def test_tui_first_frame_comes_before_the_driver_answers(fake_driver, tmux_session):
     # nvmlInit itself takes 4 s (a machine with persistence mode off): the screen must not stay blank.
     fake_driver.machine.cards = [Card("NVIDIA H100 80GB HBM3")]

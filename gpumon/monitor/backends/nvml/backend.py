@@ -213,28 +213,8 @@ class NvmlBackend:
         if self._topology is not None:
             return self._topology
         deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
-        cards = self.cards
-        opening = [self._lanes.submit(c.index, partial(_open_if_needed, c)) for c in cards]
-        concurrent.futures.wait(opening, timeout=max(0.0, deadline - time.monotonic()))
-        left_out = [(c.index, _why_left_out(c, f)) for c, f in zip(cards, opening) if _why_left_out(c, f)]
-        usable = [c for c in cards if c.index not in dict(left_out)]
-        rows: dict[int, links.Row] = {}
-        pending = {self._lanes.submit(c.index, partial(links.read_row, c, usable)): c for c in usable}
-        try:
-            for future in concurrent.futures.as_completed(pending, timeout=max(0.0, deadline - time.monotonic())):
-                card = pending[future]
-                try:
-                    rows[card.index] = future.result()
-                except (DriverGone, pynvml.NVMLError) as exc:
-                    left_out.append((card.index, f"could not be read: {exc}"))
-                if on_progress is not None:
-                    on_progress(links.assemble(usable, rows, left_out))
-        except TimeoutError:
-            late = [c for f, c in pending.items() if not f.done()]
-            left_out += [(c.index, "not responding") for c in late]
-        done = [c for c in usable if c.index in rows]
-        topo = links.assemble(done, rows, left_out)
-        if len(done) == len(cards):  # links do not change: read them once
+        topo = links.read_links(self.cards, self._lanes, deadline, on_progress)
+        if not topo.left_out and len(topo.indices) == len(self.cards):  # links never change: read once
             self._topology = topo
         return topo
 
@@ -251,21 +231,6 @@ def _settle(future: concurrent.futures.Future[Any], timeout: float) -> None:
         future.exception(timeout=max(0.0, timeout))
     except TimeoutError:
         pass
-
-
-def _open_if_needed(card: Card) -> None:
-    if not card.opened:
-        open_card(card)
-
-
-def _why_left_out(card: Card, opened: concurrent.futures.Future[None]) -> str | None:
-    if not opened.done():
-        return "not responding"
-    if opened.exception() is not None:
-        return f"could not be opened: {opened.exception()}"
-    if card.handle is None or card.state == "lost":
-        return card.error or "lost"
-    return None
 
 
 def _shutdown() -> None:

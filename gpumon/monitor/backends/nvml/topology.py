@@ -8,17 +8,25 @@ nvmlDeviceGetNvLinkRemoteDeviceType (or, on drivers without it, by a remote PCI 
 of the cards), and nvmlDeviceGetP2PStatus(…, NVLINK) says whether a pair can talk over the fabric.
 
 Each card's row is read on its own lane (`read_row`), so a card that does not answer leaves only
-itself out; `assemble` makes the matrix of whatever rows have arrived.
+itself out; `assemble` makes the matrix of whatever rows have arrived, and `read_links` runs it
+all against a deadline.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import pynvml
 
 from gpumon.model import Topology
+from gpumon.monitor.backends.nvml.lanes import Lanes
 from gpumon.monitor.backends.nvml.library import DRIVER_GONE, Card, DriverGone, decode
+from gpumon.monitor.backends.nvml.opening import open_card
 
 # nvidia-smi's topology legend for nvmlDeviceGetTopologyCommonAncestor levels.
 TOPOLOGY_LEGEND = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -138,3 +146,50 @@ def _nvlinks_between(a: Card, b: Card, rows: dict[int, Row]) -> int:
     if ra.nvlink_p2p.get(b.index) is False or rb.nvlink_p2p.get(a.index) is False:
         return 0
     return min(ra.switch_links, rb.switch_links)
+
+
+def _identified(card: Card) -> bool:
+    return card.handle is not None and card.uuid is not None and card.state != "lost"
+
+
+def _open_if_needed(card: Card) -> None:
+    if not card.opened:
+        open_card(card)
+
+
+def read_links(cards: list[Card], lanes: Lanes, deadline: float,
+               on_progress: Callable[[Topology], None] | None = None) -> Topology:
+    """Each card's row on its lane: at once for cards already identified, after opening for the
+    others; whatever has not answered by `deadline` is left out as "not responding"."""
+    known = [c for c in cards if _identified(c)]
+    rows: dict[int, Row] = {}
+    left_out: list[tuple[int, str]] = []
+    pending: dict[concurrent.futures.Future[Any], tuple[str, Card]] = {
+        lanes.submit(c.index, partial(read_row, c, list(known))): ("row", c) for c in known}
+    pending.update({lanes.submit(c.index, partial(_open_if_needed, c)): ("open", c)
+                    for c in cards if not _identified(c)})
+    while pending:
+        done, _ = concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        if not done:
+            break
+        for future in done:
+            kind, card = pending.pop(future)
+            error = future.exception()
+            if error is not None:
+                left_out.append((card.index, f"could not be read: {error}"))
+            elif kind == "open" and _identified(card):
+                known.append(card)  # opened late: its row pairs it with every card known so far
+                pending[lanes.submit(card.index, partial(read_row, card, list(known)))] = ("row", card)
+            elif kind == "open":
+                left_out.append((card.index, card.error or card.state))
+            else:
+                rows[card.index] = future.result()
+        if on_progress is not None and rows:
+            on_progress(assemble(_in_order(known, cards), rows, left_out))
+    left_out += [(card.index, "not responding") for card in (c for _, c in pending.values())]
+    return assemble(_in_order([c for c in known if c.index in rows], cards), rows, left_out)
+
+
+def _in_order(some: list[Card], cards: list[Card]) -> list[Card]:
+    return [c for c in cards if c in some]
