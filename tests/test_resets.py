@@ -159,7 +159,7 @@ def test_a_card_lost_from_the_start_has_null_ids_and_topo_says_it_left_it_out(fa
     assert doc["gpus"][0]["uuid"].startswith("GPU-")
     topo = fake_driver.run("topo")
     assert topo.returncode == 0
-    assert "GPU1 left out: lost" in topo.stdout
+    assert "GPU1 left out: GPU is lost" in topo.stdout
     header = topo.stdout.splitlines()[0].split()
     assert header[:2] == ["GPU0", "GPU2"]
     topo_json = json.loads(fake_driver.run("topo", "--json").stdout)

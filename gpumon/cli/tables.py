@@ -52,7 +52,9 @@ def _state_words(gpu: GpuSample) -> str:
     if gpu.state == "stale":
         return f"not responding for {gpu.stale_s or 0:.0f} s" + (" (its last values are shown)"
                                                                  if gpu.utilization_gpu is not None else "")
-    return f"{gpu.state}: {gpu.error}" if gpu.error else gpu.state
+    if not gpu.error:
+        return gpu.state
+    return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
 
 
 def snapshot_text(snapshot: Snapshot) -> str:

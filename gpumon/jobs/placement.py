@@ -49,7 +49,9 @@ def free_enough(gpu: GpuSample, min_free: str | None = None, max_util: float | N
     if gpu.state == "stale":
         return f"not responding (no answer for {gpu.stale_s or 0:.0f} s)"
     if gpu.state != "ok":
-        return f"{gpu.state}: {gpu.error}" if gpu.error else f"card is {gpu.state}"
+        if not gpu.error:
+            return f"card is {gpu.state}"
+        return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
     if gpu.mig_mode:
         return "in MIG mode: programs see its slices, never the whole card"
     util_bar = BUSY_UTIL if max_util is None else max_util

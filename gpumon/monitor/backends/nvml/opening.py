@@ -48,7 +48,7 @@ def _opening_failed(card: Card, lost: bool, exc: Exception, code: int | None = N
     if code in DRIVER_GONE:
         raise DriverGone(str(exc))
     card.state = "lost" if lost else "error"
-    card.error = f"{'lost' if lost else 'failed'} while being opened: {exc}"
+    card.error = f"{exc} (while being opened)"
     card.probe_at = time.monotonic() + PROBE_LOST_S
     log.info("NVML: card %d: %s", card.index, card.error)
 
