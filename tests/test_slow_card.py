@@ -176,3 +176,23 @@ def test_topology_view_opens_at_once_and_fills_in(fake_driver):
         asyncio.run(go())
     finally:
         backend.close()
+
+
+def test_quitting_never_waits_for_a_hung_card(fake_driver):
+    # A guarantee kept from before the lanes: a call that hangs for 20 s holds up nothing at exit.
+    fake_driver.machine.cards = [Card(), Card(extra=dict(slow=20000))]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go() -> float:
+        app = create_app(backend, interval=0.3)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause(1.0)  # card 1 is stuck in its first call by now
+            started = time.monotonic()
+            await pilot.press("q")
+        return time.monotonic() - started
+
+    took = asyncio.run(go())
+    closing = time.monotonic()
+    backend.close()
+    assert took < 3 and time.monotonic() - closing < 2
