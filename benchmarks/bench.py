@@ -7,8 +7,13 @@ libnvidia-ml.so.1 (N cards, K real idle processes listed as GPU processes), for 
   cpu %      CPU time of the whole process tree / wall time (100 % = one core)
   KB/s       bytes written to the terminal per second
   peak MiB   peak resident memory (VmHWM)
-  first s    time until the first frame that shows the card names
+  frame s    time until the first frame (anything drawn: gpumon draws before the driver answers)
+  cards s    time until the first frame that shows the card names
   key ms     keypress-to-screen latency while a sample is stuck in a slow driver call (TUIs)
+
+Then the slow-card behaviour: one card whose every driver call takes 1.5 s (a card going bad) and
+a driver whose nvmlInit takes 3 s: how long `snapshot --timeout 2` takes, how often the healthy
+cards update in `watch` meanwhile, and when the TUI draws its first frame and the cards.
 
 Tools: gpumon (TUI), gpumon watch, a plain nvidia-ml-py + psutil loop (the floor any Python monitor
 pays), and nvitop when it is installed (`pip install nvitop`). Results are printed, not asserted.
@@ -53,6 +58,7 @@ class Result:
     bytes_per_s: float = 0.0
     peak_mib: float = 0.0
     first_frame_s: float | None = None
+    first_any_s: float | None = None
     key_ms: list[float] = field(default_factory=list)
 
 
@@ -67,7 +73,8 @@ class PtyRun:
                                      start_new_session=True, close_fds=True)
         os.close(slave)
         self.bytes = 0
-        self.first_frame: float | None = None
+        self.first_frame: float | None = None  # card names on screen
+        self.first_any: float | None = None  # anything on screen
         self.last_output = time.monotonic()
         self._tail = b""
         self._stop = False
@@ -88,6 +95,8 @@ class PtyRun:
                 return
             self.bytes += len(data)
             self.last_output = time.monotonic()
+            if self.first_any is None and any(marker in data for marker in (b"gpumon", b"NVITOP", needle)):
+                self.first_any = self.last_output - self.started  # the tool's header: a frame is up
             if self.first_frame is None:
                 self._tail = (self._tail + data)[-4096:]
                 if needle in self._tail:
@@ -169,7 +178,7 @@ def measure(name: str, argv: list[str], env: dict[str, str], seconds: float) -> 
     time.sleep(seconds)
     cpu1, bytes1, t1 = run.cpu_seconds(), run.bytes, time.monotonic()
     result = Result(name, 100 * (cpu1 - cpu0) / (t1 - t0), (bytes1 - bytes0) / (t1 - t0) / 1024,
-                    run.peak_rss_mib(), run.first_frame)
+                    run.peak_rss_mib(), run.first_frame, run.first_any)
     run.stop()
     return result
 
@@ -198,11 +207,13 @@ def key_latency(argv: list[str], env: dict[str, str], presses: int = 5) -> list[
 
 def print_table(cards: int, processes: int, results: list[Result]) -> None:
     print(f"\n{cards} cards, {processes} processes, {SIZE[0]}x{SIZE[1]} terminal")
-    print(f"{'tool':<14}{'cpu %':>8}{'KB/s':>9}{'peak MiB':>10}{'first s':>9}{'key ms (median/max)':>22}")
+    print(f"{'tool':<14}{'cpu %':>8}{'KB/s':>9}{'peak MiB':>10}{'frame s':>9}{'cards s':>9}"
+          f"{'key ms (median/max)':>22}")
     for r in results:
         first = f"{r.first_frame_s:.2f}" if r.first_frame_s is not None else "-"
+        frame = f"{r.first_any_s:.2f}" if r.first_any_s is not None else "-"
         keys = f"{sorted(r.key_ms)[len(r.key_ms) // 2]:.0f}/{max(r.key_ms):.0f}" if r.key_ms else "-"
-        print(f"{r.tool:<14}{r.cpu_percent:>8.1f}{r.bytes_per_s:>9.1f}{r.peak_mib:>10.0f}{first:>9}{keys:>22}")
+        print(f"{r.tool:<14}{r.cpu_percent:>8.1f}{r.bytes_per_s:>9.1f}{r.peak_mib:>10.0f}{frame:>9}{first:>9}{keys:>22}")
     by = {r.tool: r for r in results}
     if "nvitop" in by and "gpumon" in by:
         n, g = by["nvitop"], by["gpumon"]
@@ -214,6 +225,56 @@ def print_table(cards: int, processes: int, results: list[Result]) -> None:
               f"{by['gpumon watch'].cpu_percent / max(by['plain loop'].cpu_percent, 1e-9):.2f}x")
 
 
+def first_frames(argv: list[str], env: dict[str, str], runs: int = 3) -> tuple[float | None, float | None]:
+    """The best of a few starts: (first frame, card names), in seconds."""
+    frames, cards = [], []
+    for _ in range(runs):
+        run = PtyRun(argv, env)
+        deadline = time.monotonic() + 30
+        while run.first_frame is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        frames.append(run.first_any)
+        cards.append(run.first_frame)
+        run.stop()
+    best = lambda xs: min((x for x in xs if x is not None), default=None)  # noqa: E731
+    return best(frames), best(cards)
+
+
+def slow_card(work: Path, lib: Path, python: str, cards: int) -> None:
+    """One card whose every call takes 1.5 s; then a driver whose nvmlInit takes 3 s."""
+    print(f"\nSlow card: {cards} cards, card 1's every driver call takes 1.5 s")
+    config = work / "slow-card.conf"
+    m = machine(cards, [])
+    m.cards[1].extra["slow"] = 1500
+    m.write(config)
+    env = env_for(lib.parent, config)
+    started = time.monotonic()
+    out = subprocess.run([python, "-m", "gpumon", "snapshot", "--json", "--timeout", "2"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    import json
+
+    states = [g["state"] for g in json.loads(out.stdout)["gpus"]] if out.returncode == 0 else out.stderr.strip()
+    print(f"  snapshot --timeout 2: {took:.2f} s, states {states}")
+    watch = subprocess.run([python, "-m", "gpumon", "watch", "--metrics", "--interval", "1", "--count", "10"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    samples = [json.loads(line) for line in watch.stdout.splitlines() if '"sample"' in line]
+    healthy = sum(all(g["state"] == "ok" for g in s["gpus"] if g["gpu"] != 1) for s in samples)
+    slow = [s["gpus"][1]["state"] for s in samples]
+    print(f"  watch, 10 samples at 1 s: the healthy cards fresh in {healthy}/{len(samples)}; "
+          f"card 1: {', '.join(slow)}")
+    frame, names = first_frames(tools(python)["gpumon"], env)
+    print(f"  TUI: first frame {frame:.2f} s, card names {names:.2f} s (card 1 shows 'not responding')"
+          if frame and names else "  TUI: no frame")
+    slow_init = work / "slow-init.conf"
+    m = machine(cards, [])
+    m.delays = {"nvmlInitWithFlags": 3000}
+    m.write(slow_init)
+    frame, names = first_frames(tools(python)["gpumon"], env_for(lib.parent, slow_init))
+    print(f"  TUI with a 3 s nvmlInit: first frame {frame:.2f} s ('opening the NVIDIA driver…'), "
+          f"card names {names:.2f} s" if frame and names else "  TUI: no frame")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="steady-state time per tool (default 60)")
@@ -221,10 +282,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--tools", nargs="+", help="only these tools (names as printed)")
     parser.add_argument("--python", default=sys.executable, help="the Python that has gpumon installed")
+    parser.add_argument("--slow-card-only", action="store_true", help="only the slow-card behaviour")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
     lib = build(work)
+    if args.slow_card_only:
+        slow_card(work, lib, args.python, args.cards)
+        return
     pool = [subprocess.Popen(["sleep", "3600"]) for _ in range(max(args.processes))]
     available = tools(args.python)
     chosen = {k: v for k, v in available.items() if not args.tools or k in args.tools}
@@ -242,6 +307,7 @@ def main() -> None:
                 if r.tool in ("gpumon", "nvitop"):
                     r.key_ms = key_latency(chosen[r.tool], env_for(lib.parent, slow))
             print_table(args.cards, processes, results)
+        slow_card(work, lib, args.python, args.cards)
     finally:
         for p in pool:
             p.kill()

@@ -59,13 +59,19 @@ class MigSample:
     memory_used: int | None = None
 
 
+# A card's NVSwitch fabric registration (HGX/DGX boards), in words; None: the card has no fabric.
+FABRIC_STATES = ("ready", "degraded", "in_progress", "not_started", "failed")
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     index: int
-    uuid: str
+    uuid: str | None  # None: the card could not be asked (lost or hung from the start)
     name: str
-    pci_bus_id: str
-    state: str = "ok"  # "ok" | "lost" | "error"
+    pci_bus_id: str | None
+    # "ok" | "lost" | "error" | "stale" (its driver calls have not answered for `stale_s` seconds:
+    # the values are its last answer, if any)
+    state: str = "ok"
     utilization_gpu: int | None = None
     utilization_memory: int | None = None
     memory_total: int | None = None
@@ -89,6 +95,14 @@ class GpuSample:
     processes: tuple[ProcessSample, ...] = ()
     error: str | None = None  # why state is not "ok", for people
     mig_devices: tuple[MigSample, ...] = ()  # not in the JSON schema: for pinning and display
+    mig_mode: bool | None = None  # MIG on: CUDA sees the slices, never the whole card
+    fabric: str | None = None  # one of FABRIC_STATES; None: no NVSwitch fabric (or not reported)
+    stale_s: float | None = None  # with state "stale": seconds since the card last answered
+
+    @property
+    def key(self) -> str:
+        """What identifies the card across samples, resets and driver reloads: its UUID."""
+        return self.uuid or f"index:{self.index}"
 
     @property
     def memory_percent(self) -> float | None:
@@ -165,16 +179,21 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """How the cards connect. `links[i][j]` uses nvidia-smi's legend: X, NV#, PIX, PXB, PHB, NODE, SYS."""
+    """How the cards connect. `links[i][j]` uses nvidia-smi's legend: X, NV#, PIX, PXB, PHB, NODE, SYS
+    (None: not known, e.g. still being read). NV# counts direct NVLinks, or for cards wired to NVSwitches
+    (HGX/DGX) the links each has into the switch fabric, as `nvidia-smi topo -m` does."""
 
     indices: tuple[int, ...]
     links: tuple[tuple[str | None, ...], ...]
-    nvlinks: tuple[tuple[int, ...], ...]  # active NVLink count per pair
+    nvlinks: tuple[tuple[int, ...], ...]  # NVLinks joining each pair (direct or through NVSwitches)
     cpu_affinity: tuple[str | None, ...]
     numa_node: tuple[int | None, ...]
+    left_out: tuple[tuple[int, str], ...] = ()  # cards not in the matrix, and why
+    nvswitch: tuple[bool, ...] = ()  # per card: its NVLinks go to NVSwitches
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "left_out": [{"index": index, "reason": reason} for index, reason in self.left_out],
             "gpus": [
                 {
                     "index": idx,
@@ -186,6 +205,7 @@ class Topology:
                     },
                     "cpu_affinity": self.cpu_affinity[i],
                     "numa_node": self.numa_node[i],
+                    "nvswitch": bool(self.nvswitch and self.nvswitch[i]),
                 }
                 for i, idx in enumerate(self.indices)
             ]

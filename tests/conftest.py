@@ -122,4 +122,7 @@ def idle_processes() -> Iterator[list[subprocess.Popen]]:
 # The real-sshd fleet harness (tests/sshd.py) and its fixture `ssh_lab`.
 from sshd import ssh_lab  # noqa: E402, F401
 
+# A real terminal (tmux) for end-to-end tests, fixture `tmux_session`.
+from terminal import tmux_session  # noqa: E402, F401
+
 __all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "IN_CI"]

@@ -37,8 +37,9 @@ def test_snapshot_json_is_exactly_what_the_driver_says(fake_driver, idle_process
         Card("NVIDIA A40", uuid="GPU-cccccccc-0000-1111-2222-333333333333", bus="00000000:41:00.0",
              mem_total=48 * GIB, extra=dict(lost_after=0.3)),
     ]
-    # The A40 falls off the bus after gpumon has read its identity, while the sample is taken.
-    m.delays = {"nvmlDeviceGetUtilizationRates": 200}
+    # The A40 falls off the bus after gpumon has read its identity, while the sample is taken
+    # (cards are read at once, each on its own lane: the slow call spans the moment it is lost).
+    m.delays = {"nvmlDeviceGetUtilizationRates": 400}
     m.procs = [dict(gpu=0, pid=worker.pid, mem=5 * GIB, sm=64)]
     fake_driver.write()
     result = fake_driver.run("snapshot", "--json")

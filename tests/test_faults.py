@@ -46,7 +46,7 @@ def test_tui_with_no_cards_says_so_and_quits(fake_driver):
     assert with_backend(fake_driver, body) == 0
 
 
-def test_hung_driver_call_keeps_the_ui_live_marks_stale_and_recovers(fake_driver):
+def test_hung_card_keeps_the_ui_live_marks_that_card_and_recovers(fake_driver):
     fake_driver.machine.cards = [Card(extra=dict(util=11)), Card(extra=dict(util=22))]
 
     async def body(backend):
@@ -55,23 +55,24 @@ def test_hung_driver_call_keeps_the_ui_live_marks_stale_and_recovers(fake_driver
             while app.sampler.latest is None:
                 await pilot.pause(0.05)
             panels = app.main_screen.query_one(CardList).panels
-            fake_driver.machine.delays = {"nvmlDeviceGetUtilizationRates": 2500}
-            fake_driver.machine.cards[0].extra["util"] = 77
+            fake_driver.machine.cards[0].extra.update(slow=2500, util=77)  # card 0's calls hang
+            fake_driver.machine.cards[1].extra["util"] = 33
             fake_driver.write()
             for _ in range(200):
-                if app.sampler.in_flight and panels[0].stale:
+                if panels[0].gpu.state == "stale" and panels[1].gpu.utilization_gpu == 33:
                     break
                 await pilot.pause(0.05)
             await pilot.press("j")  # answered while the call hangs
             assert app.main_screen.query_one(CardList).selected == 1
-            assert panels[0].stale and "STALE" in panels[0].lines(110)[0].plain
-            fake_driver.machine.delays = {}
+            assert "not responding for" in panels[0].lines(110)[0].plain
+            assert panels[1].gpu.state == "ok" and panels[1].gpu.utilization_gpu == 33  # the other card goes on
+            fake_driver.machine.cards[0].extra["slow"] = 0
             fake_driver.write()
-            for _ in range(200):
-                if not panels[0].stale and panels[0].gpu.utilization_gpu == 77:
+            for _ in range(300):
+                if panels[0].gpu.state == "ok" and panels[0].gpu.utilization_gpu == 77:
                     break
                 await pilot.pause(0.05)
-            assert not panels[0].stale and panels[0].gpu.utilization_gpu == 77
+            assert panels[0].gpu.state == "ok" and panels[0].gpu.utilization_gpu == 77
 
     with_backend(fake_driver, body)
 
@@ -157,12 +158,14 @@ def test_watch_rides_out_a_hung_call(fake_driver):
     fake_driver.machine.delays = {"nvmlDeviceGetTemperature": 1500}
     fake_driver.write()
     started = time.monotonic()
-    out = fake_driver.run("watch", "--alert", "temp > 90", "--interval", "0.2", "--count", "3", "--metrics")
+    out = fake_driver.run("watch", "--alert", "temp > 90", "--interval", "0.2", "--count", "20", "--metrics")
     assert out.returncode == 0
     lines = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [line["event"] for line in lines].count("sample") == 3
+    # Samples keep their interval while the card's call hangs; the alert fires once, when the card
+    # answers, and is not fired again by the same answer re-used while the next call is under way.
+    assert [line["event"] for line in lines].count("sample") == 20
     assert [line["event"] for line in lines].count("firing") == 1
-    assert time.monotonic() - started >= 4.5  # each sample waited for the slow call; none was dropped or doubled
+    assert time.monotonic() - started < 15
 
 
 def test_driver_upgraded_in_the_tui_is_exit_3(fake_driver):

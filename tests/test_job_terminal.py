@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import GIB, Card, require_tool
-from test_tui_e2e import Tmux
+from terminal import Tmux
 
 from gpumon.jobs import records
 

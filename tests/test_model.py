@@ -16,6 +16,8 @@ SCHEMA_GPU_KEYS = {
     "memory_total", "memory_used", "memory_free", "temperature", "fan", "power_draw", "power_limit",
     "clock_sm", "clock_mem", "pstate", "throttle_reasons", "ecc_errors_uncorrected", "pcie_tx",
     "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "processes",
+    # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
+    "mig_mode", "fabric", "stale_s",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started"}
 

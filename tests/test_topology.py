@@ -96,7 +96,7 @@ def test_select_with_too_few_free_cards_exits_1(fake_driver):
     eight_cards(fake_driver.machine, busy=set(range(8)))
     fake_driver.write()
     out = fake_driver.run("select", "--min-free", "20G")
-    assert out.returncode == 1 and "free enough" in out.stderr and out.stdout == ""
+    assert out.returncode == 1 and "0 of 8 cards are free" in out.stderr and out.stdout == ""
 
 
 def test_link_ranking_order():
@@ -109,7 +109,7 @@ def test_best_partners_and_choose_on_the_demo():
     topo = backend.topology()
     assert [o for o, _ in best_partners(topo, 4)][:3] == [5, 6, 7]
     snap = backend.sample()
-    choice = choose(snap, 4, topo)
+    choice = choose(snap, 4, topo, max_util=100, max_used="100%")  # links only: busy cards allowed
     # Card 3 and 7 are idle in the demo; any 4 on one socket beat a cross-socket set.
     indices = [g.index for g in choice.gpus]
     assert len({i // 4 for i in indices}) == 1
@@ -117,7 +117,7 @@ def test_best_partners_and_choose_on_the_demo():
 
 def test_choose_many_cards_falls_back_to_greedy():
     backend = DemoBackend(cards=16)
-    choice = choose(backend.sample(), 8, backend.topology())
+    choice = choose(backend.sample(), 8, backend.topology(), max_util=100, max_used="100%")
     assert len(choice.gpus) == 8
 
 

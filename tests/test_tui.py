@@ -229,7 +229,7 @@ def test_stale_data_is_marked():
             await pilot.pause(0.5)
             panel = screen.query_one(CardList).panels[0]
             assert panel.stale
-            assert "STALE" in "".join(line.plain for line in panel.lines(100))
+            assert "no new data" in "".join(line.plain for line in panel.lines(100))
             release.set()
 
     run(go())

@@ -52,6 +52,8 @@ GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
 ]
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+# dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
+FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
 
 class GpumonCollector(Collector):
@@ -70,7 +72,8 @@ class GpumonCollector(Collector):
         snap = self.latest()
         if snap is None:
             return
-        labels = {g.index: [str(g.index), g.uuid, f"nvidia{g.index}", g.name, snap.host, g.pci_bus_id] for g in snap.gpus}
+        labels = {g.index: [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, snap.host, g.pci_bus_id or ""]
+                  for g in snap.gpus}
         for name, doc, read in GAUGES:
             family = GaugeMetricFamily(name, doc, labels=LABELS)
             for g in snap.gpus:
@@ -92,6 +95,13 @@ class GpumonCollector(Collector):
             if index in labels:
                 seen.add_metric(labels[index] + [str(code)], when)
         yield seen
+        fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
+                                   "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
+                                   labels=LABELS)
+        for g in snap.gpus:
+            if g.fabric in FABRIC_STATUS:
+                fabric.add_metric(labels[g.index], float(FABRIC_STATUS[g.fabric]))
+        yield fabric
         lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
         for g in snap.gpus:
             lost.add_metric(labels[g.index], 1.0 if g.state == "lost" else 0.0)
@@ -113,7 +123,8 @@ class GpumonCollector(Collector):
                 for p in g.processes:
                     if p.gpu_memory is not None:
                         name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
-                        procs.add_metric([str(g.index), g.uuid, str(p.pid), p.user or "?", name], float(p.gpu_memory))
+                        procs.add_metric([str(g.index), g.uuid or "", str(p.pid), p.user or "?", name],
+                                         float(p.gpu_memory))
             yield procs
 
 
@@ -193,6 +204,8 @@ def rule_expr(rule: Rule) -> str:
         return _xid_expr(rule)
     if rule.metric == "lost":
         return f"gpumon_gpu_lost{sel} == 1"
+    if rule.metric == "fabric":  # exported only for cards on an NVSwitch fabric
+        return f"DCGM_FI_DEV_FABRIC_MANAGER_STATUS{sel} != 3"
     if rule.metric == "throttle":
         bits = sorted(THROTTLE_BITS[r] for r in rule.reasons)
         tests = [f"floor(DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{sel} / {bit}) % 2 == 1" for bit in bits]

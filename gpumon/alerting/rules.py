@@ -6,10 +6,11 @@ resolves once when it has been false for DURATION (with `clear`, false means pas
 so a noisy value does not flap.
 
 Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
-`thermal` and `power`), `ecc > 0`, and `unreachable` (a fleet host, evaluated per host by
-alerting.fleet_watch; never true of a card). An XID is an event, not a level: an `xid` rule fires
-once per XID error (its code is the event's value) and resolves once no XID has come for its quiet
-period, the rule's `for` (default 10 minutes).
+`thermal` and `power`), `ecc > 0`, `fabric` (an NVSwitch board's card not registered with the
+fabric: fabric manager not running, still starting, or failed), and `unreachable` (a fleet host,
+evaluated per host by alerting.fleet_watch; never true of a card). An XID is an event, not a level:
+an `xid` rule fires once per XID error (its code is the event's value) and resolves once no XID has
+come for its quiet period, the rule's `for` (default 10 minutes).
 
 The scrape thread of the Prometheus exporter asks which rules fire while the event loop evaluates
 them: it reads a copy the engine publishes after each change, never the live states.
@@ -47,8 +48,9 @@ METRICS: dict[str, Callable[[GpuSample], float | None]] = {
     "procs": lambda g: len(g.processes) if g.state == "ok" else None,
     "ecc": lambda g: g.ecc_errors_uncorrected,
 }
-SPECIAL = ("lost", "xid", "throttle", "unreachable")
+SPECIAL = ("lost", "xid", "throttle", "fabric", "unreachable")
 XID_QUIET_S = 600.0  # an xid rule resolves after this long without an XID, unless `for` says otherwise
+FABRIC_NOT_READY = {"not_started", "in_progress", "failed"}
 
 
 class RuleError(UsageError):
@@ -76,8 +78,10 @@ class Rule:
             return 1.0 if gpu.state == "lost" else 0.0
         if self.metric == "unreachable":
             return None  # a host's condition, not a card's
-        if gpu.state == "lost":
+        if gpu.state in ("lost", "stale"):  # a card that does not answer says nothing new
             return None
+        if self.metric == "fabric":
+            return None if gpu.fabric is None else float(gpu.fabric in FABRIC_NOT_READY)
         if self.metric == "throttle":
             if gpu.throttle_reasons is None:
                 return None
@@ -121,7 +125,7 @@ def parse_rule(text: str) -> Rule:
     word, start, end = take()  # type: ignore[misc]
     metric = word.lower()
     fields: dict[str, Any] = {"text": text, "metric": metric}
-    if metric in ("lost", "unreachable"):
+    if metric in ("lost", "fabric", "unreachable"):
         fields.update(op="==", threshold=1.0)
     elif metric == "throttle":
         reason = take()
@@ -163,7 +167,7 @@ def parse_rule(text: str) -> Rule:
             except UsageError:
                 raise _fail(text, arg[1], arg[2], f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
-            if metric in ("lost", "throttle", "xid", "unreachable"):
+            if metric in ("lost", "throttle", "xid", "fabric", "unreachable"):
                 raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
             fields["clear"], _ = _value(metric, arg, text)
         else:
@@ -323,7 +327,7 @@ class AlertEngine:
 
     @staticmethod
     def _event(kind: str, rule: Rule, gpu: GpuSample, value: float, now: float) -> AlertEvent:
-        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid, rule.metric, value, rule.threshold, now, gpu.name)
+        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid or "", rule.metric, value, rule.threshold, now, gpu.name)
 
 
 def parse_rules(texts: Iterable[str]) -> list[Rule]:

@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gpumon.config import Config, load_config
-from gpumon.errors import EXIT_OK, UsageError
+from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 
 
 def load_settings(args: argparse.Namespace) -> Config:
@@ -33,22 +35,47 @@ def backend_args(args: argparse.Namespace) -> dict[str, Any]:
             "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB")}
 
 
-def open_source(args: argparse.Namespace):
-    """The backend the options ask for: the demo, a recording, or the NVIDIA driver."""
+def open_source(args: argparse.Namespace, timeout: float | None = None):
+    """The backend the options ask for: the demo, a recording, or the NVIDIA driver. With a
+    `timeout`, a driver that does not even start within it is an error (exit status 3)."""
     from gpumon.monitor.backends import open_backend
 
     replay = getattr(args, "replay", None)
     opened = backend_args(args)
     if opened["demo"] is not None and replay is not None:
         raise UsageError("--demo and --replay cannot be used together")
-    return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed)
+
+    def open_it():
+        return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed)
+
+    if timeout is None:
+        return open_it()
+    # nvmlInit itself can hang on a sick machine: wait for it in a thread that may be abandoned.
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["backend"] = open_it()
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the caller's thread
+            outcome["error"] = exc
+
+    opener = threading.Thread(target=target, name="gpumon-open", daemon=True)
+    opener.start()
+    opener.join(timeout)
+    if opener.is_alive():
+        raise NoDriverError(f"the NVIDIA driver did not answer within {timeout:g} s (--timeout)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["backend"]
 
 
-def read_once(args: argparse.Namespace, read: Callable[[Any], Any]) -> Any:
+def read_once(args: argparse.Namespace, read: Callable[[Any, float], Any]) -> Any:
+    """Open the source, read(backend, seconds left of --timeout), close."""
     load_settings(args)
-    backend = open_source(args)
+    deadline = time.monotonic() + args.timeout
+    backend = open_source(args, timeout=args.timeout)
     try:
-        return read(backend)
+        return read(backend, max(0.0, deadline - time.monotonic()))
     finally:
         backend.close()
 

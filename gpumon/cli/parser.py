@@ -145,6 +145,11 @@ def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     _add_ssh_options(g, suppress)
 
 
+def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=_interval, default=5.0, metavar="SECONDS",
+                        help="answer within this long; cards still silent are shown as not responding (default 5)")
+
+
 def _add_record_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--record", default=_default(None, suppress), metavar="FILE",
                         help="append every sample to FILE as JSON lines (.gz: compressed)")
@@ -169,20 +174,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the schema-1 JSON document")
     p.add_argument("--stream", action="store_true",
                    help="with --json: a document per line every --interval until stdin or stdout closes")
+    _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="snapshot")
 
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")
+    _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     p.set_defaults(subcommand="topo")
 
     p = sub.add_parser("select", help="print a CUDA_VISIBLE_DEVICES value for the best free cards")
     p.add_argument("--count", type=_positive_int, default=1, metavar="N", help="how many cards (default 1)")
     p.add_argument("--min-free", type=_size, metavar="SIZE", help="free memory each card needs: 8G, 512M, 50%%")
-    p.add_argument("--max-util", type=_percent, metavar="PCT", help="highest utilisation allowed")
+    p.add_argument("--max-util", type=_percent, metavar="PCT",
+                   help="a card busier than this is not free (default 10)")
+    p.add_argument("--max-used", type=_size, metavar="SIZE",
+                   help="a card with more memory in use than this is not free (default 10%%)")
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
+    _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="select")
@@ -213,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="a name for the job (default: the program's name)")
     p.add_argument("--wait", action="store_true", help="queue until matching cards are free, then start")
     p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
-    p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation")
+    p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation (default 10)")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
     p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK
-from gpumon.jobs.placement import choose
-from gpumon.monitor.sampler import sample_once
+from gpumon.jobs.placement import TooFewFree, choose
+from gpumon.monitor.sampler import read_topology, sample_once
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,19 +18,28 @@ def run(args: argparse.Namespace) -> int:
 
         return select_hosts(args)
     load_settings(args)
-    backend = open_source(args)
+    deadline = time.monotonic() + args.timeout
+    backend = open_source(args, timeout=args.timeout)
     try:
-        snapshot = sample_once(backend)
-        topo = backend.topology() if args.count > 1 else None
+        # A card that does not answer in time is "not responding", never waited for past --timeout.
+        snapshot = sample_once(backend, wait_s=max(0.0, deadline - time.monotonic()))
+        topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
     try:
-        choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util)
-    except ValueError as exc:
+        choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
+                        max_used=args.max_used)
+    except TooFewFree as exc:
+        if args.verbose:
+            _explain(exc.reasons)
         print(f"gpumon: {exc}", file=sys.stderr)
         return EXIT_ALERT  # like grep: ran fine, found nothing
     if args.verbose:
-        for reason in choice.reasons:
-            print(f"gpumon: {reason}", file=sys.stderr)
-    print(",".join(g.uuid for g in choice.gpus))
+        _explain(choice.reasons)
+    print(",".join(g.uuid or "" for g in choice.gpus))
     return EXIT_OK
+
+
+def _explain(reasons) -> None:
+    for reason in reasons:
+        print(f"gpumon: {reason}", file=sys.stderr)

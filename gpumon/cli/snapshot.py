@@ -1,4 +1,5 @@
-"""`gpumon snapshot [--json]`: one sample of every card (of every host, with --hosts)."""
+"""`gpumon snapshot [--json]`: one sample of every card (of every host, with --hosts), within
+--timeout (cards that have not answered by then are shown as not responding)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,4 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import snapshot_hosts
 
         return snapshot_hosts(args)
-    return print_document(args, read_once(args, sample_once), snapshot_text)
+    return print_document(args, read_once(args, lambda backend, left: sample_once(backend, wait_s=left)), snapshot_text)

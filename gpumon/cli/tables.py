@@ -59,6 +59,23 @@ def _power(gpu: GpuSample) -> str:
     return f"{gpu.power_draw:.0f} / {_fmt(gpu.power_limit, 'W')}"
 
 
+FABRIC_WORDS = {
+    "not_started": "not started: the card is not registered (is nvidia-fabricmanager running?)",
+    "in_progress": "registration in progress",
+    "failed": "registration failed (see the fabric manager's log)",
+    "degraded": "degraded (NVLink bandwidth or routes reduced)",
+}
+
+
+def _state_words(gpu: GpuSample) -> str:
+    if gpu.state == "stale":
+        return f"not responding for {gpu.stale_s or 0:.0f} s" + (" (its last values are shown)"
+                                                                 if gpu.utilization_gpu is not None else "")
+    if not gpu.error:
+        return gpu.state
+    return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
+
+
 def snapshot_text(snapshot: Snapshot) -> str:
     header = (
         f"{snapshot.host}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.time))}  "
@@ -69,7 +86,12 @@ def snapshot_text(snapshot: Snapshot) -> str:
     if not snapshot.gpus:
         return header + "\n\nNo NVIDIA GPUs found.\n"
     gpu_rows = [["GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "FAN", "POWER", "SM CLK", "PSTATE", "BUS ID"]]
+    notes = []
     for g in snapshot.gpus:
+        if g.state != "ok":
+            notes.append(f"GPU {g.index}: {_state_words(g)}")
+        if g.fabric not in (None, "ready"):
+            notes.append(f"GPU {g.index}: NVSwitch fabric {FABRIC_WORDS.get(g.fabric, g.fabric)}")
         if g.state != "ok" and g.utilization_gpu is None:
             gpu_rows.append([str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), "", "", "", "", "", "", "",
                              g.pci_bus_id or NA])
@@ -80,6 +102,8 @@ def snapshot_text(snapshot: Snapshot) -> str:
             g.pstate or NA, g.pci_bus_id or NA,
         ])
     out = [header, "", table(gpu_rows, right={0, 3, 5, 6, 8})]
+    if notes:
+        out += [""] + notes
     mig_rows = [["GPU", "MIG SLICE (use with --gpu)", "NAME", "MEMORY"]] + [
         [str(g.index), m.uuid, fit(m.name, NAME_CELLS),
          f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}"]
@@ -115,7 +139,9 @@ def topology_text(topo: Topology) -> str:
     for i, name in enumerate(names):
         rows.append([name] + [cell or NA for cell in topo.links[i]]
                     + [topo.cpu_affinity[i] or NA, _fmt(topo.numa_node[i])])
-    return table(rows) + "\n\n" + TOPOLOGY_LEGEND + "\n"
+    left_out = "".join(f"GPU{index} left out: {reason}\n" for index, reason in topo.left_out)
+    matrix = table(rows) + "\n\n" if topo.indices else "No cards to show.\n\n"
+    return matrix + (left_out + "\n" if left_out else "") + TOPOLOGY_LEGEND + "\n"
 
 
 def jobs_text(jobs: list) -> str:

@@ -1,4 +1,5 @@
-"""`gpumon topo [--json]`: the link matrix with CPU and NUMA affinity, like `nvidia-smi topo -m`."""
+"""`gpumon topo [--json]`: the link matrix with CPU and NUMA affinity, like `nvidia-smi topo -m`;
+cards that are lost or do not answer within --timeout are left out, and it says so."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import argparse
 from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import topology_text
 from gpumon.errors import UsageError
+from gpumon.monitor.sampler import read_topology
 
 
 def run(args: argparse.Namespace) -> int:
     if fleet_requested(args):
         raise UsageError("topo reads this machine only: run `ssh HOST gpumon topo` for another")
-    return print_document(args, read_once(args, lambda backend: backend.topology()), topology_text)
+    return print_document(args, read_once(args, read_topology), topology_text)

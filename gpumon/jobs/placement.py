@@ -22,6 +22,10 @@ from gpumon.monitor.topology import UNKNOWN_RANK, describe_link, link_between, l
 from gpumon.units import format_bytes, parse_cpu_list, parse_size
 
 MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedily instead
+# A card someone else is using is not free, unless the user lowers the bar (--max-util, --max-used):
+# more than this utilisation, or more than this share of its memory in use.
+BUSY_UTIL = 10.0
+BUSY_USED = "10%"
 
 
 def load_key(gpu: GpuSample) -> tuple[float, float, int]:
@@ -29,24 +33,68 @@ def load_key(gpu: GpuSample) -> tuple[float, float, int]:
     return (-(gpu.memory_free or 0), gpu.utilization_gpu or 0, gpu.index)
 
 
-def free_enough(gpu: GpuSample, min_free: str | None, max_util: float | None) -> str | None:
-    """None when the card qualifies, else why not. `min_free` is a SIZE as the user wrote it
-    ('8G', '50%' of this card's total)."""
+def _sizes(have: int | None, bar: int) -> tuple[str, str]:
+    """Two sizes in words, with enough digits that they never read the same ("70G < 70G")."""
+    a, b = format_bytes(have), format_bytes(bar)
+    if a == b and have is not None:
+        a, b = f"{have / (1 << 30):.2f}G", f"{bar / (1 << 30):.2f}G"
+    return a, b
+
+
+def free_enough(gpu: GpuSample, min_free: str | None = None, max_util: float | None = None,
+                max_used: str | None = None) -> str | None:
+    """None when the card is free enough, else why not, in words. `min_free` and `max_used` are
+    SIZEs as the user wrote them ('8G', '50%' of this card's total); `max_util` and `max_used`
+    default to BUSY_UTIL and BUSY_USED."""
+    if gpu.state == "stale":
+        return f"not responding (no answer for {gpu.stale_s or 0:.0f} s)"
     if gpu.state != "ok":
-        return f"card is {gpu.state}"
+        if not gpu.error:
+            return f"card is {gpu.state}"
+        return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
+    if gpu.mig_mode:
+        return "in MIG mode: programs see its slices, never the whole card"
+    util_bar = BUSY_UTIL if max_util is None else max_util
+    if gpu.utilization_gpu is not None and gpu.utilization_gpu > util_bar:
+        return f"busy: {gpu.utilization_gpu}% utilised (more than {util_bar:g}%; --max-util raises the bar)"
+    used_text = max_used or BUSY_USED
+    relative = used_text.endswith("%")
+    if gpu.memory_used is not None and (gpu.memory_total or not relative):
+        used_bar = parse_size(used_text, gpu.memory_total)
+        if gpu.memory_used > used_bar:
+            used, bar = _sizes(gpu.memory_used, used_bar)
+            bar_words = f"{used_text} = {bar}" if relative else bar
+            return (f"busy: {used} of {format_bytes(gpu.memory_total)} in use (more than {bar_words}; "
+                    "--max-used raises the bar)")
     if min_free is not None:
         needed = parse_size(min_free, gpu.memory_total)
         if gpu.memory_free is None or gpu.memory_free < needed:
-            return f"{format_bytes(gpu.memory_free)} free < {format_bytes(needed)}"
-    if max_util is not None and (gpu.utilization_gpu is None or gpu.utilization_gpu > max_util):
-        return "too busy"
+            have, want = _sizes(gpu.memory_free, needed)
+            return f"too full: {have} free, {want} needed (--min-free)"
     return None
+
+
+def mig_slices(gpu: GpuSample) -> list[GpuSample]:
+    """A card's MIG slices, each standing in for the card under its own UUID and memory."""
+    return [dataclasses.replace(gpu, uuid=m.uuid, name=m.name, memory_total=m.memory_total, memory_used=m.memory_used,
+                                memory_free=None if m.memory_total is None or m.memory_used is None
+                                else m.memory_total - m.memory_used,
+                                utilization_gpu=None, mig_mode=False, mig_devices=())
+            for m in gpu.mig_devices]
 
 
 @dataclass(frozen=True)
 class Choice:
     gpus: tuple[GpuSample, ...]
     reasons: tuple[str, ...]
+
+
+class TooFewFree(ValueError):
+    """Fewer cards are free than asked for; `reasons` says why each other card is not."""
+
+    def __init__(self, message: str, reasons: list[str]) -> None:
+        super().__init__(message)
+        self.reasons = tuple(reasons)
 
 
 def _set_cost(indices: tuple[int, ...], topo: Topology | None) -> tuple[float, float]:
@@ -58,28 +106,47 @@ def _set_cost(indices: tuple[int, ...], topo: Topology | None) -> tuple[float, f
     return (max(ranks), sum(ranks) / len(ranks))
 
 
-def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_free: str | None = None,
-           max_util: float | None = None) -> Choice:
-    """The `count` free-enough cards with the best links among them (then the least loaded).
-
-    Raises ValueError when fewer than `count` cards qualify.
-    """
-    reasons: list[str] = []
+def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: float | None,
+                max_used: str | None, reasons: list[str]) -> list[GpuSample]:
+    """Free whole cards and, for a single card, free MIG slices; why each other card is not."""
     eligible = []
     for gpu in snapshot.gpus:
-        why_not = free_enough(gpu, min_free, max_util)
+        if gpu.state == "ok" and gpu.mig_mode:
+            if count > 1:
+                reasons.append(f"GPU {gpu.index} skipped: in MIG mode, and a program sees one MIG slice at most")
+                continue
+            free = [s for s in mig_slices(gpu) if free_enough(s, min_free, max_util, max_used) is None]
+            reasons.append(f"GPU {gpu.index} is in MIG mode: {len(free)} of {len(gpu.mig_devices)} slices free")
+            eligible += free
+            continue
+        why_not = free_enough(gpu, min_free, max_util, max_used)
         if why_not:
             reasons.append(f"GPU {gpu.index} skipped: {why_not}")
         else:
             eligible.append(gpu)
+    return eligible
+
+
+def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_free: str | None = None,
+           max_util: float | None = None, max_used: str | None = None) -> Choice:
+    """The `count` free cards with the best links among them (then the least loaded). Busy cards
+    are never free unless the bar is lowered; a card in MIG mode offers its free slices instead
+    (to a single-card request).
+
+    Raises TooFewFree (a ValueError) when fewer than `count` cards qualify.
+    """
+    reasons: list[str] = []
+    eligible = _candidates(snapshot, count, min_free, max_util, max_used, reasons)
     if len(eligible) < count:
-        raise ValueError(f"only {len(eligible)} of {len(snapshot.gpus)} cards are free enough for {count}")
+        raise TooFewFree(f"only {len(eligible)} of {len(snapshot.gpus)} cards are free, {count} wanted "
+                         "(--verbose says why; --max-util, --max-used and --min-free set the bar)", reasons)
     eligible.sort(key=load_key)
-    by_index = {g.index: g for g in eligible}
     if count == 1 or topo is None:
         chosen = tuple(eligible[:count])
-        reasons.append("least loaded: " + ", ".join(f"GPU {g.index}" for g in chosen))
+        reasons.append("chose " + ", ".join(_name(g) for g in chosen) + ": the least loaded of the free cards ("
+                       + "; ".join(f"{format_bytes(g.memory_free)} free" for g in chosen) + ")")
         return Choice(chosen, tuple(reasons))
+    by_index = {g.index: g for g in eligible}
     indices = [g.index for g in eligible]
     load_rank = {idx: i for i, idx in enumerate(indices)}
     if math.comb(len(indices), count) <= MAX_COMBINATIONS:
@@ -91,9 +158,14 @@ def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_fre
     worst = max(((a, b) for a, b in itertools.combinations(best, 2)),
                 key=lambda pair: link_rank(link_between(topo, *pair)))
     reasons.append(
-        "chose " + ", ".join(f"GPU {g.index}" for g in chosen)
-        + f": weakest link {describe_link(link_between(topo, *worst))} (GPU {worst[0]}–{worst[1]})")
+        "chose " + ", ".join(_name(g) for g in chosen)
+        + f": the best-linked set of {count} free cards (weakest link: {describe_link(link_between(topo, *worst))},"
+        + f" GPU {worst[0]}–{worst[1]}), then the least loaded")
     return Choice(chosen, tuple(reasons))
+
+
+def _name(gpu: GpuSample) -> str:
+    return f"GPU {gpu.index}" + (f" slice {gpu.uuid}" if gpu.uuid and gpu.uuid.startswith("MIG-") else "")
 
 
 def _greedy(start: int, indices: list[int], count: int, topo: Topology) -> tuple[int, ...]:
@@ -116,7 +188,8 @@ def _norm_bus(bus: str) -> str:
 
 
 def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
-                 min_free: str | None = None, max_util: float | None = None) -> list[GpuSample]:
+                 min_free: str | None = None, max_util: float | None = None,
+                 max_used: str | None = None) -> list[GpuSample]:
     """GPU SPEC -> cards: NVML index, UUID (GPU-…, MIG-…, unique prefix), PCI bus id, a comma
     list of these, or auto[:N] (the N least-loaded free cards, best connected)."""
     spec = spec.strip()
@@ -127,7 +200,7 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
         if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
             raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
         try:
-            return list(choose(snapshot, int(count_text), topo, min_free, max_util).gpus)
+            return list(choose(snapshot, int(count_text), topo, min_free, max_util, max_used).gpus)
         except ValueError as exc:
             raise UsageError(f"--gpu {spec}: {exc}") from None
     chosen: list[GpuSample] = []
@@ -145,26 +218,24 @@ def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
         match = [g for g in gpus if g.index == int(part)]
         if not match:
             raise UsageError(f"bad --gpu {spec!r}: no card {part} (cards are {_indices(snapshot)})")
+        if match[0].uuid is None:  # jobs are pinned by UUID: a card that never answered has none
+            raise UsageError(f"--gpu {spec}: card {part} cannot be used: {match[0].error or match[0].state}")
         return match[0]
     if part.upper().startswith("MIG-"):
         # A MIG slice stands in for its card, under its own UUID and memory, so it is pinned by it.
-        match = [dataclasses.replace(g, uuid=m.uuid, name=m.name, memory_total=m.memory_total,
-                                     memory_used=m.memory_used,
-                                     memory_free=None if m.memory_total is None or m.memory_used is None
-                                     else m.memory_total - m.memory_used)
-                 for g in gpus for m in g.mig_devices if m.uuid.lower().startswith(part.lower())]
+        match = [m for g in gpus for m in mig_slices(g) if m.uuid and m.uuid.lower().startswith(part.lower())]
         if len(match) == 1:
             return match[0]
         problem = "matches several MIG slices" if match else "matches no MIG slice"
         raise UsageError(f"bad --gpu {spec!r}: {part!r} {problem}")
     if part.upper().startswith("GPU-"):
-        match = [g for g in gpus if g.uuid.lower().startswith(part.lower())]
+        match = [g for g in gpus if g.uuid and g.uuid.lower().startswith(part.lower())]
         if len(match) == 1:
             return match[0]
         problem = "matches several cards" if match else "matches no card"
         raise UsageError(f"bad --gpu {spec!r}: UUID {part!r} {problem}")
     if ":" in part:
-        match = [g for g in gpus if _norm_bus(g.pci_bus_id) == _norm_bus(part)]
+        match = [g for g in gpus if g.pci_bus_id and _norm_bus(g.pci_bus_id) == _norm_bus(part)]
         if match:
             return match[0]
         raise UsageError(f"bad --gpu {spec!r}: no card at PCI bus id {part!r}")

@@ -16,7 +16,7 @@ UNKNOWN = "?"
 
 
 def _pci_order(gpus: Sequence[GpuSample]) -> list[GpuSample]:
-    return sorted(gpus, key=lambda g: g.pci_bus_id.lower())
+    return sorted(gpus, key=lambda g: (g.pci_bus_id or "").lower())
 
 
 def _base_order(gpus: Sequence[GpuSample], device_order: str | None) -> list[GpuSample] | None:
@@ -30,38 +30,50 @@ def _base_order(gpus: Sequence[GpuSample], device_order: str | None) -> list[Gpu
     return None
 
 
-def _resolve(token: str, base: list[GpuSample]) -> GpuSample | None:
-    token = token.strip()
-    if token.isascii() and token.isdigit():
-        i = int(token)
-        return base[i] if i < len(base) else None
-    if token.startswith("GPU-"):
-        # CUDA accepts any unique prefix of a UUID.
-        matches = [g for g in base if g.uuid.startswith(token)]
-        return matches[0] if len(matches) == 1 else None
-    return None
+def _by_uuid(token: str, gpus: Sequence[GpuSample]) -> GpuSample | None:
+    """The card a UUID entry names, whatever CUDA's order: CUDA accepts any unique prefix, and a
+    MIG slice's UUID puts its card there."""
+    if token.startswith("MIG-"):
+        matches = [g for g in gpus if any(m.uuid.startswith(token) for m in g.mig_devices)]
+    else:
+        matches = [g for g in gpus if g.uuid and g.uuid.startswith(token)]
+    return matches[0] if len(matches) == 1 else None
 
 
 def cuda_ordinals(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> dict[int, str] | None:
-    """NVML index -> CUDA ordinal ("0", "1", …), "hidden" or "?".
+    """NVML index -> CUDA ordinal ("0", "1", …), "hidden" or "?" (depends on CUDA's own order).
 
     None when the environment sets neither variable: then there is nothing surprising to show.
+    Entries of CUDA_VISIBLE_DEVICES that are UUIDs name their card for certain; only integer
+    entries depend on CUDA's enumeration order, which gpumon cannot know for mixed models under
+    the default FASTEST_FIRST order.
     """
     visible = env.get("CUDA_VISIBLE_DEVICES")
     device_order = env.get("CUDA_DEVICE_ORDER")
     if visible is None and device_order is None:
         return None
     base = _base_order(gpus, device_order)
-    if base is None:
-        return {g.index: UNKNOWN for g in gpus}
     if visible is None:
-        chosen = base
-    else:
-        chosen = []
-        for token in visible.split(",") if visible.strip() else []:
-            gpu = _resolve(token, base)
-            if gpu is None or gpu in chosen:
+        if base is None:
+            return {g.index: UNKNOWN for g in gpus}
+        return {g.index: str(i) for i, g in enumerate(base)}
+    ordinal: dict[int, str] = {}
+    unknown_entries = False  # integer entries whose card only CUDA knows
+    position = 0
+    for token in (t.strip() for t in visible.split(",")) if visible.strip() else ():
+        if token.isascii() and token.isdigit():
+            if int(token) >= len(gpus):
                 break  # CUDA stops at the first invalid entry; the rest are ignored
-            chosen.append(gpu)
-    ordinal = {g.index: str(i) for i, g in enumerate(chosen)}
-    return {g.index: ordinal.get(g.index, HIDDEN) for g in gpus}
+            if base is None:
+                unknown_entries = True
+                position += 1
+                continue
+            gpu = base[int(token)]
+        else:
+            gpu = _by_uuid(token, gpus)
+        if gpu is None or gpu.index in ordinal:
+            break
+        ordinal[gpu.index] = str(position)
+        position += 1
+    rest = UNKNOWN if unknown_entries else HIDDEN
+    return {g.index: ordinal.get(g.index, rest) for g in gpus}

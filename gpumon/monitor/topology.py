@@ -4,7 +4,9 @@ node) > SYS (across sockets). Used by placement, `gpumon topo` and the TUI's top
 
 from __future__ import annotations
 
-from gpumon.model import Topology
+from collections.abc import Sequence
+
+from gpumon.model import GpuSample, Topology
 
 LINK_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 UNKNOWN_RANK = 6
@@ -42,3 +44,18 @@ def best_partners(topo: Topology, index: int) -> list[tuple[int, str | None]]:
     row = topo.links[topo.indices.index(index)]
     others = [(other, row[j]) for j, other in enumerate(topo.indices) if other != index]
     return sorted(others, key=lambda pair: (link_rank(pair[1]), pair[0]))
+
+
+def unknown_links(gpus: Sequence[GpuSample]) -> Topology:
+    """What is known before any link is read: the cards, their CPUs and NUMA nodes; links None.
+    Cards that cannot be asked are left out."""
+    usable = [g for g in gpus if g.state in ("ok", "error") and g.uuid is not None]
+    left_out = tuple((g.index, g.error or g.state) for g in gpus if g not in usable)
+    return Topology(
+        indices=tuple(g.index for g in usable),
+        links=tuple(tuple("X" if a is b else None for b in usable) for a in usable),
+        nvlinks=tuple(tuple(0 for _ in usable) for _ in usable),
+        cpu_affinity=tuple(g.cpu_affinity for g in usable),
+        numa_node=tuple(g.numa_node for g in usable),
+        left_out=left_out,
+    )

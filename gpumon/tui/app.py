@@ -1,24 +1,29 @@
 """The Textual app: owns the sampler and the themes, and hands snapshots to the main screen.
 
 `create_app` is the one way to build it: the CLI, the tests and the screenshot script all use it.
+The NVIDIA driver can take seconds to start on a sick machine, so the app may be given an
+`opener` instead of a backend: the first frame is drawn at once ("opening the NVIDIA driver…")
+and the backend is opened in a thread; a driver that cannot be used ends the app with its message.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from textual.app import App
 from textual.binding import Binding
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
-from gpumon.errors import EXIT_OK, UsageError
-from gpumon.model import Snapshot
+from gpumon.errors import EXIT_OK, GpumonError, UsageError
+from gpumon.model import GpuSample, Snapshot
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
+from gpumon.monitor.xid import RecentXids, XidListener
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
@@ -45,7 +50,9 @@ class GpumonApp(App[int]):
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
-                 backend_args: dict | None = None) -> None:
+                 backend_args: dict | None = None, real_pids: bool = True) -> None:
+        """`real_pids`: whether the backend the sampler will open lists real processes (when the
+        sampler has no backend yet)."""
         super().__init__()
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
@@ -60,7 +67,13 @@ class GpumonApp(App[int]):
         self.sample_count = sample_count
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
-        self.main_screen = MainScreen(sampler.history, sampler.interval, sampler.backend.real_pids, readonly, env)
+        self.failure: GpumonError | None = None  # why the data source could not be used
+        self.recent_xids = RecentXids()
+        self._xid_listener: XidListener | None = None
+        opening = sampler.backend is None
+        real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
+        self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
+                                      waiting="opening the NVIDIA driver…" if opening else "starting…")
 
     def on_mount(self) -> None:
         themes, self.theme_problems = load_themes()
@@ -72,7 +85,33 @@ class GpumonApp(App[int]):
             self.notify(problem, severity="warning", timeout=8)
         self.push_screen(self.main_screen)
         self.sampler.subscribe(self._on_snapshot)
-        self.run_worker(self.sampler.run(self.sample_count), name="sampler", group="sampler")
+        self.run_worker(self._sample(), name="sampler", group="sampler")
+
+    async def _sample(self) -> None:
+        try:
+            backend = await self.sampler.open()
+            if XidListener.available(backend):
+                self._xid_listener = XidListener(backend, self._on_xid)
+                self._xid_listener.start(asyncio.get_running_loop())
+            await self.sampler.run(self.sample_count)
+        except GpumonError as exc:  # no usable driver: leave, and say why once the screen is restored
+            self.failure = exc
+            self.exit(exc.exit_status)
+        finally:  # the worker is cancelled when the app exits
+            if self._xid_listener is not None:
+                self._xid_listener.stop()
+
+    def _on_xid(self, index: int, code: int, when: float) -> None:
+        """An XID error: shown on its card's panel, and `xid` rules fire at once."""
+        self.recent_xids.record(index, code, when)
+        latest = self.sampler.latest
+        gpu = next((g for g in latest.gpus if g.index == index), None) if latest else None
+        events = self.engine.xid(gpu or GpuSample(index=index, uuid=None, name="?", pci_bus_id=None), code, when)
+        self.alert_log = (self.alert_log + events)[-200:]
+        self.notify(f"GPU {index}: XID {code}", title="XID error", severity="error", timeout=8)
+        self.main_screen.alerts = self.engine.firing()
+        if latest is not None and self.main_screen.is_attached:
+            self.main_screen.show_snapshot(latest)
 
     def _initial_theme(self) -> str:
         if self.no_color:
@@ -107,14 +146,15 @@ class GpumonApp(App[int]):
 
     @property
     def can_launch(self) -> bool:
-        return self.backend_args is not None and self.sampler.backend.name != "replay"
+        backend = self.sampler.backend
+        return self.backend_args is not None and backend is not None and backend.name != "replay"
 
     # -- replay controls (only offered when playing back a recording) --
 
     @property
     def replay(self):
         backend = self.sampler.backend
-        return backend if backend.name == "replay" else None
+        return backend if backend is not None and backend.name == "replay" else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action.startswith("replay_"):
@@ -162,11 +202,13 @@ class GpumonApp(App[int]):
         self.exit(EXIT_OK)
 
 
-def create_app(backend: Backend, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
+def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
-               backend_args: dict | None = None) -> GpumonApp:
-    return GpumonApp(Sampler(backend, interval=interval), readonly=readonly, theme=theme, env=env,
+               backend_args: dict | None = None, opener: Callable[[], Backend] | None = None) -> GpumonApp:
+    """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
+    once the first frame is up. An opener's backend lists real processes (NVML)."""
+    return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
                      sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args)
 
 
@@ -179,12 +221,18 @@ def _check_theme(name: str | None) -> None:
         raise UsageError(f"unknown theme {name!r}; choose from {', '.join(names)}")
 
 
-def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None = None,
-            backend_args: dict | None = None, env: Mapping[str, str] | None = None) -> int:
-    """`env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
+def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
+            backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
+            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None) -> int:
+    """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
+    `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
     the changes below."""
     env = dict(os.environ if env is None else env)
-    _check_theme(args.theme)
+    try:
+        _check_theme(args.theme)
+    except UsageError:
+        on_error()
+        raise
     if args.no_color:
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is created
     # Exported COLUMNS/LINES (shell rc files, CI) override the real terminal size in Textual and
@@ -197,11 +245,14 @@ def run_app(args: argparse.Namespace, backend: Backend, rules: list[Rule] | None
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
-                     rules=rules, recorder=recorder, backend_args=backend_args, env=env)
+                     rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env)
     try:
         status = app.run()
     finally:
         if recorder is not None:
             recorder.close()
-        backend.close()
+        if app.sampler.backend is not None:
+            app.sampler.backend.close()
+    if app.failure is not None:
+        raise app.failure
     return status if isinstance(status, int) else EXIT_OK

@@ -72,13 +72,22 @@ class FakeMachine:
     init_error: int = 0
     topo_default: int = 50
     scan_env: bool = False  # real processes pinned by CUDA_VISIBLE_DEVICES=<a card's UUID> are its processes
+    count_error: int = 0  # nvmlDeviceGetCount fails with this NVML code
+    driver_unloaded: bool = False  # the kernel driver is gone (a reload in progress)
+    nvswitches: int = 4  # NVSwitch chips the cards' switch_links go to
+    fabric_info_max: int = 3  # newest nvmlGpuFabricInfo struct version the driver knows
 
     def render(self) -> str:
-        lines = [f"driver {self.driver}", f"cuda {self.cuda}", f"topo_default {self.topo_default}"]
+        lines = [f"driver {self.driver}", f"cuda {self.cuda}", f"topo_default {self.topo_default}",
+                 f"nvswitches {self.nvswitches}", f"fabric_info_max {self.fabric_info_max}"]
         if self.init_error:
             lines.append(f"init_error {self.init_error}")
         if self.scan_env:
             lines.append("scan_env 1")
+        if self.count_error:
+            lines.append(f"count_error {self.count_error}")
+        if self.driver_unloaded:
+            lines.append("driver_unloaded 1")
         lines += [f"delay {fn} {ms}" for fn, ms in self.delays.items()]
         lines += [card.line(i) for i, card in enumerate(self.cards)]
         lines += ["proc " + " ".join(f"{k}={v}" for k, v in p.items()) for p in self.procs]

@@ -20,10 +20,32 @@
  *   xid gpu=1 at=2.5 code=79           # XID event 2.5 s after nvmlInit
  *   scan_env 1                         # list real processes pinned by CUDA_VISIBLE_DEVICES
  *   scan_env_mem 1073741824            #   ... each using this many bytes (default 1 GiB)
+ *   count_error 999                    # nvmlDeviceGetCount fails with this code
+ *   driver_unloaded 1                  # the kernel driver is unloaded (see below)
+ *   nvswitches 4                       # NVSwitch chips that switch_links= go to
+ *   fabric_info_max 2                  # nvmlDeviceGetGpuFabricInfoV knows struct v2 only
  *
  * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s).
- * Faults: per card lost_after=SECONDS, handle_error=CODE, unsupported=f1,f2,
- * fail=field:code,...; functions are removed at link time by the test suite.
+ * Faults: per card lost_after=SECONDS (and back_after=SECONDS: the card answers
+ * again from then on, as after a reset), handle_error=CODE, unsupported=f1,f2,
+ * fail=field:code,..., slow=MS (every call on this card takes MS longer: a card
+ * going bad); functions are removed at link time by the test suite.
+ *
+ * Machines real servers are:
+ * - NVSwitch boards (HGX/DGX): switch_links=18 gives the card 18 NVLinks whose
+ *   remote end is an NVSwitch (nvmlDeviceGetNvLinkRemoteDeviceType says SWITCH,
+ *   the remote PCI info is the switch's); nvmlDeviceGetP2PStatus(a, b, NVLINK)
+ *   is OK between cards on switches with the same nvdomain=N (default 0).
+ * - Fabric state: fabric=not_started|in_progress|completed (fabric_status=CODE
+ *   for a completed but failed registration, fabric_health=N for the v3 health
+ *   summary); without fabric= the call answers NOT_SUPPORTED, like PCIe cards.
+ * - Driver reloads: while `driver_unloaded 1`, nvmlInit fails with
+ *   DRIVER_NOT_LOADED and every call does too; once it is gone again every call
+ *   answers UNINITIALIZED until nvmlInit is called again (the old session is
+ *   gone), and event sets from before answer UNINITIALIZED for ever.
+ * - Live MIG: mig=N (N >= 0: MIG mode on, N slices) may change while the
+ *   library runs; handles of destroyed slices answer INVALID_ARGUMENT.
+ *   mig_used=B0,B1,... is each slice's used memory.
  *
  * scan_env (see its block below): every real process whose /proc/PID/environ has
  * CUDA_VISIBLE_DEVICES naming a card's UUID (one entry of its comma list) is a
@@ -47,6 +69,7 @@
 #define E_NO_PERMISSION 4
 #define E_NOT_FOUND 6
 #define E_INSUFFICIENT_SIZE 7
+#define E_DRIVER_NOT_LOADED 9
 #define E_TIMEOUT 10
 #define E_GPU_IS_LOST 15
 #define E_LIB_RM_VERSION_MISMATCH 18
@@ -88,7 +111,16 @@ struct gpu {
     int nfails;
     int nvlink_peer[MAX_NVLINKS];
     int nvlinks;
-    int mig_count; /* MIG mode on, with this many slices */
+    int switch_links; /* NVLinks to NVSwitches, after the card-to-card ones */
+    int nvdomain;     /* cards on switches of one domain reach each other over NVLink */
+    int mig_mode;     /* MIG mode on, with mig_count slices */
+    int mig_count;
+    unsigned long long mig_used[7];
+    double back_after; /* lost between lost_after and back_after (< 0: for good) */
+    int slow_ms;
+    int fabric_state; /* 0: no fabric (NOT_SUPPORTED); 1 not started, 2 in progress, 3 completed */
+    int fabric_status;
+    int fabric_health;
 };
 
 #define MAX_MIGS 7
@@ -132,10 +164,15 @@ static struct {
     struct delay delays[MAX_DELAYS];
     int scan_env;        /* see the scan_env block */
     double scan_env_mem;
+    int count_error;
+    int driver_unloaded;
+    int nvswitches;
+    int fabric_info_max; /* newest nvmlGpuFabricInfo version the driver knows (2 or 3) */
 } C;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int initialized;
+static int session; /* bumped by each nvmlInit after the driver came back: old event sets die */
 static double init_time;
 static double last_check;
 static struct timespec loaded_mtime;
@@ -244,7 +281,25 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "handle_error")) g->handle_error = atoi(v);
     else if (!strcmp(k, "unsupported")) parse_fails(g, v, E_NOT_SUPPORTED);
     else if (!strcmp(k, "fail")) parse_fails(g, v, E_UNKNOWN);
-    else if (!strcmp(k, "mig")) g->mig_count = atoi(v) > MAX_MIGS ? MAX_MIGS : atoi(v);
+    else if (!strcmp(k, "mig")) {
+        g->mig_mode = 1;
+        g->mig_count = atoi(v) > MAX_MIGS ? MAX_MIGS : atoi(v);
+    } else if (!strcmp(k, "mig_used")) {
+        const char *s = v;
+        for (int i = 0; i < MAX_MIGS && *s; i++) {
+            char *end;
+            g->mig_used[i] = strtoull(s, &end, 10);
+            s = *end == ',' ? end + 1 : end;
+        }
+    } else if (!strcmp(k, "back_after")) g->back_after = atof(v);
+    else if (!strcmp(k, "slow")) g->slow_ms = atoi(v);
+    else if (!strcmp(k, "switch_links")) g->switch_links = atoi(v);
+    else if (!strcmp(k, "nvdomain")) g->nvdomain = atoi(v);
+    else if (!strcmp(k, "fabric")) {
+        g->fabric_state = !strcmp(v, "not_started") ? 1 : !strcmp(v, "in_progress") ? 2
+                        : !strcmp(v, "completed") ? 3 : 0;
+    } else if (!strcmp(k, "fabric_status")) g->fabric_status = atoi(v);
+    else if (!strcmp(k, "fabric_health")) g->fabric_health = atoi(v);
     else fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
 }
 
@@ -260,12 +315,16 @@ static void gpu_defaults(struct gpu *g, int index) {
     g->power_limit_mw.lo = g->power_limit_mw.hi = 300000;
     g->numa = -1;
     g->lost_after = -1;
+    g->back_after = -1;
 }
 
 static void load_config(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return;
     memset(&C, 0, sizeof C);
+    memset(migs, 0, sizeof migs); /* slices not named again are destroyed */
+    C.nvswitches = 4;
+    C.fabric_info_max = 3;
     snprintf(C.driver, sizeof C.driver, "550.54.15");
     C.cuda = 12040;
     C.topo_default = 50;
@@ -283,6 +342,10 @@ static void load_config(const char *path) {
         else if (!strcmp(word, "topo_default")) C.topo_default = atoi(p);
         else if (!strcmp(word, "scan_env")) C.scan_env = atoi(p);
         else if (!strcmp(word, "scan_env_mem")) C.scan_env_mem = atof(p);
+        else if (!strcmp(word, "count_error")) C.count_error = atoi(p);
+        else if (!strcmp(word, "driver_unloaded")) C.driver_unloaded = atoi(p);
+        else if (!strcmp(word, "nvswitches")) C.nvswitches = atoi(p) > 0 ? atoi(p) : 1;
+        else if (!strcmp(word, "fabric_info_max")) C.fabric_info_max = atoi(p);
         else if (!strcmp(word, "delay") && C.ndelays < MAX_DELAYS) {
             struct delay *d = &C.delays[C.ndelays];
             if (sscanf(p, "%63s %d", d->fn, &d->ms) == 2) C.ndelays++;
@@ -298,7 +361,9 @@ static void load_config(const char *path) {
                 snprintf(m->uuid, sizeof m->uuid, "MIG-%.8s-%04d-0000-0000-%012d", g->uuid + 4, i, C.ngpus);
                 snprintf(m->bus, sizeof m->bus, "%s", g->bus);
                 m->mem_total.lo = m->mem_total.hi = value(g->mem_total) / g->mig_count;
+                m->mem_used.lo = m->mem_used.hi = (double)g->mig_used[i];
                 m->lost_after = g->lost_after;
+                m->back_after = g->back_after;
             }
             C.ngpus++;
         } else if (!strcmp(word, "proc") && C.nprocs < MAX_PROCS) {
@@ -348,12 +413,17 @@ static void maybe_reload(void) {
     if (st.st_size == loaded_size && st.st_mtim.tv_sec == loaded_mtime.tv_sec &&
         st.st_mtim.tv_nsec == loaded_mtime.tv_nsec)
         return;
-    /* Keep delivered flags so a reload does not replay XID events. */
-    int delivered[MAX_XIDS];
+    /* Keep delivered flags so a reload does not replay XID events (the same event: the same
+     * card, time and code in the same place of the file). */
+    struct xid before[MAX_XIDS];
     int nx = C.nxids;
-    for (int i = 0; i < nx; i++) delivered[i] = C.xids[i].delivered;
+    memcpy(before, C.xids, sizeof before);
     load_config(path);
-    for (int i = 0; i < nx && i < C.nxids; i++) C.xids[i].delivered = delivered[i];
+    for (int i = 0; i < nx && i < C.nxids; i++)
+        if (before[i].gpu == C.xids[i].gpu && before[i].at == C.xids[i].at && before[i].code == C.xids[i].code)
+            C.xids[i].delivered = before[i].delivered;
+    /* An unloaded driver takes NVML's session with it: nvmlInit must be called again. */
+    if (C.driver_unloaded) initialized = 0;
     loaded_size = st.st_size;
     loaded_mtime = st.st_mtim;
 }
@@ -381,19 +451,35 @@ unsigned long fakeNvmlCallCount(const char *fn) {
     return n;
 }
 
-static void apply_delay(const char *fn) {
+/* Sleeps outside the lock, so one slow card never holds up calls to the others. */
+static void apply_delay(const char *fn, struct gpu *dev) {
     int ms = 0;
     pthread_mutex_lock(&lock);
+    maybe_reload();
     for (int i = 0; i < C.ndelays; i++)
         if (!strcmp(C.delays[i].fn, fn) || !strcmp(C.delays[i].fn, "*")) ms += C.delays[i].ms;
+    if (dev) ms += dev->slow_ms;
     pthread_mutex_unlock(&lock);
     if (ms > 0) usleep((useconds_t)ms * 1000);
 }
 
-static int gpu_error(struct gpu *g, const char *field) {
+static int lost_now(struct gpu *g) {
+    double t = now_mono() - init_time;
+    return g->lost_after >= 0 && t >= g->lost_after && (g->back_after < 0 || t < g->back_after);
+}
+
+/* What every call answers before it looks at its card: driver gone, session gone. */
+static int library_error(void) {
+    if (C.driver_unloaded) return E_DRIVER_NOT_LOADED;
     if (!initialized) return E_UNINITIALIZED;
+    return OK;
+}
+
+static int gpu_error(struct gpu *g, const char *field) {
+    int lib = library_error();
+    if (lib) return lib;
     if (!g || !g->present) return E_INVALID_ARGUMENT;
-    if (g->lost_after >= 0 && now_mono() - init_time >= g->lost_after) return E_GPU_IS_LOST;
+    if (lost_now(g)) return E_GPU_IS_LOST;
     for (int i = 0; i < g->nfails; i++)
         if (!strcmp(g->fails[i].field, field)) return g->fails[i].code;
     return OK;
@@ -401,7 +487,7 @@ static int gpu_error(struct gpu *g, const char *field) {
 
 /* Every device entry point: optional delay, lock, reload, fault checks. */
 #define ENTER(dev, field)                     \
-    apply_delay(__func__);                    \
+    apply_delay(__func__, (dev));             \
     pthread_mutex_lock(&lock);                \
     count_call(__func__);                     \
     maybe_reload();                           \
@@ -423,12 +509,17 @@ typedef int nvmlReturn_t;
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    apply_delay(__func__, NULL); /* a sick machine: nvmlInit itself takes seconds */
     pthread_mutex_lock(&lock);
     loaded_size = -1;
     maybe_reload();
-    int err = C.init_error;
+    int err = C.driver_unloaded ? E_DRIVER_NOT_LOADED : C.init_error;
     if (!err) {
-        if (!initialized) init_time = now_mono();
+        if (!initialized) {
+            init_time = now_mono(); /* times in the config (lost_after, xid at=) count from here */
+            session++;
+            for (int i = 0; i < C.nxids; i++) C.xids[i].delivered = 0; /* a new session's timeline */
+        }
         initialized = 1;
     }
     pthread_mutex_unlock(&lock);
@@ -450,7 +541,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case E_NO_PERMISSION: return "Insufficient Permissions";
     case E_NOT_FOUND: return "Not Found";
     case E_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case 9: return "Driver Not Loaded";
+    case E_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case E_TIMEOUT: return "Timeout";
     case 13: return "Function Not Found";
     case E_GPU_IS_LOST: return "GPU is lost";
@@ -467,60 +558,85 @@ static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
-    if (!initialized) return E_UNINITIALIZED;
-    return copy_str(version, length, C.driver);
+    pthread_mutex_lock(&lock);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc) rc = copy_str(version, length, C.driver);
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     return nvmlSystemGetDriverVersion(version, length);
 }
 nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
-    if (!initialized) return E_UNINITIALIZED;
-    *v = C.cuda;
-    return OK;
+    pthread_mutex_lock(&lock);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc) *v = C.cuda;
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
-    apply_delay(__func__);
-    if (!initialized) return E_UNINITIALIZED;
+    apply_delay(__func__, NULL);
     pthread_mutex_lock(&lock);
+    count_call(__func__);
     maybe_reload();
-    *count = C.ngpus;
+    int rc = library_error();
+    if (!rc) rc = C.count_error;
+    if (!rc) *count = C.ngpus;
     pthread_mutex_unlock(&lock);
-    return OK;
+    return rc;
 }
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev) {
-    apply_delay(__func__);
-    if (!initialized) return E_UNINITIALIZED;
-    if (index >= (unsigned)C.ngpus) return E_INVALID_ARGUMENT;
-    if (C.gpus[index].handle_error) return C.gpus[index].handle_error;
-    *dev = &C.gpus[index];
-    return OK;
+    apply_delay(__func__, index < MAX_GPUS ? &C.gpus[index] : NULL);
+    pthread_mutex_lock(&lock);
+    count_call(__func__);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc && index >= (unsigned)C.ngpus) rc = E_INVALID_ARGUMENT;
+    if (!rc) rc = C.gpus[index].handle_error;
+    if (!rc && lost_now(&C.gpus[index])) rc = E_GPU_IS_LOST;
+    if (!rc) *dev = &C.gpus[index];
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) {
     return nvmlDeviceGetHandleByIndex_v2(i, d);
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev) {
-    if (!initialized) return E_UNINITIALIZED;
-    for (int i = 0; i < C.ngpus; i++)
-        if (!strcmp(C.gpus[i].uuid, uuid)) {
-            *dev = &C.gpus[i];
-            return OK;
+static nvmlReturn_t handle_where(const char *key, int by_bus, nvmlDevice_t *dev) {
+    pthread_mutex_lock(&lock);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc) {
+        rc = E_NOT_FOUND;
+        for (int i = 0; i < C.ngpus; i++) {
+            struct gpu *g = &C.gpus[i];
+            if (by_bus ? strcasecmp(g->bus, key) : strcmp(g->uuid, key)) continue;
+            rc = g->handle_error ? g->handle_error : lost_now(g) ? E_GPU_IS_LOST : OK;
+            if (!rc) *dev = g;
+            break;
         }
-    return E_NOT_FOUND;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev) {
+    apply_delay(__func__, NULL);
+    return handle_where(uuid, 0, dev);
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *dev) {
-    if (!initialized) return E_UNINITIALIZED;
-    for (int i = 0; i < C.ngpus; i++)
-        if (!strcasecmp(C.gpus[i].bus, bus)) {
-            *dev = &C.gpus[i];
-            return OK;
-        }
-    return E_NOT_FOUND;
+    apply_delay(__func__, NULL);
+    return handle_where(bus, 1, dev);
+}
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus, nvmlDevice_t *dev) {
+    return nvmlDeviceGetHandleByPciBusId_v2(bus, dev);
 }
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
@@ -860,13 +976,13 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtiliz
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending) {
     ENTER(dev, "mig");
     if (dev->index < 0) LEAVE(E_NOT_SUPPORTED); /* a MIG slice itself */
-    *current = *pending = dev->mig_count > 0;
+    *current = *pending = dev->mig_mode;
     LEAVE(OK);
 }
 
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
     ENTER(dev, "mig");
-    *count = dev->mig_count ? MAX_MIGS : 0;
+    *count = dev->mig_mode ? MAX_MIGS : 0;
     LEAVE(OK);
 }
 
@@ -912,20 +1028,103 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
     LEAVE(OK);
 }
 
+#define MAX_LINK_INDEX 18 /* links per card (H100); the bindings allow NVML_NVLINK_MAX_LINKS */
+#define NVLINK_DEVICE_TYPE_GPU 0
+#define NVLINK_DEVICE_TYPE_SWITCH 2
+
+static int all_links(struct gpu *g) { return g->nvlinks + g->switch_links; }
+
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *active) {
     ENTER(dev, "nvlink");
-    if (dev->nvlinks == 0) LEAVE(E_NOT_SUPPORTED);
-    if (link >= MAX_NVLINKS) LEAVE(E_INVALID_ARGUMENT);
-    *active = link < (unsigned)dev->nvlinks;
+    if (all_links(dev) == 0) LEAVE(E_NOT_SUPPORTED);
+    if (link >= MAX_LINK_INDEX) LEAVE(E_INVALID_ARGUMENT);
+    *active = link < (unsigned)all_links(dev);
     LEAVE(OK);
 }
 
+/* Link i < nvlinks goes to another card; the next switch_links go to NVSwitches, in turn. */
 nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link,
                                                  nvmlPciInfo_t *pci) {
     ENTER(dev, "nvlink");
-    if (dev->nvlinks == 0) LEAVE(E_NOT_SUPPORTED);
-    if (link >= (unsigned)dev->nvlinks) LEAVE(E_INVALID_ARGUMENT);
-    fill_pci(&C.gpus[dev->nvlink_peer[link]], pci);
+    if (all_links(dev) == 0) LEAVE(E_NOT_SUPPORTED);
+    if (link >= (unsigned)all_links(dev)) LEAVE(E_INVALID_ARGUMENT);
+    if (link < (unsigned)dev->nvlinks) {
+        fill_pci(&C.gpus[dev->nvlink_peer[link]], pci);
+        LEAVE(OK);
+    }
+    struct gpu sw;
+    memset(&sw, 0, sizeof sw);
+    snprintf(sw.bus, sizeof sw.bus, "00000000:%02X:00.0", 0xC0 + (int)(link % C.nvswitches) + 0x10 * dev->nvdomain);
+    sw.pci_device_id = 0x22A310DE; /* NVSwitch */
+    fill_pci(&sw, pci);
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, unsigned int *type) {
+    ENTER(dev, "nvlink");
+    if (all_links(dev) == 0) LEAVE(E_NOT_SUPPORTED);
+    if (link >= (unsigned)all_links(dev)) LEAVE(E_INVALID_ARGUMENT);
+    *type = link < (unsigned)dev->nvlinks ? NVLINK_DEVICE_TYPE_GPU : NVLINK_DEVICE_TYPE_SWITCH;
+    LEAVE(OK);
+}
+
+#define P2P_CAPS_INDEX_NVLINK 2
+#define P2P_STATUS_OK 0
+#define P2P_STATUS_NOT_SUPPORTED 5
+
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, unsigned int *status) {
+    ENTER(a, "p2p");
+    if (gpu_error(b, "p2p")) LEAVE(gpu_error(b, "p2p"));
+    *status = P2P_STATUS_OK;
+    if (index == P2P_CAPS_INDEX_NVLINK) {
+        int direct = 0;
+        for (int i = 0; i < a->nvlinks; i++) direct |= a->nvlink_peer[i] == b->index;
+        int switched = a->switch_links && b->switch_links && a->nvdomain == b->nvdomain;
+        if (!direct && !switched) *status = P2P_STATUS_NOT_SUPPORTED;
+    }
+    LEAVE(OK);
+}
+
+/* ---- fabric (NVSwitch systems: registration with the fabric manager) ---- */
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+#define FABRIC_INFO_V2 0x02000024
+#define FABRIC_INFO_V3 0x03000028
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info) {
+    ENTER(dev, "fabric");
+    if (!dev->fabric_state) LEAVE(E_NOT_SUPPORTED);
+    memset(info, 0, sizeof *info);
+    info->state = dev->fabric_state;
+    info->status = dev->fabric_status;
+    info->cliqueId = 1 + dev->nvdomain;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info) {
+    ENTER(dev, "fabric");
+    if (info->version != FABRIC_INFO_V2 && (info->version != FABRIC_INFO_V3 || C.fabric_info_max < 3))
+        LEAVE(E_ARGUMENT_VERSION_MISMATCH);
+    if (!dev->fabric_state) LEAVE(E_NOT_SUPPORTED);
+    info->state = dev->fabric_state;
+    info->status = dev->fabric_status;
+    info->cliqueId = 1 + dev->nvdomain;
+    info->healthMask = 0;
+    if (info->version == FABRIC_INFO_V3) info->healthSummary = (unsigned char)dev->fabric_health;
     LEAVE(OK);
 }
 
@@ -939,13 +1138,21 @@ typedef struct {
 
 struct eventset {
     unsigned long long registered[MAX_GPUS];
+    int session;
 };
 typedef struct eventset *nvmlEventSet_t;
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
-    if (!initialized) return E_UNINITIALIZED;
-    *set = calloc(1, sizeof(struct eventset));
-    return *set ? OK : E_UNKNOWN;
+    pthread_mutex_lock(&lock);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc) {
+        *set = calloc(1, sizeof(struct eventset));
+        rc = *set ? OK : E_UNKNOWN;
+        if (*set) (*set)->session = session;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
@@ -970,6 +1177,12 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     for (;;) {
         pthread_mutex_lock(&lock);
         maybe_reload();
+        int rc = library_error();
+        if (!rc && set->session != session) rc = E_UNINITIALIZED;
+        if (rc) {
+            pthread_mutex_unlock(&lock);
+            return rc;
+        }
         double elapsed = now_mono() - init_time;
         for (int i = 0; i < C.nxids; i++) {
             struct xid *x = &C.xids[i];

@@ -1,4 +1,4 @@
-"""`?`: every key, grouped, with what it does."""
+"""`?`: every key, grouped, with what it does, and what the labels on a card mean."""
 
 from __future__ import annotations
 
@@ -45,6 +45,20 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
 ]
 
 
+# What a card's labels mean (not keys: the second column explains the first).
+LABELS: list[tuple[str, str]] = [
+    ("CUDA n", "the device number programs started from this shell see (CUDA_VISIBLE_DEVICES / "
+               "CUDA_DEVICE_ORDER are set); nvidia-smi and gpumon number cards in PCI order"),
+    ("hidden · no CUDA", "CUDA_VISIBLE_DEVICES leaves this card out: those programs cannot see it"),
+    ("CUDA ?", "depends on CUDA's own \"fastest first\" order, which only the CUDA runtime knows when the "
+               "models differ; set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name cards by UUID, to make it certain"),
+    ("not responding", "the card's driver calls have not answered for that long; its last values are "
+                       "shown, the other cards keep updating"),
+    ("XID n", "a recent XID error of the card (the driver's error code; 79: fell off the bus)"),
+    ("fabric …", "an NVSwitch board's card not registered with the fabric: is nvidia-fabricmanager running?"),
+]
+
+
 def help_table(readonly: bool) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
@@ -56,6 +70,9 @@ def help_table(readonly: bool) -> Table:
                 what += " (off: --readonly)"
             table.add_row(key, what)
         table.add_row("", "")
+    table.add_row(Text("On a card", style="bold underline"), "")
+    for label, what in LABELS:
+        table.add_row(label, what)
     return table
 
 

@@ -27,6 +27,7 @@ from gpumon.model import Snapshot
 from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.cuda_order import cuda_ordinals
 from gpumon.monitor.sampler import History
+from gpumon.monitor.topology import unknown_links
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
@@ -63,8 +64,9 @@ class MainScreen(Screen):
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, waiting: str = "starting…") -> None:
         super().__init__()
+        self.waiting = waiting  # the status line until the first sample
         self.history = history
         self.interval = interval
         self.real_pids = real_pids
@@ -83,7 +85,7 @@ class MainScreen(Screen):
         self._applied_at = 0.0  # monotonic time of the last update on screen
 
     def compose(self) -> ComposeResult:
-        yield StatusBar(self.interval, id="status")
+        yield StatusBar(self.interval, self.waiting, id="status")
         with Horizontal(id="top"):
             yield CardList(id="cards")
             with Vertical(id="charts"):
@@ -162,9 +164,10 @@ class MainScreen(Screen):
             self.query_one(StatusBar).show(snap, alerts=firing, extra=self.app.replay_status())
             cards = self.query_one(CardList)
             ordinals = self._ordinals_of(snap)
+            xids = self.app.recent_xids
             for panel, gpu in zip(cards.panels, snap.gpus):
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
-                           self.alerts.get(gpu.index, ()))
+                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time))
             self._fit_cards()
             self._update_charts()
             self._update_table()
@@ -210,7 +213,7 @@ class MainScreen(Screen):
             return
         for chart in self.query(HistoryChart):
             if chart.display:
-                _, values = self.history.series(gpu.uuid, chart.metric, self.window)
+                _, values = self.history.series(gpu.key, chart.metric, self.window)
                 chart.show(values, max(2, int(self.window / self.interval)), self.window, f"GPU {gpu.index}")
 
     def _update_table(self) -> None:
@@ -247,10 +250,23 @@ class MainScreen(Screen):
         if self.snapshot is not None:
             self._update_charts()
 
-    async def action_topology(self) -> None:
-        topo = await self.app.sampler.topology()
+    def action_topology(self) -> None:
+        """Open the view at once with what the snapshot knows; links fill in as each card answers."""
         gpu = self.selected_gpu
-        self.app.push_screen(TopologyScreen(topo, gpu.index if gpu else 0))
+        gpus = self.snapshot.gpus if self.snapshot else ()
+        screen = TopologyScreen(unknown_links(gpus), gpu.index if gpu else 0, reading=True)
+        self.app.push_screen(screen)
+        self.run_worker(self._read_topology(screen), group="topology")
+
+    async def _read_topology(self, screen: TopologyScreen) -> None:
+        def progress(topo) -> None:  # in the sampler's reading thread
+            try:
+                self.app.call_from_thread(screen.show_topology, topo, True)
+            except RuntimeError:  # the app is closing
+                pass
+
+        topo = await self.app.sampler.topology(progress)
+        screen.show_topology(topo, False)
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

@@ -1,5 +1,8 @@
 """`t`: the link matrix (as `nvidia-smi topo -m`), the selected card's row and column highlighted,
-links coloured by quality, and that card's best partners in order."""
+links coloured by quality, and that card's best partners in order.
+
+It opens at once with what is known (the cards, their CPUs) and fills in as each card's links are
+read; a card that does not answer is left out, and the view says so."""
 
 from __future__ import annotations
 
@@ -26,10 +29,19 @@ class TopologyScreen(ModalScreen[None]):
         Binding("down,j", "move(1)", "Next card"),
     ]
 
-    def __init__(self, topo: Topology, selected: int) -> None:
+    def __init__(self, topo: Topology, selected: int, reading: bool = False) -> None:
         super().__init__()
         self.topo = topo
+        self.reading = reading  # links are still being read
         self.selected = selected if selected in topo.indices else (topo.indices[0] if topo.indices else 0)
+
+    def show_topology(self, topo: Topology, reading: bool) -> None:
+        """Links read so far (`reading`), or all there will be."""
+        self.topo, self.reading = topo, reading
+        if self.selected not in topo.indices and topo.indices:
+            self.selected = topo.indices[0]
+        if self.is_attached:
+            self._draw()
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="topo-body") as body:
@@ -58,8 +70,9 @@ class TopologyScreen(ModalScreen[None]):
 
     def _draw(self) -> None:
         topo = self.topo
+        self.query_one("#topo-body").border_title = "Topology · reading links…" if self.reading else "Topology"
         if not topo.indices:
-            self.query_one("#topo-matrix", Static).update("No cards.")
+            self.query_one("#topo-matrix", Static).update("No cards." + _left_out(topo))
             return
         accent = Style(bgcolor=self.app.current_theme.panel, bold=True)
         table = Table(box=None, padding=(0, 1), show_edge=False, pad_edge=False)
@@ -75,7 +88,7 @@ class TopologyScreen(ModalScreen[None]):
                 style = self._quality(link)
                 if self.selected in (idx, other):
                     style += Style(bgcolor=self.app.current_theme.panel)
-                cells.append(Text(link or "N/A", style=style))
+                cells.append(Text(link or ("…" if self.reading else "N/A"), style=style))
             name_style = accent if idx == self.selected else Style(bold=True)
             numa = topo.numa_node[i]
             table.add_row(Text(f"GPU{idx}", style=name_style), *cells, topo.cpu_affinity[i] or "N/A",
@@ -83,5 +96,10 @@ class TopologyScreen(ModalScreen[None]):
         self.query_one("#topo-matrix", Static).update(table)
         partners = best_partners(topo, self.selected)
         text = Text(f"\nBest partners for GPU {self.selected}: ", style="bold")
-        text.append(", ".join(f"GPU {o} ({describe_link(link)})" for o, link in partners) or "none")
+        text.append(", ".join(f"GPU {o} ({describe_link(link) if link else '…'})" for o, link in partners) or "none")
+        text.append(_left_out(topo))
         self.query_one("#topo-partners", Static).update(text)
+
+
+def _left_out(topo: Topology) -> str:
+    return "".join(f"\nGPU {index} left out: {reason}" for index, reason in topo.left_out)

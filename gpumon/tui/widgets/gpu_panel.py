@@ -1,7 +1,9 @@
 """One panel per card, and the focusable list that holds them and tracks the selected card.
 
 A panel repaints only when what it shows changed. Full panels show every field the card reports;
-compact panels (small terminals, many cards) fit a card in one line, bars included.
+compact panels (small terminals, many cards) fit a card in one line, bars included. Trouble is
+shown on the card it concerns: a card that does not answer says for how long (the others keep
+updating), an NVSwitch fabric that is not ready, recent XID errors.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from gpumon.units import format_bytes
 EIGHTHS = " ▏▎▍▌▋▊▉"
 NA = "N/A"
 MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop the identifiers instead
+FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
+                "failed": "fabric failed", "degraded": "fabric degraded"}
 
 
 def bar(fraction: float | None, width: int) -> tuple[str, str]:
@@ -68,15 +72,18 @@ class GpuPanel(PartialRefresh, Widget):
         self.stale = False
         self.ordinal: str | None = None
         self.alerts: tuple[str, ...] = ()
+        self.xids: tuple[str, ...] = ()
         self._shown: tuple | None = None
         self._height = 0
 
-    def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = ()) -> None:
-        key = (gpu, stale, ordinal, alerts)
+    def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
+             xids: tuple[str, ...] = ()) -> None:
+        """`stale`: the whole sample is late (no new data at all); `xids`: recent XIDs, in words."""
+        key = (gpu, stale, ordinal, alerts, xids)
         if key == self._shown:
             return
         self._shown = key
-        self.gpu, self.stale, self.ordinal, self.alerts = gpu, stale, ordinal, alerts
+        self.gpu, self.stale, self.ordinal, self.alerts, self.xids = gpu, stale, ordinal, alerts, xids
         width = self.content_region.width
         if width:
             self.show_lines(self.lines(width), width)  # repaints only the characters that changed
@@ -150,10 +157,18 @@ class GpuPanel(PartialRefresh, Widget):
 
     def _badge(self, gpu: GpuSample) -> Text:
         badge = Text()
-        if gpu.state != "ok":
+        if gpu.state == "stale":
+            badge.append("  ")
+            badge.append(f" not responding for {gpu.stale_s or 0:.0f} s ", style=self._style("lost"))
+        elif gpu.state != "ok":
             badge.append(f"  {gpu.state.upper()} ", style=self._style("lost"))
         if self.stale:
-            badge.append("  STALE", style=self._style("warn"))
+            badge.append("  no new data", style=self._style("warn"))
+        if gpu.fabric in FABRIC_BADGE:
+            badge.append(f"  {FABRIC_BADGE[gpu.fabric]}", style=self._style("crit" if gpu.fabric != "in_progress"
+                                                                             else "warn"))
+        for xid in self.xids:
+            badge.append(f"  {xid}", style=self._style("crit"))
         for alert in self.alerts:
             badge.append(f"  ⚠ {alert}", style=self._style("crit"))
         return badge
@@ -172,6 +187,13 @@ class GpuPanel(PartialRefresh, Widget):
             return lines
         if gpu.state == "error":
             lines.append(Text(f"  ERROR: {gpu.error}", style=self._style("crit")))
+        if gpu.state == "stale" and gpu.utilization_gpu is None and gpu.memory_used is None:
+            lines.append(Text(f"  No answer for {gpu.stale_s or 0:.0f} s: its driver calls hang; the other cards "
+                              "keep updating.", style=self._style("warn")))
+            return lines
+        if gpu.fabric == "not_started":
+            lines.append(Text("  Fabric not started: CUDA cannot use this card until nvidia-fabricmanager "
+                              "registers it.", style=self._style("crit")))
         bar_width = max(5, (width - 44) // 2)
         mem_pct = gpu.memory_percent
         mem_value = NA if gpu.memory_used is None else (
@@ -220,6 +242,9 @@ class GpuPanel(PartialRefresh, Widget):
         name = Text(short_name(gpu.name), style=self._style("title"))
         name.truncate(16 if width >= 76 else 10, overflow="ellipsis", pad=True)  # cells, not characters
         line.append_text(name)
+        if self.ordinal is not None:  # what programs started from this shell call the card
+            label = "no CUDA" if self.ordinal == "hidden" else f"CUDA {self.ordinal}"
+            line.append(f" {label:<7}", style=self._style("muted"))
         if gpu.state == "lost":
             line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - line.cell_len], style=self._style("lost"))
             return line

@@ -1,4 +1,5 @@
-"""The top line: where we are, which driver, how often, and whether the data is live."""
+"""The top line: where we are, which driver, how often, and alerts. (A card that does not answer
+says so on its own panel: the trouble is that card's, not the whole driver's.)"""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from gpumon.tui.widgets.partial import PartialRefresh
 class StatusBar(PartialRefresh, Widget):
     COMPONENT_CLASSES = {"status-bar--badge", "status-bar--stale", "status-bar--muted", "status-bar--alert"}
 
-    def __init__(self, interval: float, **kwargs) -> None:
+    def __init__(self, interval: float, waiting: str = "starting…", **kwargs) -> None:
         super().__init__(**kwargs)
         self.interval = interval
+        self.waiting = waiting  # shown until the first sample arrives
         self.snapshot: Snapshot | None = None
         self.alerts = 0
         self.extra = ""
         self._shown: tuple | None = None
 
     def show(self, snapshot: Snapshot, alerts: int = 0, extra: str = "") -> None:
-        key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.stale, snapshot.backend, alerts, extra)
+        key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.backend, alerts, extra)
         self.snapshot, self.alerts, self.extra = snapshot, alerts, extra
         if key != self._shown:  # the clock has one-second resolution: no repaint in between
             self._shown = key
@@ -41,7 +43,7 @@ class StatusBar(PartialRefresh, Widget):
         snap = self.snapshot
         text = Text(" gpumon ", style="bold")
         if snap is None:
-            return text.append("starting…", style=self.get_component_rich_style("status-bar--muted"))
+            return text.append(self.waiting, style=self.get_component_rich_style("status-bar--muted"))
         muted = self.get_component_rich_style("status-bar--muted")
         text.append(snap.host, style="bold")
         text.append(f"  driver {snap.driver_version or 'N/A'}  CUDA {snap.cuda_driver_version or 'N/A'}", style=muted)
@@ -50,9 +52,6 @@ class StatusBar(PartialRefresh, Widget):
         if snap.backend != "nvml":
             text.append("  ")
             text.append(f" {snap.backend.upper()} ", style=self.get_component_rich_style("status-bar--badge"))
-        if snap.stale:
-            text.append("  ")
-            text.append(" STALE: driver slow to answer ", style=self.get_component_rich_style("status-bar--stale"))
         if self.alerts:
             text.append("  ")
             text.append(f" {self.alerts} ALERT{'S' if self.alerts > 1 else ''} ",

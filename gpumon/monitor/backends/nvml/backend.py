@@ -1,39 +1,57 @@
-"""Sampling every card through NVML: identity once at start, then the moving values each sample."""
+"""Sampling every card through NVML, each card on its own lane, so a slow card delays only itself.
+
+A sample asks every card that is not still busy with the previous question, waits for the answers
+up to a deadline, and reports each card as it stands: fresh values, or (still no answer after
+STALE_AFTER_S) its last values marked "stale" with their age. Cards are opened on their lanes
+too, so a card that hangs while opening holds up nothing else. A lost card is asked again for a
+new handle every few seconds (it comes back after a reset under its UUID); when the whole driver
+is gone (unloaded or reloaded), NVML is initialised again with backoff.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pynvml
 
-from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, Topology, throttle_names
+from gpumon.errors import NoDriverError
+from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.monitor.backends.nvml import topology as links
 from gpumon.monitor.backends.nvml.events import XidEvents
+from gpumon.monitor.backends.nvml.lanes import Lanes
 from gpumon.monitor.backends.nvml.library import (
-    NOT_AVAILABLE,
-    PCIE_INTERVAL_S,
     Card,
     CardLost,
+    DriverGone,
     decode,
     init_error,
     load_library,
-    mask_to_ids,
     versioned_calls,
 )
-from gpumon.monitor.backends.nvml.topology import read_topology
-from gpumon.units import format_cpu_list
+from gpumon.monitor.backends.nvml.opening import PROBE_LOST_S, open_card, probe, read_slow_state
+from gpumon.monitor.backends.nvml.values import card_values
 
 log = logging.getLogger(__name__)
-CPU_SET_WORDS = 16  # 1024 CPUs
+DEFAULT_WAIT_S = 2.0  # how long sample() waits for slow cards when the caller does not say
+STALE_AFTER_S = 3.0  # a card whose last answer is older than this, and still busy, is "stale"
+REINIT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+STAGGER_S = 0.02
 
 
 class NvmlBackend:
     name = "nvml"
     real_pids = True
+    # sample() and topology() take a deadline and report cards that miss it (see monitor.sampler).
+    answers_per_card = True
 
     def __init__(self, lib_path: str | None = None) -> None:
         lib_path = lib_path or os.environ.get("GPUMON_NVML_LIB") or None
@@ -45,14 +63,27 @@ class NvmlBackend:
             raise init_error(exc) from None
         self.host = socket.gethostname()
         self._versions = versioned_calls()
+        self._versions_lock = threading.Lock()
+        self._lanes = Lanes()
+        self.generation = 0  # bumped each time NVML is initialised again
+        self.driver_gone: str | None = None  # why, while NVML must be initialised again
+        self._reinit_at = 0.0
+        self._reinit_tries = 0
+        self._topology: Topology | None = None
+        self.cards: list[Card] = []
+        self._start()
+        self._xid = XidEvents(lambda: self.cards)
+
+    def _start(self) -> None:
+        """Versions and the card list (cards are opened on their lanes)."""
         self.driver_version = self._system(pynvml.nvmlSystemGetDriverVersion)
         cuda = self._system(pynvml.nvmlSystemGetCudaDriverVersion)
         self.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
-        count = pynvml.nvmlDeviceGetCount()
-        self.cards = [self._open_card(i) for i in range(count)]
-        self._xid = XidEvents(self.cards)
-
-    # -- setup --
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            raise NoDriverError(f"the NVIDIA driver cannot list its cards (nvmlDeviceGetCount: {exc})") from None
+        self.cards = [Card(i, self._versions, self._versions_lock) for i in range(count)]
 
     def _system(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -60,184 +91,114 @@ class NvmlBackend:
         except pynvml.NVMLError:
             return None
 
-    def _open_card(self, index: int) -> Card:
-        card = Card(index, self._versions)
-        try:
-            card.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            card.uuid = decode(pynvml.nvmlDeviceGetUUID(card.handle))
-            card.name = decode(pynvml.nvmlDeviceGetName(card.handle))
-            card.pci_bus_id = decode(pynvml.nvmlDeviceGetPciInfo_v3(card.handle).busId)
-        except pynvml.NVMLError as exc:
-            card.state = "lost" if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST else "error"
-            card.error = str(exc)
-            return card
-        card.cpu_affinity = self._cpu_affinity(card)
-        card.numa_node = self._numa_node(card)
-        card.migs = self._mig_slices(card)
-        return card
-
-    def _mig_slices(self, card: Card) -> list[tuple[Any, str, str]]:
-        """The card's MIG slices (read once: changing MIG mode needs a GPU reset anyway)."""
-        mode = card.read("mig", pynvml.nvmlDeviceGetMigMode)
-        if not mode or not mode[0]:
-            return []
-        slices = []
-        for i in range(card.read("mig", pynvml.nvmlDeviceGetMaxMigDeviceCount) or 0):
-            try:
-                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card.handle, i)
-                slices.append((handle, decode(pynvml.nvmlDeviceGetUUID(handle)), decode(pynvml.nvmlDeviceGetName(handle))))
-            except pynvml.NVMLError:
-                continue  # an index without a slice
-        return slices
-
-    def _cpu_affinity(self, card: Card) -> str | None:
-        words = card.read("cpu_affinity", pynvml.nvmlDeviceGetCpuAffinity, CPU_SET_WORDS)
-        cpus = mask_to_ids(words) if words is not None else []
-        return format_cpu_list(cpus) if cpus else None
-
-    def _numa_node(self, card: Card) -> int | None:
-        words = card.read("numa", pynvml.nvmlDeviceGetMemoryAffinity, 1, pynvml.NVML_AFFINITY_SCOPE_NODE)
-        nodes = mask_to_ids(words) if words is not None else []
-        if nodes:
-            return nodes[0]
-        # Older drivers lack memory affinity; the kernel knows the PCI device's node.
-        domain, _, rest = card.pci_bus_id.partition(":")
-        sysfs = f"/sys/bus/pci/devices/{domain[-4:]}:{rest}".lower() + "/numa_node"
-        try:
-            with open(sysfs) as f:
-                node = int(f.read())
-        except (OSError, ValueError):
-            return None
-        return node if node >= 0 else None
-
     # -- sampling --
 
-    def sample(self) -> Snapshot:
-        gpus = tuple(self._sample_card(card) for card in self.cards)
-        return Snapshot(
-            time=time.time(),
-            host=self.host,
-            backend=self.name,
-            driver_version=self.driver_version,
-            cuda_driver_version=self.cuda_driver_version,
-            gpus=gpus,
-        )
+    def sample(self, wait_s: float | None = None) -> Snapshot:
+        """Every card, waiting up to `wait_s` (default DEFAULT_WAIT_S) for cards still answering."""
+        if self.driver_gone is not None:
+            self._reinit()
+        cards, generation = self.cards, self.generation
+        if self.driver_gone is None:
+            deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
+            for card in cards:
+                if card.pending is None:
+                    card.asked_at = time.monotonic()
+                    card.pending = self._lanes.submit(card.index, partial(self._read_card, card, generation))
+                    # Healthy cards answer in well under a millisecond: read one after another, they
+                    # never contend for the GIL; a slow one holds up the next by STAGGER_S at most.
+                    _settle(card.pending, min(STAGGER_S, deadline - time.monotonic()))
+            for card in cards:
+                _settle(card.pending, deadline - time.monotonic())
+        gpus = tuple(self._answer(card) for card in cards)
+        return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=self.driver_version,
+                        cuda_driver_version=self.cuda_driver_version, gpus=gpus)
 
-    def _identity(self, card: Card, **values: Any) -> GpuSample:
-        return GpuSample(
-            index=card.index,
-            uuid=card.uuid,
-            name=card.name,
-            pci_bus_id=card.pci_bus_id,
-            numa_node=card.numa_node,
-            cpu_affinity=card.cpu_affinity,
-            **values,
-        )
+    def _answer(self, card: Card) -> GpuSample:
+        """The card as it stands now: its new answer, its recent one, or its last one marked stale."""
+        if self.driver_gone is not None:
+            wait = max(0.0, self._reinit_at - time.monotonic())
+            return self._identity(card, state="error",
+                                  error=f"NVIDIA driver gone ({self.driver_gone}); trying again in {wait:.0f} s")
+        now = time.monotonic()
+        future = card.pending
+        if future is not None and future.done():
+            card.pending = None
+            try:
+                card.last = future.result()
+            except Exception as exc:  # a bug or a driver answering nonsense: this card only
+                log.warning("NVML: card %d: %s", card.index, exc)
+                card.last = self._identity(card, state="error", error=f"{type(exc).__name__}: {exc}")
+            card.answered_at = now
+            return card.last
+        since = card.answered_at if card.answered_at is not None else card.asked_at
+        if card.last is not None and now - since < STALE_AFTER_S:
+            return card.last  # a little late: nothing to report yet
+        stale_s = round(now - since, 1)
+        error = f"not responding for {stale_s:.0f} s"
+        if card.last is None:
+            return self._identity(card, state="stale", stale_s=stale_s, error=error)
+        return dataclasses.replace(card.last, state="stale", stale_s=stale_s, error=error)
+
+    def _read_card(self, card: Card, generation: int) -> GpuSample:
+        """One card's sample; runs on its lane."""
+        try:
+            if not card.opened:
+                open_card(card)
+            elif card.handle is None or card.state == "lost":
+                probe(card)
+            return self._sample_card(card)
+        except DriverGone as exc:
+            if generation == self.generation and self.driver_gone is None:
+                self._lost_driver(str(exc))
+            return self._identity(card, state="error", error=f"NVIDIA driver gone ({exc})")
 
     def _sample_card(self, card: Card) -> GpuSample:
         if card.handle is None or card.state == "lost":
             return self._identity(card, state=card.state, error=card.error)
         card.state, card.error = "ok", None
         try:
-            values = self._card_values(card)
+            read_slow_state(card)
+            values = card_values(card)
         except CardLost as exc:
             card.state, card.error = "lost", str(exc)
+            card.probe_at = time.monotonic() + PROBE_LOST_S
             return self._identity(card, state="lost", error=card.error)
         return self._identity(card, state=card.state, error=card.error, **values)
 
-    def _card_values(self, card: Card) -> dict[str, Any]:
-        read = card.read
-        h = pynvml
-        memory = card.read_versioned("memory")
-        total = memory.total if memory is not None else None
-        util = read("util", h.nvmlDeviceGetUtilizationRates)
-        power = read("power", h.nvmlDeviceGetPowerUsage)
-        limit = read("power_limit", h.nvmlDeviceGetEnforcedPowerLimit)
-        pstate = read("pstate", h.nvmlDeviceGetPerformanceState)
-        throttle = card.read_versioned("throttle")
-        encoder = read("encoder", h.nvmlDeviceGetEncoderUtilization)
-        decoder = read("decoder", h.nvmlDeviceGetDecoderUtilization)
-        return {
-            "utilization_gpu": util.gpu if util is not None else None,
-            "utilization_memory": util.memory if util is not None else None,
-            "memory_total": total,
-            "memory_used": memory.used if memory is not None else None,
-            "memory_free": memory.free if memory is not None else None,
-            "temperature": read("temperature", h.nvmlDeviceGetTemperature, h.NVML_TEMPERATURE_GPU),
-            "fan": read("fan", h.nvmlDeviceGetFanSpeed),
-            "power_draw": power / 1000 if power is not None else None,
-            "power_limit": limit / 1000 if limit is not None else None,
-            "clock_sm": read("clock_sm", h.nvmlDeviceGetClockInfo, h.NVML_CLOCK_SM),
-            "clock_mem": read("clock_mem", h.nvmlDeviceGetClockInfo, h.NVML_CLOCK_MEM),
-            "pstate": f"P{pstate}" if pstate is not None and 0 <= pstate <= 15 else None,
-            "throttle_reasons": throttle_names(throttle) if throttle is not None else None,
-            "ecc_errors_uncorrected": read(
-                "ecc", h.nvmlDeviceGetTotalEccErrors,
-                h.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, h.NVML_VOLATILE_ECC,
-            ),
-            "pcie_tx": self._pcie(card)[0],
-            "pcie_rx": card.pcie[1],
-            "encoder_util": encoder[0] if encoder is not None else None,
-            "decoder_util": decoder[0] if decoder is not None else None,
-            "processes": self._processes(card, total),
-            "mig_devices": tuple(self._mig_sample(*mig) for mig in card.migs),
-        }
+    def _identity(self, card: Card, **values: Any) -> GpuSample:
+        return GpuSample(index=card.index, uuid=card.uuid, name=card.name, pci_bus_id=card.pci_bus_id,
+                         numa_node=card.numa_node, cpu_affinity=card.cpu_affinity, mig_mode=card.mig_mode,
+                         fabric=card.fabric, **values)
 
-    def _mig_sample(self, handle: Any, uuid: str, name: str) -> MigSample:
-        try:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            return MigSample(uuid, name, memory.total, memory.used)
-        except pynvml.NVMLError:
-            return MigSample(uuid, name)
+    # -- the driver going away and coming back --
 
-    def _pcie(self, card: Card) -> tuple[int | None, int | None]:
+    def _lost_driver(self, reason: str) -> None:
+        log.warning("NVML: the driver is gone (%s); initialising again with backoff", reason)
+        self.driver_gone = reason
+        self._reinit_tries = 0
+        self._reinit_at = time.monotonic() + REINIT_BACKOFF_S[0]
+
+    def _reinit(self) -> None:
         now = time.monotonic()
-        if now - card.pcie_read_at >= PCIE_INTERVAL_S:
-            card.pcie_read_at = now
-            tx = card.read("pcie", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-            rx = card.read("pcie", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-            # NVML reports KB/s.
-            card.pcie = (tx * 1024 if tx is not None else None, rx * 1024 if rx is not None else None)
-        return card.pcie
-
-    def _processes(self, card: Card, total: int | None) -> tuple[ProcessSample, ...]:
-        found: dict[int, ProcessSample] = {}
-        for kind in ("compute", "graphics"):
-            for info in card.read_versioned(f"{kind}_procs") or ():
-                pid, used = int(info.pid), info.usedGpuMemory
-                if used == NOT_AVAILABLE:
-                    used = None
-                # Drivers whose struct layout does not match the bindings return garbage
-                # (the driver-535 break); an impossible entry is dropped, not shown.
-                if pid <= 0 or (used is not None and total is not None and used > total):
-                    log.info("NVML: card %d: dropped impossible process entry pid=%s", card.index, pid)
-                    continue
-                if pid in found:  # both compute and graphics: count it once, as compute
-                    continue
-                found[pid] = ProcessSample(pid=pid, type=kind, gpu_memory=used)
-        if not found:
-            return ()
-        sm = self._process_sm_util(card)
-        if sm is not None:
-            found = {pid: _with_sm(p, sm.get(pid, 0)) for pid, p in found.items()}
-        return tuple(found.values())
-
-    def _process_sm_util(self, card: Card) -> dict[int, int] | None:
-        """SM % per pid from samples newer than the last call (NOT_FOUND: none were busy)."""
-        if "proc_util" in card.skip:
-            return None
+        if now < self._reinit_at:
+            return
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(card.handle, card.proc_util_ts)
-        except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
-                return {}
-            return card.failed("proc_util", exc)
-        latest: dict[int, tuple[int, int]] = {}
-        for s in samples:
-            if s.timeStamp > latest.get(s.pid, (-1, 0))[0]:
-                latest[s.pid] = (s.timeStamp, s.smUtil)
-            card.proc_util_ts = max(card.proc_util_ts, s.timeStamp)
-        return {pid: util for pid, (_, util) in latest.items()}
+            pynvml.nvmlShutdown()  # the old session, if the library still has one
+        except pynvml.NVMLError:
+            pass
+        try:
+            pynvml.nvmlInit()
+            self._start()
+        except (pynvml.NVMLError, NoDriverError) as exc:
+            self._reinit_tries += 1
+            self._reinit_at = now + REINIT_BACKOFF_S[min(self._reinit_tries, len(REINIT_BACKOFF_S) - 1)]
+            self.driver_gone = str(exc)
+            return
+        log.warning("NVML: initialised again; %d cards", len(self.cards))
+        self.generation += 1
+        self.driver_gone = None
+        self._topology = None
+        self._xid.reset()
 
     # -- XID events and topology --
 
@@ -245,15 +206,35 @@ class NvmlBackend:
         """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread."""
         return self._xid.wait(timeout_s)
 
-    def topology(self) -> Topology:
-        return read_topology(self.cards)
+    def topology(self, wait_s: float | None = None,
+                 on_progress: Callable[[Topology], None] | None = None) -> Topology:
+        """The link matrix of the cards that answer within `wait_s`; the others are left out, with
+        why. `on_progress` gets the matrix so far each time a card's row arrives."""
+        if self._topology is not None:
+            return self._topology
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
+        topo = links.read_links(self.cards, self._lanes, deadline, on_progress)
+        if not topo.left_out and len(topo.indices) == len(self.cards):  # links never change: read once
+            self._topology = topo
+        return topo
 
     def close(self) -> None:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        # nvmlShutdown may wait for a hung call: give it a moment, never more.
+        closing = threading.Thread(target=_shutdown, name="gpumon-nvml-shutdown", daemon=True)
+        closing.start()
+        closing.join(1.0)
 
 
-def _with_sm(p: ProcessSample, sm: int) -> ProcessSample:
-    return ProcessSample(pid=p.pid, type=p.type, gpu_memory=p.gpu_memory, sm_util=sm)
+def _settle(future: concurrent.futures.Future[Any], timeout: float) -> None:
+    """Wait up to `timeout` for the future (its outcome is read later)."""
+    try:
+        future.exception(timeout=max(0.0, timeout))
+    except TimeoutError:
+        pass
+
+
+def _shutdown() -> None:
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +27,18 @@ _SKIP_FOREVER = {
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     pynvml.NVML_ERROR_NO_PERMISSION,
 }
+# The whole library is gone (driver unloaded or reloaded): NVML must be initialised again.
+DRIVER_GONE = {pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED}
+# An older driver lacks the newer call, or the newer struct version: try the next one.
+_TRY_OLDER = {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
 
 
 class CardLost(Exception):
     pass
+
+
+class DriverGone(Exception):
+    """Every call fails with UNINITIALIZED / DRIVER_NOT_LOADED: the driver was unloaded or reloaded."""
 
 
 class _ProcessInfoV1(ctypes.Structure):
@@ -60,9 +69,27 @@ def mask_to_ids(words: Any) -> list[int]:
     return [w * 64 + bit for w, word in enumerate(words) for bit in range(64) if word >> bit & 1]
 
 
+def _fabric_call(function: str, struct: str) -> list[Callable[..., Any]]:
+    """nvmlDeviceGetGpuFabricInfo* with one struct version, when the bindings have both."""
+    fn, cls = getattr(pynvml, function, None), getattr(pynvml, struct, None)
+    if fn is None or cls is None:
+        return []
+
+    def call(handle: Any) -> Any:
+        info = cls()
+        fn(handle, ctypes.byref(info))
+        return info
+
+    return [call]
+
+
 def versioned_calls() -> dict[str, list[Callable[..., Any]]]:
     """Versioned functions in the order they are tried; the first one the driver lacks is dropped."""
     return {
+        # The fabric state of NVSwitch boards: v3 (health summary) -> v2 -> the original call.
+        "fabric": (_fabric_call("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t")
+                   + _fabric_call("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t")
+                   + _fabric_call("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")),
         "memory": [
             lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
             pynvml.nvmlDeviceGetMemoryInfo,
@@ -85,14 +112,18 @@ def versioned_calls() -> dict[str, list[Callable[..., Any]]]:
 
 
 class Card:
-    """Per-card state that outlives a sample: handle, static identity, what not to ask again."""
+    """Per-card state that outlives a sample: handle, identity, slow-changing state (MIG slices,
+    fabric), what not to ask again, and the bookkeeping of its lane (last answer, call in flight).
 
-    def __init__(self, index: int, versions: dict[str, list[Callable[..., Any]]]) -> None:
+    Only the card's lane calls NVML for it; other threads only read these attributes."""
+
+    def __init__(self, index: int, versions: dict[str, list[Callable[..., Any]]], lock: Any = None) -> None:
         self.index = index
         self.handle: Any = None
-        self.uuid = ""
+        self.opened = False  # identity read (or failed: then state says why)
+        self.uuid: str | None = None
         self.name = "?"
-        self.pci_bus_id = ""
+        self.pci_bus_id: str | None = None
         self.numa_node: int | None = None
         self.cpu_affinity: str | None = None
         self.skip: set[str] = set()
@@ -100,9 +131,19 @@ class Card:
         self.error: str | None = None
         self.proc_util_ts = 0
         self.pcie: tuple[int | None, int | None] = (None, None)
+        self.mig_mode: bool | None = None
         self.migs: list[tuple[Any, str, str]] = []  # (handle, MIG UUID, name) when MIG mode is on
+        self.fabric: str | None = None
+        self.slow_read_at = float("-inf")  # MIG slices and fabric state: re-read on a slow timer
+        self.probe_at = 0.0  # a lost card is asked again for a new handle from then on
         self.pcie_read_at = -PCIE_INTERVAL_S
+        # The lane's bookkeeping (monotonic seconds), kept by the backend.
+        self.pending: Any = None  # Future of the read in flight
+        self.asked_at = 0.0
+        self.answered_at: float | None = None
+        self.last: Any = None  # the GpuSample of the last answer
         self._versions = versions  # shared by all cards: a driver lacks a function for every card
+        self._versions_lock = lock or threading.Lock()
 
     def read(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(handle, *args), or None when the card does not say (remembered for good when the
@@ -120,11 +161,14 @@ class Card:
             return None
         versions = self._versions[key]
         while versions:
+            newest = versions[0]
             try:
-                return versions[0](self.handle)
+                return newest(self.handle)
             except pynvml.NVMLError as exc:
-                if exc.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and len(versions) > 1:
-                    versions.pop(0)
+                if exc.value in _TRY_OLDER and len(versions) > 1:
+                    with self._versions_lock:  # cards read on lanes of their own, all at once
+                        if versions and versions[0] is newest:
+                            versions.pop(0)
                     log.info("NVML: older %s call in use (driver lacks the newer one)", key)
                     continue
                 return self.failed(key, exc)
@@ -133,6 +177,8 @@ class Card:
     def failed(self, key: str, exc: pynvml.NVMLError) -> None:
         if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise CardLost(str(exc))
+        if exc.value in DRIVER_GONE:
+            raise DriverGone(str(exc))
         if exc.value in _SKIP_FOREVER:
             self.skip.add(key)
             log.info("NVML: card %d: %s unavailable (%s)", self.index, key, exc)

@@ -1,0 +1,108 @@
+"""XID errors reach the TUI (panels and `--alert xid`), and CUDA ordinals are shown in every
+layout and are certain wherever CUDA_VISIBLE_DEVICES names cards by UUID."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import Card
+
+from gpumon.alerting.rules import parse_rules
+from gpumon.model import GpuSample
+from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.monitor.cuda_order import cuda_ordinals
+from gpumon.tui.app import create_app
+from gpumon.tui.screens.help import help_table
+from gpumon.tui.widgets.gpu_panel import CardList
+
+
+def test_the_tui_listens_for_xid_errors(fake_driver):
+    fake_driver.machine.cards = [Card(), Card()]
+    fake_driver.machine.xids = [dict(gpu=1, at=1.5, code=79)]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        app = create_app(backend, interval=0.3, rules=parse_rules(["xid"]))
+        async with app.run_test(size=(140, 40)) as pilot:
+            for _ in range(200):
+                if app.engine.firing():
+                    break
+                await pilot.pause(0.05)
+            assert app.engine.firing() == {1: ("xid",)}
+            assert [(e.event, e.gpu, e.value) for e in app.alert_log] == [("firing", 1, 79.0)]
+            await pilot.pause(0.5)
+            panels = app.main_screen.query_one(CardList).panels
+            assert "XID 79" in panels[1].lines(130)[0].plain
+            assert "XID" not in panels[0].lines(130)[0].plain
+
+    try:
+        asyncio.run(go())
+    finally:
+        backend.close()
+
+
+def test_xids_are_shown_without_any_rule(fake_driver):
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.xids = [dict(gpu=0, at=1.0, code=48)]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        app = create_app(backend, interval=0.3)
+        async with app.run_test(size=(140, 40)) as pilot:
+            panel = None
+            for _ in range(200):
+                await pilot.pause(0.05)
+                panels = app.main_screen.query_one(CardList).panels
+                panel = panels[0] if panels else None
+                if panel is not None and panel.gpu is not None and "XID 48" in panel.lines(130)[0].plain:
+                    break
+            assert panel is not None and "XID 48 just now" in panel.lines(130)[0].plain
+
+    try:
+        asyncio.run(go())
+    finally:
+        backend.close()
+
+
+def test_compact_layout_shows_the_cuda_ordinal():
+    async def go():
+        env = {"CUDA_VISIBLE_DEVICES": "3,1"}
+        app = create_app(DemoBackend(cards=8), interval=0.2, env=env)
+        async with app.run_test(size=(120, 40)) as pilot:
+            while app.sampler.latest is None:
+                await pilot.pause(0.05)
+            await pilot.pause(0.3)
+            panels = app.main_screen.query_one(CardList).panels
+            assert panels[0].compact, "8 cards at 120x40 use the compact layout"
+            lines = [p.lines(116)[0].plain for p in panels]
+            assert "CUDA 0" in lines[3] and "CUDA 1" in lines[1]
+            assert "no CUDA" in lines[0]
+
+    asyncio.run(go())
+
+
+def gpu(index: int, name: str) -> GpuSample:
+    return GpuSample(index=index, uuid=f"GPU-{index}{index}{index}{index}-aaaa", name=name,
+                     pci_bus_id=f"00000000:{0x10 + index:02X}:00.0")
+
+
+def test_uuid_entries_give_certain_ordinals_on_mixed_models():
+    gpus = [gpu(0, "NVIDIA A100-SXM4-80GB"), gpu(1, "NVIDIA L4"), gpu(2, "NVIDIA A100-SXM4-80GB")]
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-2222-aaaa,GPU-0000"}
+    assert cuda_ordinals(gpus, env) == {2: "0", 0: "1", 1: "hidden"}
+    # Integer entries depend on CUDA's "fastest first" order, unknown for mixed models: the UUID
+    # entry is still certain, the cards an integer might name are "?".
+    assert cuda_ordinals(gpus, {"CUDA_VISIBLE_DEVICES": "GPU-1111,0"}) == {1: "0", 0: "?", 2: "?"}
+    assert cuda_ordinals(gpus, {"CUDA_VISIBLE_DEVICES": "0,1"}) == {0: "?", 1: "?", 2: "?"}
+
+
+def test_help_explains_the_cuda_labels():
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(help_table(readonly=False))
+    text = console.export_text()
+    assert "CUDA ?" in text and "hidden" in text and "CUDA_DEVICE_ORDER" in text
