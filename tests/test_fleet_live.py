@@ -78,27 +78,43 @@ def test_a_lost_host_is_unreachable_with_the_reason_then_reconnects_while_others
     assert states[-1] == "live"
 
 
-def test_a_host_whose_driver_hangs_goes_stale_and_comes_back(lab_env):
+def test_a_hung_card_is_stale_on_a_live_host_and_a_silent_host_goes_stale(lab_env):
+    """One card whose driver calls hang is that card's trouble: its host keeps streaming (the
+    other cards stay fresh) with the card marked stale. A host whose stream goes silent (the
+    link or the remote gpumon stalls) is stale as a whole, and live again when lines come back."""
     lab = lab_env
     slow = lab.host("slow")
-    slow.machine.cards = [Card()]
+    slow.machine.cards = [Card(extra=dict(util=11)), Card(extra=dict(util=22))]
     slow.write()
     fleet = open_fleet(parse_hosts("slow"), SshTransport(lab.ssh, lab.remote_gpumon), interval=0.3)
 
+    def card_state(index: int) -> str | None:
+        snapshot = fleet.status("slow").snapshot
+        return snapshot.gpus[index].state if snapshot is not None else None
+
     async def scenario() -> None:
         runner = asyncio.create_task(fleet.run())
-        await until(lambda: fleet.status("slow").state == "live")
-        slow.machine.delays = {"nvmlDeviceGetUtilizationRates": 3000}
+        await until(lambda: fleet.status("slow").state == "live" and card_state(0) == "ok")
+        slow.machine.cards[0].extra["slow"] = 4000  # every call on card 0 now takes 4 s
         slow.write()
-        await until(lambda: fleet.status("slow").state == "stale")
-        assert fleet.status("slow").snapshot is not None and fleet.status("slow").to_dict()["state"] == "stale"
-        slow.machine.delays = {}
+        await until(lambda: card_state(0) == "stale")
+        assert fleet.status("slow").state == "live" and card_state(1) == "ok"
+        del slow.machine.cards[0].extra["slow"]
         slow.write()
+        await until(lambda: card_state(0) == "ok")
+
+        stream = next(p for p in slow.server.sessions() if "--stream" in p.cmdline())
+        stream.send_signal(signal.SIGSTOP)  # a stream that says nothing more
+        try:
+            await until(lambda: fleet.status("slow").state == "stale")
+            assert fleet.status("slow").to_dict()["state"] == "stale"
+        finally:
+            stream.send_signal(signal.SIGCONT)
         await until(lambda: fleet.status("slow").state == "live")
         fleet.stop()
         await runner
 
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    asyncio.run(asyncio.wait_for(scenario(), 90))
 
 
 def _reader(stream) -> queue.Queue:
