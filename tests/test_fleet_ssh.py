@@ -93,7 +93,8 @@ def test_auth_and_host_key_failures_are_named(ssh_lab, tmp_path):
 
 def test_select_picks_the_best_set_on_one_host(ssh_lab):
     busy = ssh_lab.host("busy")
-    busy.machine.cards = [Card(mem_total=80 * GIB, extra=dict(mem_used=70 * GIB, util=90)), Card(mem_total=80 * GIB)]
+    # Both free (under the busy bar), but across a socket (the default link).
+    busy.machine.cards = [Card(mem_total=80 * GIB, extra=dict(mem_used=5 * GIB, util=5)), Card(mem_total=80 * GIB)]
     busy.write()
     roomy = ssh_lab.host("roomy")
     roomy.machine.cards = [Card(uuid=f"GPU-0000000{i}-aaaa-bbbb-cccc-000000000000", mem_total=80 * GIB)
