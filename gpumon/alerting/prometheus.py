@@ -19,10 +19,12 @@ import json
 import time
 from collections.abc import Callable, Iterator
 
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.alerting.rules import AlertEngine, Rule
+from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 
 MIB = 1 << 20
@@ -265,15 +267,11 @@ def _duration(seconds: float) -> str:
 
 
 def exposition(collector: GpumonCollector) -> bytes:
-    from prometheus_client import generate_latest
-
     return generate_latest(registry_for(collector))
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
     """'9400' or ':9400' -> loopback; 'HOST:PORT' binds HOST (explicitly, e.g. 0.0.0.0:9400)."""
-    from gpumon.errors import UsageError
-
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text

@@ -31,6 +31,7 @@ def open_backend(
     nvml_lib: str | None = None,
     seed: int = 0,
 ) -> Backend:
+    # Imported on demand: --demo and --replay never load the NVML bindings, and the reverse.
     if demo is not None:
         from gpumon.monitor.backends.demo import DemoBackend
 
