@@ -105,6 +105,7 @@ def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:
         index=int(index), uuid=_text(raw.get("uuid"), f"{where}.uuid", limit=128),  # type: ignore[arg-type]
         name=_text(raw.get("name"), f"{where}.name", limit=128) or "?",
         pci_bus_id=_text(raw.get("pci_bus_id"), f"{where}.pci_bus_id", limit=64),  # type: ignore[arg-type]
+        owner=_text(raw.get("owner"), f"{where}.owner", limit=512),
         state=state, processes=tuple(_process(p, f"{where}.processes[{i}]") for i, p in enumerate(processes)),
         **values,
     )
