@@ -58,11 +58,14 @@ class StaticServer:
                 path = urllib.parse.urlsplit(self.path).path
                 status, kind, body = pages.get(path, (404, "text/plain", b"not found\n"))
                 data = body() if callable(body) else body
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", kind)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client went away (a stopped Prometheus)
+                    pass
 
             def log_message(self, *args: Any) -> None:
                 pass

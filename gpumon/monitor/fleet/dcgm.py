@@ -33,7 +33,6 @@ from gpumon.monitor.fleet.schema import MAX_CARDS, MAX_PROCESSES
 from gpumon.sanitize import printable
 
 MIB = 1 << 20
-PREFIX = "DCGM_FI_DEV_"
 BACKEND = "prometheus"  # a snapshot's "backend" when it was read through Prometheus
 
 # Metric -> (GpuSample field, factor to the schema's unit). Both names of the throttle bitmask:
@@ -61,10 +60,12 @@ FIELDS: dict[str, tuple[str, float]] = {
     "gpumon_gpu_lost": ("lost", 1),
 }
 FLOAT_FIELDS = {"power_draw", "power_limit"}
+_CARD_FIELDS = tuple(dict.fromkeys(n for n, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
 SAMPLE_AGE = "gpumon_sample_age_seconds"  # gpumon's exporter: seconds since its newest sample
 PROCESS_MEMORY = "gpumon_process_gpu_memory_bytes"  # gpumon's exporter with --prometheus-processes
-# Series every exporting card has (freshness is read from the first one a card has).
-CARD_METRICS = (*FIELDS, "DCGM_FI_DEV_XID_ERRORS")
+# Series every exporting card has: its freshness is read from the first of these it has (each one
+# more costs Prometheus about 40 ms at 2048 cards). gpumon exports only the last for a lost card.
+CARD_METRICS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "gpumon_gpu_lost")
 
 HOST_LABELS = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
 KEY_LABELS = (*HOST_LABELS, "instance", "gpu", "GPU_I_ID")
@@ -73,11 +74,12 @@ INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_D
 OWNER_LABELS = ("pod", "namespace", "container")
 
 _SELECTOR = '{__name__=~"' + "|".join((*FIELDS, SAMPLE_AGE)) + '"}'
-# The few queries one refresh makes, whatever the number of hosts:
+# The few queries one refresh makes, whatever the number of hosts (benchmarks/prometheus_source.py
+# measured the alternatives: every series with all its labels is 2.5x the bytes and costs
+# Prometheus more to encode than this aggregation costs it; a query per host costs more of both):
 QUERIES = {
     # Every reading, with only the labels that say whose it is: the bulk of the answer, kept small.
-    "values": f'max by (f, {", ".join(KEY_LABELS)}) '
-              f'(label_replace({_SELECTOR}, "f", "$1", "__name__", "(?:{PREFIX})?(.+)"))',
+    "values": f'max by (__name__, {", ".join(KEY_LABELS)}) ({_SELECTOR})',
     # One series per card with what names it and the time of its newest sample. timestamp() reads
     # the samples' own times only of a plain selector, hence one per metric.
     "cards": f'max by ({", ".join(INFO_LABELS)}) ({" or ".join(f"timestamp({m})" for m in CARD_METRICS)})',
@@ -95,12 +97,13 @@ def _regex_literal(text: str) -> str:
 
 
 def queries(jobs: Iterable[str] = ()) -> dict[str, str]:
-    """QUERIES; the targets of `jobs` (seen before) are asked for by name too, so a job whose every
-    exporter stopped still says which ones are down."""
+    """QUERIES; once the scrape jobs of GPU series are known (`jobs`, from the last refresh), their
+    targets are asked for by job: cheaper, and a job whose every exporter stopped still says which
+    ones are down."""
     out = dict(QUERIES)
     known = sorted(set(jobs))[:MAX_JOBS]
     if known:
-        out["targets"] = f'up{{job=~"{"|".join(_regex_literal(j) for j in known)}"}} or ({QUERIES["targets"]})'
+        out["targets"] = f'up{{job=~"{"|".join(_regex_literal(j) for j in known)}"}}'
     return out
 
 MAX_TEXT = 256
@@ -175,6 +178,11 @@ class HostData:
     def newest(self) -> float:
         return max((c.newest for c in self.cards.values()), default=0.0)
 
+    @property
+    def scrape(self) -> tuple[tuple[int, float], ...]:
+        """Which samples it was made of: when no card has a newer sample, nothing has changed."""
+        return tuple((i, c.newest) for i, c in self.cards.items())
+
     def snapshot(self) -> Snapshot:
         driver = next((d for c in self.cards.values() if (d := text(c.labels, "DCGM_FI_DRIVER_VERSION", 64))), None)
         gpus = tuple(_gpu(self.cards[i]) for i in sorted(self.cards))
@@ -217,7 +225,7 @@ def _gpu(card: CardData) -> GpuSample:
         for part in card.slices.values():
             for name, value in part.values.items():
                 values.setdefault(name, value)
-    fields = {name: _value(values, name) for name, _ in FIELDS.values() if name not in ("lost", "memory_reserved")}
+    fields = {name: _value(values, name) for name in _CARD_FIELDS}
     used, free = fields["memory_used"], fields["memory_free"]
     total = None if used is None or free is None else used + free + round(values.get("memory_reserved", 0))
     labels = card.labels
@@ -257,10 +265,18 @@ def _card(host: HostData, labels: Mapping[str, Any], create: bool) -> CardData |
     return part
 
 
+def _raw_key(labels: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What names a card (or MIG slice) in every answer, as given: a reading finds its card by it
+    without checking its labels again (22,000 readings at 256 hosts)."""
+    return tuple(map(labels.get, KEY_LABELS))
+
+
 def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series], processes: Iterable[Series],
-                 targets: Iterable[Series]) -> Cluster:
+                 targets: Iterable[Series], before: Mapping[str, tuple[Any, Snapshot]] | None = None) -> Cluster:
     """The answers of QUERIES -> every host with its cards. A reading of a card that `cards` did
-    not name (it appeared between the queries) waits for the next refresh."""
+    not name (it appeared between the queries) waits for the next refresh. `before`: host ->
+    (scrape, snapshot) of the last refresh; a host with no new sample since keeps that snapshot
+    (Prometheus scrapes less often than gpumon asks: most hosts have not changed)."""
     target_labels: dict[tuple[Any, Any], Mapping[str, Any]] = {}
     down: dict[str, str] = {}
     for labels, up in targets:
@@ -269,6 +285,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
             down[instance] = text(labels, "job") or "?"
     hosts: dict[str, HostData] = {}
     by_instance: dict[Any, HostData] = {}
+    by_key: dict[tuple[Any, ...], CardData] = {}
     dropped: set[str] = set()
     jobs: set[str] = set()
     for labels, newest in cards:
@@ -284,6 +301,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
         card = _card(host, labels, create=True)
         if card is None:
             continue
+        by_key[_raw_key(labels)] = card
         if newest > card.newest:
             card.newest = newest
             card.labels = dict(labels)
@@ -304,20 +322,20 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
                     if owner not in card.owners and len(card.owners) < 16:
                         card.owners.append(owner)
     for labels, value in values:
-        metric = labels.get("f")
+        metric = labels.get("__name__")
         if metric == SAMPLE_AGE:
             host = by_instance.get(labels.get("instance"))
             if host is not None:
                 host.sample_age = value
             continue
-        spec = FIELDS.get(f"{PREFIX}{metric}") or FIELDS.get(metric)  # type: ignore[arg-type]
-        host = hosts.get(host_of(labels) or "")
-        card = _card(host, labels, create=False) if host is not None and spec is not None else None
+        spec = FIELDS.get(metric)  # type: ignore[arg-type]
+        card = by_key.get(_raw_key(labels)) if spec is not None else None
         if card is not None:
             card.values[spec[0]] = value * spec[1]
     _add_processes(hosts, processes)
-    for host in hosts.values():
-        host.reading = host.snapshot()
+    for name, host in hosts.items():
+        last = before.get(name) if before else None
+        host.reading = last[1] if last is not None and last[0] == host.scrape else host.snapshot()
     return Cluster(when, hosts, down, jobs, len(dropped))
 
 

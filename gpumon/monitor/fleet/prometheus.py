@@ -58,6 +58,7 @@ class PrometheusSource:
         self._jobs: set[str] = set()  # scrape jobs GPU series came from
         self._newest: dict[str, float] = {}  # host -> time of its newest sample seen
         self._gap: dict[str, float] = {}  # host -> shortest time between two new samples seen
+        self._readings: dict[str, tuple] = {}  # host -> (which samples, its snapshot): reused until new ones
         self.last_bytes = 0  # received by the last refresh (for benchmarks)
         self._said_dropped = False
 
@@ -75,7 +76,7 @@ class PrometheusSource:
         by_name = dict(zip(questions, answers, strict=True))
         when = next((t for t, _, _ in answers if t is not None), None) or time.time()
         return await in_daemon_thread(partial(read_cluster, when, by_name["cards"][1], by_name["values"][1],
-                                              by_name["processes"][1], by_name["targets"][1]))
+                                              by_name["processes"][1], by_name["targets"][1], self._readings))
 
     async def run(self, fleet) -> None:
         loop = asyncio.get_running_loop()
@@ -121,7 +122,9 @@ class PrometheusSource:
                 state, why = "stale", f"its gpumon has had no new reading for over {limit:.0f} s"
             else:
                 state, why = "live", None
-            fleet.report(name, state, snapshot=host.reading or host.snapshot(), source=self.kind, error=why, note=NOTE)
+            reading = host.reading or host.snapshot()
+            self._readings[name] = (host.scrape, reading)
+            fleet.report(name, state, snapshot=reading, source=self.kind, error=why, note=NOTE)
         for name in self.hosts:
             if name not in cluster.hosts:
                 fleet.report(name, "stale", source=self.kind, error=self._gone(name, cluster), note=NOTE)
