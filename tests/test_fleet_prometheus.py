@@ -200,6 +200,11 @@ def test_gpumon_exporters_are_hosts_with_their_values_then_stale_then_unreachabl
         "processes"][0]["user"])
     assert proc["command"] == Path(sys.executable).name
 
+    watched = gpumon("watch", "--prometheus-url", server.url, "--interval", "0.5", "--count", "6", "--alert", "temp > 60")
+    assert watched.returncode == 0, watched.stderr
+    events = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [(e["event"], e["host"], e["gpu"], e["value"]) for e in events] == [("firing", "gpu-a", 0, 67)]
+
     asyncio.run(_live_then_stale_then_unreachable(server, exporters, names))
 
 
@@ -286,6 +291,8 @@ def test_bad_urls_and_servers_that_are_not_prometheus(tmp_path, started):
     assert_one_line_error(gpumon("run", "--prometheus-url", static.url, "--host", "node-a", "--", "true"), 2,
                           "cannot launch on node-a through Prometheus")
     assert_one_line_error(gpumon("jobs", "--prometheus-url", static.url), 2, "cannot list")
+    assert_one_line_error(gpumon("watch", "--demo", "--prometheus", "0", "--prometheus-hostname", "gpu\x1b[31m"), 2,
+                          "bad --prometheus-hostname")
 
 
 def _closed_port() -> int:

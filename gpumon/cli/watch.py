@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _hostname(args: argparse.Namespace, config) -> str | None:
     """--prometheus-hostname: the name a Prometheus reader shows this host by."""
-    name = args.prometheus_hostname or config.prometheus_hostname
+    name = args.prometheus_hostname if args.prometheus_hostname is not None else config.prometheus_hostname
     if name is not None and (not name.strip() or not name.isprintable() or len(name) > 256):
         from gpumon.errors import UsageError
 
