@@ -11,11 +11,13 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     format = "jsonl"
     prometheus = "127.0.0.1:9400"
     prometheus_processes = false
+    prometheus_hostname = "gpu01"     # the exported Hostname label (default: this machine's name)
 
     [fleet]
     hosts = ["gpu01", "gpu[02-08]"]   # the TUI's hosts when no --hosts is given
     ssh = "ssh -F ~/.ssh/lab_config"
     remote = "~/.local/bin/gpumon"
+    prometheus_url = "http://prometheus:9090"   # the TUI reads this cluster when no --hosts is given
 
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
@@ -39,8 +41,8 @@ from gpumon.errors import UsageError
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
     "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
-              "prometheus": (str,), "prometheus_processes": (bool,)},
-    "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,)},
+              "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
+    "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,)},
 }
 
 
@@ -57,10 +59,12 @@ class Config:
     format: str | None = None
     prometheus: str | None = None
     prometheus_processes: bool = False
+    prometheus_hostname: str | None = None
     fleet_hosts: list[str] = field(default_factory=list)
     fleet_ssh: str | None = None
     fleet_remote: str | None = None
     fleet_groups: dict[str, list[str]] = field(default_factory=dict)
+    fleet_prometheus_url: str | None = None
 
 
 def default_path() -> Path:
@@ -128,9 +132,11 @@ def load_config(path: str | None = None) -> Config:
         raise bad("format", f"'watch.format' must be \"jsonl\" or \"text\", not {config.format!r}")
     config.prometheus = watch.get("prometheus")
     config.prometheus_processes = watch.get("prometheus_processes", False)
+    config.prometheus_hostname = watch.get("prometheus_hostname")
     fleet = data.get("fleet", {})
     config.fleet_hosts = list(fleet.get("hosts", []))
     config.fleet_ssh = fleet.get("ssh")
     config.fleet_remote = fleet.get("remote")
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
+    config.fleet_prometheus_url = fleet.get("prometheus_url")
     return config

@@ -92,6 +92,9 @@ class GpuSample:
     decoder_util: int | None = None
     numa_node: int | None = None
     cpu_affinity: str | None = None  # "0-15,32-47"
+    # Who holds the card when the source knows it by name, not by process: the Kubernetes pod a
+    # dcgm-exporter names ("namespace/pod (container)"; several joined by ", "). JSON "owner".
+    owner: str | None = None
     processes: tuple[ProcessSample, ...] = ()
     error: str | None = None  # why state is not "ok", for people
     mig_devices: tuple[MigSample, ...] = ()  # not in the JSON schema: for pinning and display
@@ -239,6 +242,13 @@ class HostStatus:
     def can_launch(self) -> bool:
         """Jobs, logs and signals need gpumon on the host (or this machine)."""
         return self.source in ("gpumon", "local")
+
+    @property
+    def launch_refusal(self) -> str | None:
+        """Why `r` (or `run --host`) cannot launch here, for people; None when it can."""
+        if self.can_launch:
+            return None
+        return self.note or f"read through {self.source}: launching needs gpumon there, over ssh"
 
     def card_id(self, index: int) -> str:
         return f"{self.host}:{index}"

@@ -15,7 +15,7 @@ SCHEMA_GPU_KEYS = {
     "index", "uuid", "name", "pci_bus_id", "state", "utilization_gpu", "utilization_memory",
     "memory_total", "memory_used", "memory_free", "temperature", "fan", "power_draw", "power_limit",
     "clock_sm", "clock_mem", "pstate", "throttle_reasons", "ecc_errors_uncorrected", "pcie_tx",
-    "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "processes",
+    "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "owner", "processes",
     # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
     "mig_mode", "fabric", "stale_s",
 }

@@ -4,13 +4,16 @@ Each host has its own rule engine (cards are numbered per host), fed each new do
 sends; every event carries `"host"`, and hooks get it as GPUMON_HOST. `unreachable` fires when a
 host cannot be read (no connection, or it answers with something unusable: `"error"` says why) for
 the rule's duration, and resolves when it is back. One host's trouble never delays another's
-events. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0.
+events. Hosts a source finds as it goes (Prometheus) get their engine when they first report. A
+source that cannot read its hosts (Prometheus down) says so once on stderr, and again when it
+changes. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import signal
 import time
 
@@ -22,6 +25,7 @@ from gpumon.model import HostStatus, Snapshot
 from gpumon.monitor.fleet import Fleet
 
 AWAY = ("unreachable", "reconnecting", "error")
+log = logging.getLogger(__name__)
 
 
 class FleetWatch:
@@ -29,7 +33,7 @@ class FleetWatch:
                  exit_on_alert: bool = False, metrics: bool = False, count: int | None = None) -> None:
         self.fleet = fleet
         self.rules = rules
-        self.engines = {name: AlertEngine(rules) for name in fleet.names}
+        self.engines = {name: AlertEngine(rules) for name in fleet.names}  # and the hosts found later
         self.host_engine = AlertEngine(rules)
         self.writer = writer
         self.hooks = hooks
@@ -38,6 +42,7 @@ class FleetWatch:
         self.count = count
         self.status = EXIT_OK
         self._seen: dict[str, Snapshot] = {}
+        self._problems: tuple[str, ...] = ()
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -58,6 +63,7 @@ class FleetWatch:
                 except TimeoutError:
                     pass
                 ticks += 1
+                self._say_problems()
                 now = time.time()
                 for status in self.fleet.statuses():  # durations of `unreachable for …` run on time
                     self._check_host(status, now)
@@ -74,9 +80,19 @@ class FleetWatch:
             self._seen[status.host] = snapshot
             if self.metrics:
                 self.writer.metrics(snapshot, host=status.host)
-            for event in self.engines[status.host].evaluate(snapshot):
+            engine = self.engines.get(status.host)
+            if engine is None:
+                engine = self.engines[status.host] = AlertEngine(self.rules)
+            for event in engine.evaluate(snapshot):
                 self._emit(dataclasses.replace(event, host=status.host))
         self._check_host(status, time.time())
+
+    def _say_problems(self) -> None:
+        problems = self.fleet.problems()
+        for problem in problems:
+            if problem not in self._problems:
+                log.warning("%s", problem)
+        self._problems = problems
 
     def _check_host(self, status: HostStatus, now: float) -> None:
         away = status.state in AWAY

@@ -31,12 +31,20 @@ MIB = 1 << 20
 THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
 
+def _reserved_mib(g: GpuSample) -> float | None:
+    """What the driver keeps for itself: with used and free, a reader adds up the card's total."""
+    if g.memory_total is None or g.memory_used is None or g.memory_free is None:
+        return None
+    return max(0, g.memory_total - g.memory_used - g.memory_free) / MIB
+
+
 # (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
 GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: None if g.memory_used is None else g.memory_used / MIB),
     ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: None if g.memory_free is None else g.memory_free / MIB),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda g: _reserved_mib(g)),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature),
     ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_draw),
@@ -62,19 +70,23 @@ class GpumonCollector(Collector):
     """Builds the metrics at scrape time from the newest snapshot: nothing is done per sample."""
 
     def __init__(self, latest: Callable[[], Snapshot | None], engine: AlertEngine | None = None,
-                 xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False) -> None:
+                 xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False,
+                 hostname: str | None = None) -> None:
         """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
-        replaces whole (read from the scrape thread)."""
+        replaces whole (read from the scrape thread). `hostname`: the Hostname label (default: the
+        snapshot's host, this machine's name), which is how a Prometheus reader tells hosts apart."""
         self.latest = latest
         self.engine = engine
         self.xid = xid
         self.processes = processes
+        self.hostname = hostname
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self.latest()
         if snap is None:
             return
-        labels = {g.index: [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, snap.host, g.pci_bus_id or ""]
+        host = self.hostname or snap.host
+        labels = {g.index: [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, host, g.pci_bus_id or ""]
                   for g in snap.gpus}
         for name, doc, read in GAUGES:
             family = GaugeMetricFamily(name, doc, labels=LABELS)
@@ -120,12 +132,12 @@ class GpumonCollector(Collector):
             yield firing
         if self.processes:
             procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
-                                      labels=["gpu", "UUID", "pid", "user", "name"])
+                                      labels=["gpu", "UUID", "Hostname", "pid", "user", "name"])
             for g in snap.gpus:
                 for p in g.processes:
                     if p.gpu_memory is not None:
                         name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
-                        procs.add_metric([str(g.index), g.uuid or "", str(p.pid), p.user or "?", name],
+                        procs.add_metric([str(g.index), g.uuid or "", host, str(p.pid), p.user or "?", name],
                                          float(p.gpu_memory))
             yield procs
 

@@ -50,11 +50,12 @@ class Watch:
     def stop(self) -> None:
         self.sampler.stop()
 
-    def serve_prometheus(self, address: str, processes: bool = False):
+    def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None):
         from prometheus_client import start_http_server
 
         host, port = parse_listen_address(address)
-        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: self.xid_seen, processes)
+        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: self.xid_seen, processes,
+                                    hostname)
         try:
             server, _ = start_http_server(port, host, registry=registry_for(collector))
         except OSError as exc:

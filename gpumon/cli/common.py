@@ -18,14 +18,18 @@ from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 def load_settings(args: argparse.Namespace) -> Config:
     """The config file (checked by every command), with its interval as the default."""
     config = load_config(getattr(args, "config", None))
+    if not hasattr(args, "interval_given"):  # on the command line (a source may have another default)
+        args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:
         args.interval = config.interval or 1.0
     return config
 
 
 def fleet_requested(args: argparse.Namespace) -> bool:
-    """Did the command line name hosts (--hosts/--hostfile)? Then the command reads the fleet."""
-    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None))
+    """Did the command line name hosts (--hosts/--hostfile/--prometheus-url)? Then the command
+    reads the fleet."""
+    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None)
+                or getattr(args, "prometheus_url", None))
 
 
 def backend_args(args: argparse.Namespace) -> dict[str, Any]:

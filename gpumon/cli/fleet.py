@@ -1,5 +1,5 @@
-"""What every command needs for many hosts: the host list, the ssh transport, and one reading of
-every host (`snapshot`, `select`)."""
+"""What every command needs for many hosts: the host list, the ssh transport, the Prometheus
+server, and one reading of every host (`snapshot`, `select`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpumon.errors import UsageError
 from gpumon.model import FleetSnapshot
 from gpumon.monitor.fleet import Fleet, HostSpec, SshTransport, open_fleet, parse_hosts, read_hostfile
 from gpumon.monitor.fleet.hosts import resolve
+from gpumon.monitor.fleet.prometheus import DEFAULT_INTERVAL_S, PrometheusSource, parse_url
 from gpumon.monitor.fleet.ssh import CONNECT_TIMEOUT_S
 
 
@@ -24,9 +25,22 @@ def host_list(args: argparse.Namespace, config: Config, use_config: bool = False
         hosts += parse_hosts(args.hosts, config.fleet_groups)
     if getattr(args, "hostfile", None):
         hosts += read_hostfile(args.hostfile, config.fleet_groups)
-    if not hosts and use_config and config.fleet_hosts:
+    if not hosts and use_config and config.fleet_hosts and not getattr(args, "prometheus_url", None):
         hosts = resolve(config.fleet_hosts, config.fleet_groups)
     return list({h.name: h for h in hosts}.values())
+
+
+def prometheus_url(args: argparse.Namespace, config: Config, use_config: bool = False) -> str | None:
+    """--prometheus-url; with `use_config` (the TUI), the config's [fleet] prometheus_url when the
+    command line names no hosts at all."""
+    url = getattr(args, "prometheus_url", None)
+    named = getattr(args, "hosts", None) or getattr(args, "hostfile", None)
+    if url is None and use_config and config.fleet_prometheus_url and not named:
+        try:
+            url = parse_url(config.fleet_prometheus_url)
+        except UsageError as exc:
+            raise UsageError(f"config {config.path}: [fleet] prometheus_url: {exc}") from None
+    return url
 
 
 def transport(args: argparse.Namespace, config: Config) -> SshTransport:
@@ -43,12 +57,19 @@ def local_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> Fleet:
+def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec], url: str | None = None) -> Fleet:
+    """The fleet of `hosts` (over ssh, or `local`) and of the Prometheus server at `url` (default:
+    --prometheus-url), which is read every 5 s unless --interval was given."""
     if getattr(args, "replay", None) or getattr(args, "record", None):
         raise UsageError("--replay and --record read or write one machine: not with --hosts")
+    url = url or getattr(args, "prometheus_url", None)
+    given = getattr(args, "interval_given", False)
+    extra = [PrometheusSource(url, args.interval if given else DEFAULT_INTERVAL_S)] if url else []
+    # The fleet's own tick (watch's clock for `unreachable for …`): its ssh hosts', else Prometheus'.
+    interval = args.interval if hosts or given or not url else DEFAULT_INTERVAL_S
     remote = any(not h.is_local for h in hosts)
-    return open_fleet(hosts, transport(args, config) if remote else None, args.interval, lambda: open_source(args),
-                      local_args(args))
+    return open_fleet(hosts, transport(args, config) if remote else None, interval, lambda: open_source(args),
+                      local_args(args), extra)
 
 
 def settle_timeout(interval: float) -> float:
@@ -62,10 +83,14 @@ def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> 
     async def once() -> FleetSnapshot:
         runner = asyncio.create_task(fleet.run())
         try:
-            await fleet.settle(settle_timeout(args.interval))
+            await fleet.settle(settle_timeout(fleet.interval))
             return fleet.first_answers()
         finally:
             fleet.stop()
             await runner
 
-    return asyncio.run(once())
+    doc = asyncio.run(once())
+    problems = fleet.problems()
+    if problems:  # the Prometheus server could not be read, or knows no GPU: bad input
+        raise UsageError("; ".join(problems))
+    return doc

@@ -25,6 +25,13 @@ from gpumon.units import format_bytes, format_runtime
 MAX_PARALLEL = 32  # ssh commands at once for `jobs --hosts`
 
 
+def _refuse_prometheus(args: argparse.Namespace, what: str) -> None:
+    """Jobs, logs and launches need gpumon on the host, over ssh: Prometheus cannot reach it."""
+    if getattr(args, "prometheus_url", None):
+        raise UsageError(f"{what} through Prometheus: it has no way to reach the nodes "
+                         "(--prometheus-url is read-only; reach them over ssh with --host or --hosts)")
+
+
 def fleet_text(doc: FleetSnapshot) -> str:
     parts = []
     for status in doc.hosts:
@@ -99,6 +106,7 @@ def _show_log(argv: list[str]) -> int:
 
 def jobs_hosts(args: argparse.Namespace) -> int:
     config = load_settings(args)
+    _refuse_prometheus(args, "cannot list, follow or stop jobs")
     hosts = fleet.host_list(args, config)
     runner = fleet.build(args, config, hosts)
     if args.stop or args.log:
@@ -135,6 +143,7 @@ def jobs_hosts(args: argparse.Namespace) -> int:
 def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
     """`run --host HOST`, or `run --hosts LIST --gpu auto[:N]`: the best free set on one of them."""
     config = load_settings(args)
+    _refuse_prometheus(args, f"cannot launch on {args.host}" if args.host else "cannot launch")
     if not request.command or not request.command[0].strip():
         raise UsageError("no command given: gpumon run --host HOST [OPTIONS] -- CMD [ARG...]")
     if args.host is not None:
@@ -173,6 +182,8 @@ def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[Ho
 
 
 def _topology(runner, host: str) -> Topology | None:
+    if host not in runner.specs:  # read through Prometheus: no way to ask it
+        return None
     try:
         return runner.remote(host).topology()
     except HostError as exc:  # placed without link ranks then, like a card set of unknown links

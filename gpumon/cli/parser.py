@@ -135,14 +135,26 @@ def _add_ssh_options(g, suppress: bool) -> None:
                    help="gpumon on the hosts: a path, or words like '~/venv/bin/python -m gpumon' (default gpumon)")
 
 
+def _prometheus_url(text: str) -> str:
+    from gpumon.monitor.fleet.prometheus_api import parse_url
+
+    try:
+        return parse_url(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("bad --prometheus-url ")) from None
+
+
 def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    """Many hosts, over the user's own ssh."""
-    g = parser.add_argument_group("many hosts (over ssh)")
+    """Many hosts, over the user's own ssh, or read through a Prometheus server."""
+    g = parser.add_argument_group("many hosts (over ssh, or read through Prometheus)")
     g.add_argument("--hosts", default=_default(None, suppress), metavar="LIST",
                    help="ssh destinations or aliases, gpu[01-08], @group (config [fleet.groups]), "
                         "ssh://user@host:port, local")
     g.add_argument("--hostfile", default=_default(None, suppress), metavar="FILE", help="hosts, one or more a line")
     _add_ssh_options(g, suppress)
+    g.add_argument("--prometheus-url", type=_prometheus_url, default=_default(None, suppress), metavar="URL",
+                   help="read every GPU host this Prometheus server scrapes (dcgm-exporter or gpumon watch "
+                        "--prometheus), read-only; every 5 s unless --interval is given")
 
 
 def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
@@ -208,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hook-timeout", type=_interval, metavar="SECONDS", help="kill a hook after this long (default 10)")
     p.add_argument("--prometheus", metavar="ADDR", help="serve metrics on PORT or HOST:PORT (default host 127.0.0.1)")
     p.add_argument("--prometheus-processes", action="store_true", help="also export per-process GPU memory")
+    p.add_argument("--prometheus-hostname", metavar="NAME",
+                   help="the metrics' Hostname label (default: this machine's name; set it in a container)")
     p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
     _add_record_option(p, suppress=True)
     _add_source_options(p, suppress=True)

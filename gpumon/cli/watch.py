@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         address = args.prometheus or config.prometheus
         if address:
-            server = watch.serve_prometheus(address, per_process)
+            server = watch.serve_prometheus(address, per_process, _hostname(args, config))
         return asyncio.run(watch.run())
     finally:
         if server is not None:
@@ -53,12 +53,22 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
 
 
+def _hostname(args: argparse.Namespace, config) -> str | None:
+    """--prometheus-hostname: the name a Prometheus reader shows this host by."""
+    name = args.prometheus_hostname if args.prometheus_hostname is not None else config.prometheus_hostname
+    if name is not None and (not name.strip() or not name.isprintable() or len(name) > 256):
+        from gpumon.errors import UsageError
+
+        raise UsageError(f"bad --prometheus-hostname {name!r}: expected a host name")
+    return name
+
+
 def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str) -> int:
     from gpumon.alerting.fleet_watch import FleetWatch
     from gpumon.cli import fleet
     from gpumon.errors import UsageError
 
-    if args.prometheus or config.prometheus or args.prometheus_processes:
+    if args.prometheus or config.prometheus or args.prometheus_processes or args.prometheus_hostname:
         raise UsageError("--prometheus serves one machine's metrics: run `gpumon watch --prometheus` on each host")
     runner = fleet.build(args, config, fleet.host_list(args, config))
     on_alert = args.on_alert or config.on_alert

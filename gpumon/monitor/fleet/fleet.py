@@ -2,16 +2,19 @@
 
 A *source* reads one or more hosts and reports what it learns (`Fleet.report`); the fleet keeps
 the newest status per host and tells its subscribers which host changed. Sources are pluggable
-(`Source`): `SshSource` (one gpumon stream per host, nvidia-smi as the fallback) and `LocalSource`
-(this machine's own backend) today; a Prometheus source reporting many hosts at once fits the same
-slot. Everything runs on one asyncio loop; no source can stall another, and nothing here costs more
-than O(1) per report, so a view redraws only the hosts that changed.
+(`Source`): `SshSource` (one gpumon stream per host, nvidia-smi as the fallback), `LocalSource`
+(this machine's own backend) and `PrometheusSource` (every host a Prometheus server has GPU series
+of). A source may find hosts as it goes (`add_host`: Prometheus learns them from its data); a
+listener then hears of a host it has not seen before, which is how views learn of new hosts.
+Everything runs on one asyncio loop; no source can stall another, and nothing here costs more than
+O(1) per report of a known host, so a view redraws only the hosts that changed.
 
 For views (the TUI):
     fleet = open_fleet(hosts, transport, interval, local_backend)
     fleet.subscribe(on_host)            # called on the loop with the HostStatus that changed
     worker = run_worker(fleet.run())    # until fleet.stop()
     fleet.status("gpu01"), fleet.statuses(), fleet.document()   # any time, from any thread
+    fleet.problems()                    # why a source that finds its hosts (Prometheus) cannot read them
     fleet.history("gpu01")              # charts of one host (kept from the first call on)
     fleet.remote("gpu01").launch(...)   # actions: blocking, from a worker thread
 """
@@ -26,7 +29,7 @@ from typing import Any, Protocol
 
 from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.monitor.fleet.hosts import HostSpec
-from gpumon.monitor.fleet.remote import RemoteGpumon
+from gpumon.monitor.fleet.remote import HostError, RemoteGpumon
 from gpumon.monitor.fleet.ssh import SshTransport
 from gpumon.monitor.sampler import History
 
@@ -39,10 +42,18 @@ _KEEP: Any = object()
 
 class Source(Protocol):
     kind: str  # "gpumon" | "nvidia-smi" | "prometheus" | "local": what it reads hosts through
-    hosts: tuple[str, ...]  # the names of the hosts it reports
+    hosts: Sequence[str]  # the names of the hosts it reports (so far, for a source that finds them)
 
     async def run(self, fleet: Fleet) -> None:
         """Report the hosts' statuses until cancelled; never raises for a host's trouble."""
+
+
+class FindingSource(Source, Protocol):
+    """A source that finds its hosts as it reads (Prometheus): it calls `fleet.add_host` before a
+    host's first report, and `fleet.source_read(self, problem)` after every read of all of them."""
+
+    finds_hosts: bool  # True
+    label: str  # for people: "Prometheus at http://prom:9090"
 
 
 class Fleet:
@@ -50,24 +61,31 @@ class Fleet:
                  transport: SshTransport | None = None, local_args: Sequence[str] = (),
                  history_seconds: float = 600.0) -> None:
         self.specs = {spec.name: spec for spec in hosts}
-        self.names = tuple(self.specs)
+        self.names = tuple(self.specs)  # listed hosts first, then found ones in the order found
         self.sources = list(sources)
         self.interval = interval
         self.transport = transport
         self.local_args = list(local_args)
         self.history_seconds = history_seconds
+        self._owner: dict[str, Source] = {}
+        for source in self.sources:
+            for name in source.hosts:
+                self._owner.setdefault(name, source)
         now = time.time()
         self._status = {name: HostStatus(name, since=now, source=self._kind_of(name)) for name in self.names}
         self._listeners: list[Listener] = []
         self._histories: dict[str, History] = {}
         self._unsettled = set(self.names)
+        self._unread = {id(s) for s in self.sources if getattr(s, "finds_hosts", False)}  # no first read yet
+        self._problems: dict[str, str] = {}  # a finding source's label -> why it cannot read its hosts
         self._first: dict[str, HostStatus] = {}  # each host's first answer (or failure)
         self._settled = asyncio.Event()
         self._stop = asyncio.Event()
         self.version = 0  # grows with every report: a view compares it to skip work
 
     def _kind_of(self, name: str) -> str:
-        return next((s.kind for s in self.sources if name in s.hosts), "gpumon")
+        owner = self._owner.get(name)
+        return owner.kind if owner is not None else "gpumon"
 
     # -- reading (any thread) --
 
@@ -95,8 +113,17 @@ class Fleet:
                 self._histories[name].add(snapshot)
         return self._histories[name]
 
+    def problems(self) -> tuple[str, ...]:
+        """Why a source that finds its hosts cannot read them now, one line each (none: all is well).
+        Its hosts say so too (unreachable); this also covers a source that has found none yet."""
+        return tuple(f"{label}: {why}" for label, why in self._problems.items())
+
     def remote(self, name: str) -> RemoteGpumon:
-        """gpumon subcommands on that host (jobs, logs, signals, launches): blocking calls."""
+        """gpumon subcommands on that host (jobs, logs, signals, launches): blocking calls.
+        HostError for a host only read from afar (Prometheus): nothing can reach it."""
+        if name not in self.specs:
+            refusal = self._status[name].launch_refusal if name in self._status else "not in the fleet"
+            raise HostError(f"{name}: {refusal}")
         return RemoteGpumon(self.specs[name], self.transport, self.local_args)
 
     # -- writing (sources, on the loop) --
@@ -107,6 +134,36 @@ class Fleet:
     def unsubscribe(self, listener: Listener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
+
+    def add_host(self, name: str, source: Source, note: str | None = None) -> bool:
+        """A source found a host. False when another source reads a host of that name (the one
+        listed or found first keeps it; the finder should not report it). O(hosts), once per host."""
+        owner = self._owner.get(name)
+        if owner is not None:
+            return owner is source
+        self._owner[name] = source
+        self._status[name] = HostStatus(name, since=time.time(), source=source.kind, note=note)
+        self.names = self.names + (name,)
+        self.version += 1
+        return True
+
+    def source_read(self, source: Source, problem: str | None) -> None:
+        """A finding source read all its hosts (problem None), or could not (why, in words)."""
+        label = getattr(source, "label", source.kind)
+        if problem is None:
+            changed = self._problems.pop(label, None) is not None
+        else:
+            changed = self._problems.get(label) != problem
+            self._problems[label] = problem
+        if changed:
+            self.version += 1
+        if id(source) in self._unread:
+            self._unread.discard(id(source))
+            self._check_settled()
+
+    def _check_settled(self) -> None:
+        if not self._unsettled and not self._unread:
+            self._settled.set()
 
     def report(self, name: str, state: str, *, snapshot: Any = _KEEP, error: str | None = None,
                source: str | None = None, note: Any = _KEEP, retry_at: float | None = None) -> None:
@@ -125,11 +182,11 @@ class Fleet:
         if new.snapshot is not None and new.snapshot is not old.snapshot and name in self._histories \
                 and not new.snapshot.stale:
             self._histories[name].add(new.snapshot)
-        if state in SETTLED and name in self._unsettled:
-            self._unsettled.discard(name)
+        if state in SETTLED and name not in self._first:
             self._first[name] = new
-            if not self._unsettled:
-                self._settled.set()
+            if name in self._unsettled:
+                self._unsettled.discard(name)
+                self._check_settled()
         for listener in list(self._listeners):
             try:
                 listener(new)
@@ -145,12 +202,15 @@ class Fleet:
             raise
         except Exception as exc:  # a bug in one source: its hosts say so, the others go on
             log.exception("fleet source %s failed", source.kind)
-            for name in source.hosts:
-                self.report(name, "error", error=f"internal error: {type(exc).__name__}: {exc}")
+            why = f"internal error: {type(exc).__name__}: {exc}"
+            for name in list(source.hosts):
+                self.report(name, "error", error=why)
+            if getattr(source, "finds_hosts", False):
+                self.source_read(source, why)
 
     async def run(self) -> None:
         """Run every source until stop(); then end them (remote streams are closed)."""
-        if not self.names:
+        if not self.sources:
             return
         tasks = [asyncio.create_task(self._guarded(s), name=f"fleet-{s.kind}") for s in self.sources]
         try:
@@ -165,11 +225,16 @@ class Fleet:
         self._stop.set()
 
     async def settle(self, timeout: float) -> None:
-        """Wait until every host has answered once (or failed), at most `timeout` seconds."""
-        if self._unsettled:
+        """Wait until every host has answered once (or failed), and every source that finds its
+        hosts has read once, at most `timeout` seconds."""
+        if self._unsettled or self._unread:
             try:
                 async with asyncio.timeout(timeout):
                     await self._settled.wait()
             except TimeoutError:
+                why = f"timeout (no answer in {timeout:g} s)"
                 for name in list(self._unsettled):
-                    self.report(name, "unreachable", error=f"timeout (no answer in {timeout:g} s)")
+                    self.report(name, "unreachable", error=why)
+                for source in self.sources:
+                    if id(source) in self._unread:
+                        self.source_read(source, why)

@@ -1,0 +1,172 @@
+"""Prometheus' HTTP API, as gpumon reads it: one instant query (`GET /api/v1/query`) at a time,
+blocking (callers run it in a daemon thread), bounded in time (REQUEST_TIMEOUT_S for the whole
+answer, not per read) and in size, asking for gzip. `http://user:password@host` logs in with basic
+auth; the password never appears in messages. Every failure is an ApiError that says why in words:
+connection refused, name not resolved, timeout, an HTTP status with Prometheus' own reason, an
+answer that is not Prometheus' JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import gzip
+import http.client
+import io
+import json
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
+
+from gpumon import __version__
+from gpumon.errors import UsageError
+from gpumon.sanitize import printable
+
+REQUEST_TIMEOUT_S = 10.0
+MAX_ANSWER = 256 << 20  # 256 hosts x 8 cards answer about 5 MB
+MAX_SERIES = 1_000_000
+
+Series = tuple[dict[str, Any], float]  # (labels, value)
+
+
+class ApiError(Exception):
+    """Prometheus could not be read; the message says why, in words."""
+
+
+def parse_url(text: str) -> str:
+    """`--prometheus-url`: the server's base URL (http[s]://host[:port][/prefix]), checked."""
+    bad = UsageError(f"bad --prometheus-url {printable(text)[:200]!r}: expected the Prometheus server's address, "
+                     "e.g. http://prometheus:9090")
+    try:
+        url = urlsplit(text.strip())
+        url.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise bad from None
+    if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+        raise bad
+    path = url.path.rstrip("/")
+    for suffix in ("/api/v1/query", "/graph"):  # pasted from a browser or an API call
+        path = path.removesuffix(suffix)
+    return urlunsplit((url.scheme, url.netloc, path, "", ""))
+
+
+def shown_url(url: str) -> str:
+    """The URL without a password, for messages."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _words(exc: BaseException, timeout: float) -> str:
+    """A failed request, for people."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError) \
+        else exc
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"timeout (no answer in {timeout:g} s)"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, socket.gaierror):
+        return "name not resolved"
+    if isinstance(reason, ssl.SSLError):
+        return f"TLS: {getattr(reason, 'reason', None) or reason}"
+    if isinstance(reason, (ConnectionResetError, http.client.RemoteDisconnected)):
+        return "connection closed without an answer"
+    if isinstance(reason, http.client.HTTPException):
+        return "answered with something that is not HTTP"
+    if isinstance(reason, OSError) and reason.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "no route to host"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason) or type(reason).__name__
+
+
+def _read_body(response: Any, deadline: float, timeout: float) -> bytes:
+    data = bytearray()
+    while chunk := response.read(1 << 16):
+        data += chunk
+        if len(data) > MAX_ANSWER:
+            raise ApiError(f"answered with over {MAX_ANSWER >> 20} MiB")
+        if time.monotonic() > deadline:
+            raise ApiError(f"timeout (the answer took over {timeout:g} s)")
+    if response.headers.get("Content-Encoding") == "gzip":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(bytes(data))) as unzipped:
+                data = bytearray(unzipped.read(MAX_ANSWER + 1))
+        except (OSError, EOFError):
+            raise ApiError("answered with a broken gzip body") from None
+        if len(data) > MAX_ANSWER:
+            raise ApiError(f"answered with over {MAX_ANSWER >> 20} MiB")
+    return bytes(data)
+
+
+def _request(url: str) -> urllib.request.Request:
+    parts = urlsplit(url)
+    headers = {"Accept": "application/json", "Accept-Encoding": "gzip", "User-Agent": f"gpumon/{__version__}"}
+    if parts.username is not None:  # http://user:password@host: basic auth, never sent in the URL
+        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(secret).decode()
+        url = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
+    return urllib.request.Request(url, headers=headers)
+
+
+def query(base: str, promql: str, timeout: float = REQUEST_TIMEOUT_S) -> tuple[float | None, list[Series], int]:
+    """One instant query (blocking) -> (Prometheus' time, [(labels, value)], bytes received).
+    ApiError says why it failed."""
+    deadline = time.monotonic() + timeout
+    request = _request(f"{base}/api/v1/query?{urlencode({'query': promql}, quote_via=quote)}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = _read_body(response, deadline, timeout)
+    except urllib.error.HTTPError as exc:
+        raise ApiError(_http_error(exc)) from None
+    except ApiError:
+        raise
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        raise ApiError(_words(exc, timeout)) from None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ApiError("answered with something that is not JSON: is this the Prometheus server's address?") \
+            from None
+    return (*_vector(doc), len(body))
+
+
+def _http_error(exc: urllib.error.HTTPError) -> str:
+    try:  # Prometheus says what was wrong in a JSON body
+        detail = json.loads(exc.read(1 << 16)).get("error")
+    except Exception:  # noqa: BLE001 - any body at all: the status alone then
+        detail = None
+    if exc.code == 404 and not detail:
+        return "HTTP 404: no Prometheus API here: is this the Prometheus server's address?"
+    if exc.code in (401, 403):
+        return f"HTTP {exc.code}: not allowed (give user:password@ in the URL if it needs a login)"
+    return f"HTTP {exc.code}" + (f": {printable(str(detail))[:200]}" if detail else f" {exc.reason}")
+
+
+def _vector(doc: Any) -> tuple[float | None, list[Series]]:
+    if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
+        raise ApiError("answered with JSON that is not Prometheus' API: is this the Prometheus server's address?")
+    if doc["status"] == "error":
+        raise ApiError(f"query failed: {printable(str(doc.get('error')))[:200]}")
+    data = doc.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list) or data.get("resultType") != "vector":
+        raise ApiError("answered with an unexpected kind of result")
+    if len(result) > MAX_SERIES:
+        raise ApiError(f"answered with over {MAX_SERIES} series")
+    series: list[Series] = []
+    when = None
+    for item in result:
+        try:
+            labels, (at, value) = item["metric"], item["value"]
+            number = float(value)
+        except (TypeError, ValueError, KeyError):
+            continue
+        if isinstance(labels, dict) and isinstance(at, (int, float)):
+            series.append((labels, number))
+            when = float(at)
+    return when, series
