@@ -290,3 +290,18 @@ def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, runtime_dir)
                 await runner
 
     asyncio.run(cycles())
+
+
+def test_a_hosts_stale_card_fabric_and_mig_mode_come_through():
+    """What issue 12 added to schema 1 (a hung card's age, the NVSwitch fabric, MIG mode) reaches
+    the fleet as the host's own gpumon reported it; nonsense in those fields reads as unknown."""
+    doc = dict(_doc(), gpus=[
+        {"index": 0, "uuid": "GPU-1", "name": "H100", "state": "stale", "stale_s": 12.5, "fabric": "not_started",
+         "mig_mode": True},
+        {"index": 1, "uuid": "GPU-2", "name": "H100", "fabric": "on fire", "mig_mode": "yes"},
+    ])
+    stale, odd = snapshot_from_remote(doc).gpus
+    assert (stale.state, stale.stale_s, stale.fabric, stale.mig_mode) == ("stale", 12.5, "not_started", True)
+    assert (odd.fabric, odd.mig_mode) == (None, None)
+    with pytest.raises(SchemaError, match="stale_s is not a number"):
+        snapshot_from_remote(dict(_doc(), gpus=[{"index": 0, "stale_s": "12"}]))
