@@ -193,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-used", type=_size, metavar="SIZE",
                    help="a card with more memory in use than this is not free (default 10%%)")
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
+    p.add_argument("--export", action="store_true",
+                   help="print shell commands that pin this shell to them: eval \"$(gpumon select --export)\"")
+    p.add_argument("--shell", choices=("sh", "bash", "zsh", "ksh", "dash", "fish"), metavar="SHELL",
+                   help="with --export: the shell's syntax (sh, bash, zsh, ksh, dash: POSIX; fish)")
     _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
