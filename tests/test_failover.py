@@ -23,6 +23,8 @@ from test_tui_dialogs import wait_until
 
 from gpumon.jobs import records
 from gpumon.jobs.job_events import EventFollower, append, event_log
+from gpumon.jobs.launch import LaunchRequest
+from gpumon.jobs.remote_launch import run_args
 from gpumon.model import FailoverEvent
 from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
@@ -178,6 +180,22 @@ def test_a_fatal_xid_on_its_card_moves_the_job(fake_driver, tmp_path):
     assert job["attempts"][0]["moved_because"] == "XID 79 on GPU 0: fell off the bus"
 
 
+def test_a_card_whose_fabric_failed_moves_the_job(fake_driver, tmp_path):
+    uuids = three_cards(fake_driver, busy=(2,))
+    for card in fake_driver.machine.cards:  # an NVSwitch board; card 0's registration failed
+        card.extra.update(switch_links=18, fabric="completed")
+    fake_driver.machine.cards[0].extra["fabric_status"] = 999
+    fake_driver.write()
+    starts = tmp_path / "starts"
+    run_job(fake_driver, "--gpu", "0", "--failover", "1", "--", *starts_script(starts))
+    job = wait_for(lambda: (job := the_job(fake_driver))["state"] == "running" and len(job["attempts"]) == 2 and job,
+                   what="running again")  # (stopped at its first sample: it may not have started at all)
+    assert job["attempts"][0]["moved_because"] == "GPU 0: its NVSwitch fabric registration failed"
+    second, given = wait_for(lambda: [run for run in started_runs(starts, 1) if run[0] == job["pid"]],
+                             what="the second start")[0]
+    assert given == uuids[1] and cards_of(fake_driver, second) == {1}
+
+
 def test_a_busy_card_or_a_programs_own_xid_never_moves_a_job(fake_driver, tmp_path):
     uuids = three_cards(fake_driver)
     starts = tmp_path / "starts"
@@ -268,6 +286,11 @@ def test_the_run_dialogs_failover_box_moves_the_job_and_J_shows_where_it_ran(fak
         run(go())
     finally:
         backend.close()
+
+
+def test_a_launch_on_another_host_asks_for_the_same_failover():
+    request = LaunchRequest(command=["python", "train.py"], gpu_spec="auto", failover=2)
+    assert run_args(request) == ["--gpu", "auto", "--failover", "2", "--", "python", "train.py"]
 
 
 def test_bad_failover_counts_are_one_line_and_exit_2(fake_driver):
