@@ -136,8 +136,14 @@ def test_jobs_json_has_the_contract_keys_and_the_host(fake_driver):
     run_job(fake_driver, "--gpu", "0", "--", "true")
     job = state_of(fake_driver, "exited")
     assert set(job) == {"id", "name", "command", "gpus", "gpu_indices", "host", "state", "pid", "exit_code",
-                        "signal", "started", "ended", "log", "mem_limit", "peak_gpu_memory", "reason"}
+                        "signal", "started", "ended", "log", "mem_limit", "peak_gpu_memory", "reason",
+                        "failover", "attempts"}
     assert job["host"] == socket.gethostname() and job["signal"] is None
+    (attempt,) = job["attempts"]  # every job that started has its attempt; --failover jobs may have more
+    assert set(attempt) == {"attempt", "gpus", "gpu_indices", "pid", "started", "ended", "exit_code", "signal",
+                            "moved_because"}
+    assert (attempt["attempt"], attempt["gpu_indices"], attempt["pid"], attempt["exit_code"]) == (1, [0], job["pid"], 0)
+    assert job["failover"] == 0 and attempt["ended"] >= attempt["started"]
 
 
 def test_another_hosts_jobs_on_a_shared_home(fake_driver, idle_processes):

@@ -8,7 +8,7 @@ import time
 from typing import IO
 
 from gpumon.alerting.rules import AlertEvent
-from gpumon.model import GpuSample, Snapshot
+from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.units import format_bytes
 
 
@@ -24,11 +24,15 @@ class EventWriter:
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def event(self, event: AlertEvent) -> None:
+    def event(self, event: AlertEvent | FailoverEvent) -> None:
         if self.fmt == "jsonl":
             self._line(json.dumps(event.to_dict()))
             return
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time))
+        if isinstance(event, FailoverEvent):
+            self._line(f"{when}  FAILOVER  job {event.job} ({event.name})  GPU {_cards(event.from_gpus)} -> "
+                       f"GPU {_cards(event.to_gpus)}  (attempt {event.attempt}: {event.reason})")
+            return
         where = f"HOST {event.host}" if event.gpu is None else (
             f"GPU {event.host}:{event.gpu}" if self.show_hosts else f"GPU {event.gpu}")
         self._line(f"{when}  {event.event.upper():8}  {where}  {event.rule}  "
@@ -46,6 +50,10 @@ class EventWriter:
         when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
         cards = "  ".join(_card_text(g) for g in snapshot.gpus)
         self._line(f"{when}  {host + '  ' if host is not None else ''}{cards}")
+
+
+def _cards(indices: tuple[int, ...]) -> str:
+    return ",".join(map(str, indices))
 
 
 def _number(value: float) -> str:

@@ -19,13 +19,23 @@ import sys
 import threading
 
 from gpumon.alerting.rules import AlertEvent
+from gpumon.model import FailoverEvent
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000
 
 
-def hook_environment(event: AlertEvent) -> dict[str, str]:
+def hook_environment(event: AlertEvent | FailoverEvent) -> dict[str, str]:
     env = dict(os.environ)
+    if isinstance(event, FailoverEvent):
+        env.update({
+            "GPUMON_EVENT": event.event, "GPUMON_HOST": event.host, "GPUMON_JOB": event.job,
+            "GPUMON_JOB_NAME": event.name, "GPUMON_FROM_GPU": ",".join(map(str, event.from_gpus)),
+            "GPUMON_TO_GPU": ",".join(map(str, event.to_gpus)), "GPUMON_FROM_UUID": ",".join(event.from_uuids),
+            "GPUMON_TO_UUID": ",".join(event.to_uuids), "GPUMON_REASON": event.reason,
+            "GPUMON_ATTEMPT": str(event.attempt), "GPUMON_TIME": f"{event.time:.3f}",
+        })
+        return env
     env.update({
         "GPUMON_EVENT": event.event, "GPUMON_RULE": event.rule,
         "GPUMON_GPU": "" if event.gpu is None else str(event.gpu), "GPUMON_UUID": event.uuid or "",
@@ -38,7 +48,7 @@ def hook_environment(event: AlertEvent) -> dict[str, str]:
     return env
 
 
-def run_hook(command: str, event: AlertEvent, timeout: float) -> int | None:
+def run_hook(command: str, event: AlertEvent | FailoverEvent, timeout: float) -> int | None:
     """Run the hook for one event; its exit status, or None when it was killed for hanging."""
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
@@ -59,15 +69,15 @@ class HookRunner:
     def __init__(self, command: str, timeout: float = 10.0) -> None:
         self.command = command
         self.timeout = timeout
-        self._queue: queue.Queue[AlertEvent | None] = queue.Queue(QUEUE_LIMIT)
+        self._queue: queue.Queue[AlertEvent | FailoverEvent | None] = queue.Queue(QUEUE_LIMIT)
         self._thread = threading.Thread(target=self._work, name="gpumon-hooks", daemon=True)
         self._thread.start()
 
-    def submit(self, event: AlertEvent) -> None:
+    def submit(self, event: AlertEvent | FailoverEvent) -> None:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("hook queue full: event for GPU %s (%s) dropped", event.gpu, event.rule)
+            log.warning("hook queue full: %s dropped", _about(event))
 
     def _work(self) -> None:
         while (event := self._queue.get()) is not None:
@@ -77,11 +87,17 @@ class HookRunner:
                 log.warning("alert hook could not start: %s", exc)
                 continue
             if status is None:
-                log.warning("alert hook killed after %gs (event %s on GPU %s)", self.timeout, event.event, event.gpu)
+                log.warning("alert hook killed after %gs (%s)", self.timeout, _about(event))
             elif status != 0:
-                log.warning("alert hook exited with status %d (event %s on GPU %s)", status, event.event, event.gpu)
+                log.warning("alert hook exited with status %d (%s)", status, _about(event))
 
     def close(self, wait: float | None = None) -> None:
         """Let queued hooks finish (each still bounded by the timeout), then stop the worker."""
         self._queue.put(None)
         self._thread.join(wait)
+
+
+def _about(event: AlertEvent | FailoverEvent) -> str:
+    if isinstance(event, FailoverEvent):
+        return f"event failover of job {event.job}"
+    return f"event {event.event} on GPU {event.gpu} ({event.rule})"

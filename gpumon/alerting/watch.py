@@ -4,6 +4,9 @@ Runs without a screen (systemd, cron, tmux). SIGTERM and SIGINT end it cleanly w
 after the output is flushed and queued hooks have run. Outputs failing never stop alerting: a
 closed stdout (`watch --metrics | head -1`) ends it quietly with status 0, as Unix tools do, and a
 recording that cannot be written (a full disk) is reported once while rules and hooks go on.
+
+Jobs that move to other cards (`run --failover`) are events too: `job_events` (the cli passes the
+follower of the host's job event log, jobs/job_events.py) is asked for new ones once per sample.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumon.alerting.events import EventWriter
@@ -23,7 +27,7 @@ from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.prometheus import GpumonCollector, parse_listen_address, registry_for
 from gpumon.alerting.rules import AlertEngine, AlertEvent
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.model import GpuSample, Snapshot
+from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 
@@ -41,6 +45,7 @@ class Watch:
     exit_on_alert: bool = False
     metrics: bool = False
     count: int | None = None
+    job_events: Callable[[], list[FailoverEvent]] | None = None  # new job moves since the last call
     status: int = EXIT_OK
     # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
     xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -81,6 +86,9 @@ class Watch:
         return self.status
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if self.job_events is not None:  # a stat of one file; read only when it grew
+            for moved in self.job_events():
+                self._emit(moved)
         if snapshot.stale:  # the same data again: nothing new to record or evaluate
             return
         if self.recorder is not None and (problem := self.recorder.write(snapshot)):
@@ -90,7 +98,7 @@ class Watch:
         for event in self.engine.evaluate(snapshot):
             self._emit(event)
 
-    def _emit(self, event: AlertEvent) -> None:
+    def _emit(self, event: AlertEvent | FailoverEvent) -> None:
         if self.hooks is not None:
             self.hooks.submit(event)
         self._output(self.writer.event, event)

@@ -50,6 +50,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _percent(text: str) -> float:
     try:
         value = float(text.rstrip("%"))
@@ -205,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-used", type=_size, metavar="SIZE",
                    help="a card with more memory in use than this is not free (default 10%%)")
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
+    p.add_argument("--export", action="store_true",
+                   help="print shell commands that pin this shell to them: eval \"$(gpumon select --export)\"")
+    p.add_argument("--shell", choices=("sh", "bash", "zsh", "ksh", "dash", "fish"), metavar="SHELL",
+                   help="with --export: the shell's syntax (sh, bash, zsh, ksh, dash: POSIX; fish)")
     _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
@@ -241,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation (default 10)")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
+    p.add_argument("--failover", type=_count, default=0, metavar="N",
+                   help="when the job's card fails (lost, fatal XID, fabric failed): stop it and start it "
+                        "again on other free cards, up to N times (default 0: never)")
     p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
     _add_source_options(p, suppress=True, replay=False)

@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     request = LaunchRequest(
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
-        max_util=args.max_util, cwd=args.cwd, systemd=args.systemd,
+        max_util=args.max_util, cwd=args.cwd, systemd=args.systemd, failover=args.failover,
     )
     if args.host is not None or fleet_requested(args):  # on another host, over ssh
         from gpumon.cli.fleet_commands import run_host

@@ -1,18 +1,30 @@
-"""`gpumon select`: a CUDA_VISIBLE_DEVICES value (UUIDs) for the best free cards."""
+"""`gpumon select`: a CUDA_VISIBLE_DEVICES value (UUIDs) for the best free cards.
+
+`--export` prints shell commands instead, so `eval "$(gpumon select --export)"` pins the shell
+itself: CUDA_VISIBLE_DEVICES by UUID and CUDA_DEVICE_ORDER=PCI_BUS_ID, quoted for the shell (the
+UUIDs come from the driver). With no free card nothing is printed on stdout (the reason goes to
+stderr, exit status 1), so the eval does nothing.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
 from gpumon.cli.common import fleet_requested, load_settings, open_source
-from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.placement import TooFewFree, choose
 from gpumon.monitor.sampler import read_topology, sample_once
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.shell and not args.export:
+        raise UsageError("--shell goes with --export: eval \"$(gpumon select --export --shell fish)\"")
+    if args.export and fleet_requested(args):
+        raise UsageError("--export pins this shell to this machine's cards; with --hosts, select prints "
+                         "HOST and UUIDs (use them with gpumon run --host)")
     if fleet_requested(args):
         from gpumon.cli.fleet_commands import select_hosts
 
@@ -36,8 +48,22 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ALERT  # like grep: ran fine, found nothing
     if args.verbose:
         _explain(choice.reasons)
-    print(",".join(g.uuid or "" for g in choice.gpus))
+    uuids = ",".join(g.uuid or "" for g in choice.gpus)
+    print(exports({"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, args.shell)
+          if args.export else uuids)
     return EXIT_OK
+
+
+def exports(variables: dict[str, str], shell: str | None) -> str:
+    """Commands that set `variables` in the caller's shell, each value quoted for that shell."""
+    if shell == "fish":
+        return "\n".join(f"set -gx {name} {fish_quote(value)};" for name, value in variables.items())
+    return "\n".join(f"export {name}={shlex.quote(value)};" for name, value in variables.items())
+
+
+def fish_quote(text: str) -> str:
+    """fish's single quotes: only backslash and the quote itself are special inside them."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _explain(reasons) -> None:

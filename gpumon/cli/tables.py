@@ -11,6 +11,7 @@ import time
 
 from rich.cells import cell_len, set_cell_size
 
+from gpumon.jobs.attempts import describe
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.units import format_bytes, format_runtime
 
@@ -157,4 +158,10 @@ def jobs_text(jobs: list) -> str:
             str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
             format_bytes(job.spec.mem_limit, na=""), job.reason or str(job.log),
         ])
-    return table(rows) + "\n"
+    lines = table(rows).split("\n")
+    out = lines[:1]
+    for job, line in zip(jobs, lines[1:]):
+        out.append(line)
+        if len(job.attempts) > 1:  # a job that moved (--failover): where it ran, and why it left
+            out += [f"    {describe(a)}" for a in job.attempts]
+    return "\n".join(out) + "\n"

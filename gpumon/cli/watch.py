@@ -11,6 +11,7 @@ from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, parse_rules
 from gpumon.alerting.watch import Watch
 from gpumon.cli.common import fleet_requested, load_settings, open_source
+from gpumon.jobs.job_events import EventFollower
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     watch = Watch(
         Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
+        # Jobs of this user on this host that move to other cards; a replay has none.
+        job_events=None if replaying else EventFollower().read_new,
     )
     server = None
     try:

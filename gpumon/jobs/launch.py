@@ -39,6 +39,8 @@ WRAPPERS = {"env", "nohup", "nice", "ionice", "time", "exec", "stdbuf", "taskset
 _OPTION_VALUE = re.compile(r"^[0-9][0-9a-fx,.:-]*$")  # `10`, `0-3`, `0x3`: values of a wrapper's options
 _SCRIPT = re.compile(r"(/|\.(py|sh|jl|R|js|rb|pl)$)")
 INTERPRETERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "julia", "Rscript", "node", "ruby", "perl")
+# How many times a job launched with the run dialog's "move if the card fails" may move.
+DIALOG_FAILOVER = 3
 
 
 @dataclass
@@ -55,6 +57,7 @@ class LaunchRequest:
     cwd: str | None = None
     systemd: bool = False
     typed: str | None = None  # the command line as the user typed it (the TUI), for history
+    failover: int = 0  # moves to other cards allowed when the job's card fails
 
 
 def program_name(argv: list[str]) -> str:
@@ -129,6 +132,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
         backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
+        failover=request.failover,
     )
 
 
@@ -188,6 +192,9 @@ def summary(job: jobs.Job) -> list[str]:
         lines.append(f"CPUs: {format_cpu_list(s.cpus)} (the cards' NUMA node)")
     if s.mem_limit:
         lines.append(f"memory limit {format_bytes(s.mem_limit)} per card: {', '.join(s.limits_applied) or 'watchdog'}")
+    if s.failover:
+        lines.append(f"failover: moves to other cards if its card fails, up to {s.failover} time"
+                     + ("s" if s.failover != 1 else ""))
     lines.append(f"log: {job.log}")
     return lines
 

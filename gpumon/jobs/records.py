@@ -6,6 +6,7 @@ Each job has a private directory (0700) in the user's state dir:
         process.json  the running command's pid and start time (a recycled pid is not the job)
         supervisor.json  the supervisor's pid and start time
         exit.json     how it ended (state, exit code or signal, end time), and why if gpumon stopped it
+        attempts.json each start of the command: cards, pid, start, end, why it moved (--failover)
         peak          peak GPU memory the watchdog saw (bytes)
         output.log    the command's stdout and stderr
 Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
@@ -39,6 +40,7 @@ import platformdirs
 import psutil
 
 from gpumon.errors import UsageError
+from gpumon.jobs.attempts import Attempt, load_attempts
 from gpumon.jobs.processes import ActionError, same_start, signal_process
 
 STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
@@ -104,6 +106,7 @@ class JobSpec:
     cpus: list[int] | None = None
     limits_applied: list[str] = field(default_factory=list)
     host: str = ""  # where the job runs ("" in records older than the field: this host)
+    failover: int = 0  # how many times the job may move to other cards when its card fails
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -131,6 +134,7 @@ class Job:
     # what identifies them even after the clock was stepped.
     booted: float | None = None
     supervisor_booted: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def host(self) -> str:
@@ -166,6 +170,7 @@ class Job:
             "signal": self.signal, "started": self.started,
             "ended": self.ended, "log": str(self.log), "mem_limit": s.mem_limit,
             "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
+            "failover": s.failover, "attempts": [a.to_dict() for a in self.attempts],
         }
 
     def processes(self) -> list[psutil.Process]:
@@ -225,6 +230,7 @@ def load_job(directory: Path) -> Job | None:
         job.peak_gpu_memory = int((directory / "peak").read_text())
     except (OSError, ValueError):
         pass
+    job.attempts = load_attempts(directory)
     if ended is not None:
         job.ended = ended.get("ended")
         job.exit_code = ended.get("exit_code")
@@ -239,6 +245,8 @@ def load_job(directory: Path) -> Job | None:
     elif _alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state = "queued" if job.pid is None else "running"
+        if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
+            job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
     elif (stopped := _read_json(directory / STOP_RECORD)) is not None:
         job.state, job.ended = "killed", stopped.get("time")
         job.reason = "stopped by the user (gpumon's supervisor was gone: exit status unknown)"

@@ -21,6 +21,8 @@ def run_args(request: LaunchRequest) -> list[str]:
             out += [flag, str(value)]
     if request.max_util is not None:
         out += ["--max-util", f"{request.max_util:g}"]
+    if request.failover:
+        out += ["--failover", str(request.failover)]
     for flag, on in (("--no-numa", not request.numa), ("--foreground", request.foreground),
                      ("--wait", request.wait), ("--systemd", request.systemd)):
         if on:

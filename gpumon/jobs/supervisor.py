@@ -8,6 +8,13 @@ SIGKILL after a grace period. SIGINT (Ctrl-C) is forwarded to a detached command
 gets it from the terminal itself); the supervisor waits for the command and records the end either
 way. It is single-threaded, so it can set its own CPU affinity before starting the command, which
 inherits it (no preexec_fn).
+
+It also watches the job's cards (jobs/failover.py: lost, a fatal XID, a failed fabric). A job run
+with `--failover N` whose card fails is stopped and started again, up to N times, on other cards
+chosen as `select` chooses (never a card that failed), waiting like `--wait` until they are free;
+each attempt is recorded (jobs/attempts.py), marked in the log, and each move is added to the
+host's job event log for `watch` (jobs/job_events.py). Other jobs are left to run as before; their
+record says that the card failed.
 """
 
 from __future__ import annotations
@@ -19,21 +26,36 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from gpumon.errors import GpumonError
+from gpumon.jobs import job_events
+from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
+from gpumon.jobs.attempts import Attempt, attempts_json
+from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
 from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
-from gpumon.jobs.records import JobSpec, take_environment, write_atomic
-from gpumon.model import Snapshot
+from gpumon.jobs.records import THIS_HOST, JobSpec, take_environment, write_atomic
+from gpumon.model import FailoverEvent, Snapshot
 from gpumon.monitor.backends import Backend, open_backend
 
 GRACE_S = 5.0
+STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again
+SETTLE_S = 1.0  # after an error exit: how long a failing card has to say so (an XID comes a moment late)
+POLL_S = 0.05
 FREE_SAMPLES_IN_A_ROW = 3
 STOPPED = "stopped by the user"
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    code: int  # the command's exit status; -N: ended by signal N
+    stopped: str | None  # why gpumon stopped it, if it did
+    trouble: Trouble | None  # a card of the job failed while it ran (or as it ended)
 
 
 class Supervisor:
@@ -44,6 +66,10 @@ class Supervisor:
         self.stop_requested: str | None = None
         self.child: subprocess.Popen | None = None
         self.peak = 0
+        self.attempts: list[Attempt] = []
+        self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
+        self.latest: Snapshot | None = None
+        self.all_cpus = os.sched_getaffinity(0)
 
     # -- records --
 
@@ -96,21 +122,27 @@ class Supervisor:
                 asked = self.stop_requested or STOPPED
                 self._finish("cancelled", "cancelled by the user" if asked == STOPPED else asked)
                 return 0
-            return self._start_and_watch(backend, gpus)
+            return self._run_attempts(backend, gpus)
         finally:
             backend.close()
 
-    def _choose_cards(self, backend: Backend):
-        if self.spec.gpus and not self.spec.wait:
+    def _choose_cards(self, backend: Backend, count: int | None = None):
+        """The job's cards: those chosen at launch, or (queued, or `count` cards to move to after a
+        failure) the best free ones once they have been free for a few samples; None if stopped."""
+        if self.spec.gpus and not self.spec.wait and count is None:
             # The UUIDs chosen at launch (cards or MIG slices).
             return resolve_spec(",".join(self.spec.gpus), backend.sample())
+        gpu_spec = self.spec.gpu_spec if count is None else f"auto:{count}"
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
         topo = backend.topology()
         streak: tuple[tuple[str, ...], int] = ((), 0)
         while self.stop_requested is None:
-            snapshot = backend.sample()
+            snapshot = self.latest = backend.sample()
+            if count is not None:  # moving: never to a card that failed
+                snapshot = dataclasses.replace(
+                    snapshot, gpus=tuple(g for g in snapshot.gpus if g.uuid not in self.failed_cards))
             try:
-                gpus = resolve_spec(self.spec.gpu_spec, snapshot, topo, min_free, self.spec.max_util)
+                gpus = resolve_spec(gpu_spec, snapshot, topo, min_free, self.spec.max_util)
                 free = all(free_enough(g, min_free, self.spec.max_util) is None for g in gpus)
             except GpumonError:
                 gpus, free = [], False
@@ -118,14 +150,64 @@ class Supervisor:
             streak = (uuids, streak[1] + 1 if free and uuids == streak[0] else (1 if free else 0))
             if streak[1] >= FREE_SAMPLES_IN_A_ROW:
                 return gpus
-            time.sleep(self.spec_interval)
+            self._pause(backend, self.spec_interval, cards=set())
         return None
 
     @property
     def spec_interval(self) -> float:
         return self.spec.interval
 
-    def _start_and_watch(self, backend: Backend, gpus) -> int:
+    def _run_attempts(self, backend: Backend, gpus) -> int:
+        """Start the command; again on other cards while its card fails and moves are left."""
+        why_moved = None
+        while True:
+            if not self._start(gpus, why_moved):
+                return 1
+            end = self._watch(backend, gpus)
+            attempt = self.attempts[-1]
+            attempt.ended, attempt.exit_code = time.time(), end.code if end.code >= 0 else None
+            attempt.signal = signal.Signals(-end.code).name if end.code < 0 else None
+            if not self._moves(end):
+                self._save_attempts()
+                self._record_end(end)
+                return 0
+            if len(self.attempts) > self.spec.failover:  # every move used: give up
+                self._save_attempts()
+                self._record_end(end, f"{end.trouble.reason}; not moved again: --failover {self.spec.failover} "
+                                      f"allows {self.spec.failover} move{'s' if self.spec.failover != 1 else ''}")
+                return 0
+            attempt.moved_because = why_moved = end.trouble.reason
+            self._save_attempts()
+            # Until other cards are free the job is queued again: no command runs.
+            (self.dir / "process.json").unlink(missing_ok=True)
+            self.child = None
+            gpus = self._choose_cards(backend, count=len(gpus))
+            if gpus is None:
+                self._finish("killed", f"{self.stop_requested or STOPPED} while waiting for cards to move to "
+                                       f"(after {why_moved})")
+                return 0
+
+    def _moves(self, end: AttemptEnd) -> bool:
+        """A `--failover` job moves when its card failed and it did not finish: gpumon stopped it
+        for the failure, or it ended with an error. The user's stop and the memory limit stay final."""
+        if not self.spec.failover or end.trouble is None or self.stop_requested:
+            return False
+        return end.stopped == end.trouble.reason or (end.stopped is None and end.code != 0)
+
+    def _record_end(self, end: AttemptEnd, why: str | None = None) -> None:
+        code, sig = (end.code, None) if end.code >= 0 else (None, -end.code)
+        reason = why or end.stopped
+        if reason is None and end.trouble is not None:
+            moved = "" if self.spec.failover else " (no --failover: it was not moved)"
+            reason = f"{end.trouble.reason} while the job ran{moved}"
+        elif reason is None and self.spec.failover and end.code != 0:
+            ended = f"exited with status {end.code}" if sig is None else f"was ended by {signal.Signals(sig).name}"
+            reason = f"{ended} on a healthy card: not failed over (the program's error, not the card's)"
+        state = "killed" if end.stopped or sig else "exited"
+        self._finish(state, reason, code, sig)
+
+    def _start(self, gpus, why_moved: str | None) -> bool:
+        """Pin and start the command on `gpus`; False (recorded as failed) if it cannot start."""
         pinning = pin(gpus, self.spec.id, self.spec.numa)
         env_added = dict(pinning.env)
         applied: list[str] = []
@@ -137,16 +219,49 @@ class Supervisor:
             cpus=list(pinning.cpus) if pinning.cpus else None, limits_applied=applied,
         )
         write_atomic(self.dir / "job.json", json.dumps(dataclasses.asdict(self.spec), indent=1))
-        if pinning.cpus:
-            os.sched_setaffinity(0, pinning.cpus)  # inherited by the command
+        if pinning.cpus or self.attempts:  # inherited by the command (all of ours again, for cards without)
+            os.sched_setaffinity(0, pinning.cpus or self.all_cpus)
+        number = len(self.attempts) + 1
+        if self.spec.failover:
+            self._mark_log(number, why_moved)
+        started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
         try:
             self.child = self._spawn(dict(os.environ) | env_added)
         except OSError as exc:
             self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
-            return 1
+            return False
         child = psutil.Process(self.child.pid)
         self._write("process.json", {"pid": child.pid, "started": child.create_time(), "booted": since_boot(child)})
-        return self._watch(backend, gpus)
+        self.attempts.append(Attempt(number, list(pinning.uuids), list(pinning.indices), child.pid, started))
+        self._save_attempts()
+        if why_moved is not None:
+            before = self.attempts[-2]
+            job_events.append(FailoverEvent(
+                host=self.spec.host or THIS_HOST, job=self.spec.id, name=self.spec.name,
+                from_gpus=tuple(before.gpu_indices), from_uuids=tuple(before.gpus), to_gpus=pinning.indices,
+                to_uuids=pinning.uuids, reason=why_moved, attempt=number, time=time.time()))
+        return True
+
+    def _save_attempts(self) -> None:
+        write_atomic(self.dir / ATTEMPTS_RECORD, attempts_json(self.attempts))
+
+    def _mark_log(self, number: int, why_moved: str | None) -> None:
+        """Where each attempt begins, in the job's output: `=== gpumon: attempt 2 … ===`."""
+        cards = ("GPU " if len(self.spec.gpu_indices) == 1 else "GPUs ") + ",".join(map(str, self.spec.gpu_indices))
+        line = (f"=== gpumon: attempt {number} of at most {self.spec.failover + 1} on {cards}"
+                f"{f', after {why_moved}' if why_moved else ''} ({time.strftime('%Y-%m-%d %H:%M:%S')}, "
+                f"{', '.join(self.spec.gpus)}) ===\n")
+        if self.foreground:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            return
+        with open(self.dir / "output.log", "ab") as log:
+            if log.tell() > 0:
+                with open(self.dir / "output.log", "rb") as previous:
+                    previous.seek(-1, os.SEEK_END)
+                    if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
+                        line = "\n" + line
+            log.write(line.encode())
 
     def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
         if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
@@ -156,35 +271,69 @@ class Supervisor:
             return subprocess.Popen(self.spec.command, cwd=self.spec.cwd, env=env, stdin=devnull, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
-    def _watch(self, backend: Backend, gpus) -> int:
+    def _watch(self, backend: Backend, gpus) -> AttemptEnd:
         assert self.child is not None
         cards = {g.index for g in gpus}  # a MIG slice's processes are listed on its card
-        reason = None
+        stopped: str | None = None
+        trouble: Trouble | None = None
         while self.child.poll() is None:
             if self.stop_requested:
-                reason = self.stop_requested
+                stopped = self.stop_requested
                 self._stop_child()
                 break
-            used = self._job_gpu_memory(backend.sample(), cards)
+            snapshot = self.latest = backend.sample()
+            used = self._job_gpu_memory(snapshot, cards)
             peak = max(used.values(), default=0)
             if peak > self.peak:
                 self.peak = peak
                 write_atomic(self.dir / "peak", str(peak))
-            if self.spec.mem_limit and (reason := over_limit(used, self.spec.mem_limit)):
+            if self.spec.mem_limit and (stopped := over_limit(used, self.spec.mem_limit)):
                 self._stop_child()
                 break
-            self._sleep(self.spec_interval)
-        code = self.child.wait()
-        sig = -code if code < 0 else None
-        state = "killed" if reason or sig else "exited"
-        self._finish(state, reason, code if code >= 0 else None, sig)
-        return 0
+            trouble = trouble or self._note(card_trouble(snapshot, cards))
+            if trouble is None or not self.spec.failover:
+                found = self._pause(backend, self.spec_interval, cards)
+                trouble = trouble or found
+            if trouble is not None and self.spec.failover:  # what is left of the job: stopped
+                stopped = trouble.reason
+                self._stop_child()
+                break
+        code = self._reap()
+        if code != 0 and stopped is None and trouble is None and self.spec.failover:
+            # Did it fail because its card did? NVML may say so a moment after the program noticed.
+            trouble = self._note(card_trouble(backend.sample(), cards)) or self._pause(
+                backend, SETTLE_S, cards, while_running=False)
+        return AttemptEnd(code, stopped, trouble)
 
-    def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake up early when the command exits or a stop is asked for."""
+    def _note(self, trouble: Trouble | None) -> Trouble | None:
+        if trouble is not None and trouble.uuid:
+            self.failed_cards.add(trouble.uuid)
+        return trouble
+
+    def _pause(self, backend: Backend, seconds: float, cards: set[int], while_running: bool = True) -> Trouble | None:
+        """Sleep, listening for XIDs; wake up early when the command exits, a stop is asked for, or
+        one of `cards` reports a fatal XID (returned)."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and self.child.poll() is None and not self.stop_requested:
-            time.sleep(min(0.05, seconds))
+        wait_xid = getattr(backend, "wait_xid", None)
+        while (left := deadline - time.monotonic()) > 0 and not self.stop_requested:
+            if while_running and self.child is not None and self.child.poll() is not None:
+                break
+            if wait_xid is None:
+                time.sleep(min(POLL_S, left))
+                continue
+            for index, code in wait_xid(min(POLL_S, left)):
+                trouble = self._note(xid_trouble(self.latest, index, code))
+                if trouble is not None and index in cards:
+                    return trouble
+        return None
+
+    def _reap(self) -> int:
+        assert self.child is not None
+        try:
+            return self.child.wait(timeout=STUCK_S)
+        except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the driver: it never runs again
+            print(f"gpumon: pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL", file=sys.stderr)
+            return -signal.SIGKILL
 
     def _job_processes(self) -> list[psutil.Process]:
         try:

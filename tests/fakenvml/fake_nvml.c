@@ -724,7 +724,12 @@ static void scan_env_add(unsigned int pid, const char *list) {
 
 static void scan_env_refresh(void) {
     static char env[ENVIRON_MAX];
-    if (!C.scan_env || (scanned_at >= 0 && now_mono() - scanned_at < 0.2)) return;
+    if (!C.scan_env) { /* off (again): a list from when it was on lists nobody now */
+        nscanned = 0;
+        scanned_at = -1;
+        return;
+    }
+    if (scanned_at >= 0 && now_mono() - scanned_at < 0.2) return;
     scanned_at = now_mono();
     nscanned = 0;
     DIR *dir = opendir("/proc");

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
+from gpumon.jobs.attempts import describe
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_runtime
 
@@ -113,8 +114,9 @@ class JobsScreen(ModalScreen[str | None]):
         if job is None:
             detail.update("No jobs yet: select a card and press r.")
             return
+        moves = [("\n" + describe(a), "") for a in job.attempts] if len(job.attempts) > 1 else []
         detail.update(Text.assemble(("$ ", "dim"), " ".join(job.spec.command), "\n",
-                                    (job.reason or f"log: {job.log}", "bold red" if job.reason else "dim")))
+                                    (job.reason or f"log: {job.log}", "bold red" if job.reason else "dim"), *moves))
         if self.tail_id != job.spec.id:
             self.tail_id, self.tail = job.spec.id, LogTail(job.log)
             log.clear()

@@ -317,7 +317,8 @@ class MainScreen(Screen):
 
     def _launch(self, gpu, choice: RunChoice) -> None:
         request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
-                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd)
+                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
+                                failover=choice.failover)
         try:
             spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
             # The environment gpumon started with, not the one it changed for itself (NO_COLOR, ...).

@@ -14,6 +14,7 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gpumon.errors import UsageError
+from gpumon.jobs.launch import DIALOG_FAILOVER
 from gpumon.model import GpuSample
 from gpumon.units import format_bytes, parse_size
 
@@ -35,6 +36,7 @@ class RunChoice:
     numa: bool
     foreground: bool
     wait: bool
+    failover: int = 0  # moves to other cards allowed if the card fails
 
 
 def directory_problem(text: str) -> str | None:
@@ -74,6 +76,9 @@ class RunDialog(ModalScreen[RunChoice | None]):
                 yield Checkbox("NUMA CPUs", True, id="run-numa", tooltip="pin to the CPUs next to the card")
                 yield Checkbox("Foreground", False, id="run-foreground", tooltip="run in this terminal and wait")
                 yield Checkbox("Wait until free", False, id="run-wait", tooltip="queue until the card is free")
+                yield Checkbox("Failover", False, id="run-failover",
+                               tooltip=f"if the card fails (lost, fatal XID), start the job again on another "
+                                       f"free card, up to {DIALOG_FAILOVER} times")
             yield Static("", id="run-error")
             with Horizontal(id="run-buttons"):
                 yield Button("Launch", variant="primary", id="run-launch")
@@ -111,6 +116,7 @@ class RunDialog(ModalScreen[RunChoice | None]):
             numa=self.query_one("#run-numa", Checkbox).value,
             foreground=self.query_one("#run-foreground", Checkbox).value,
             wait=self.query_one("#run-wait", Checkbox).value,
+            failover=DIALOG_FAILOVER if self.query_one("#run-failover", Checkbox).value else 0,
         )
 
     def _launch(self) -> None:
