@@ -48,7 +48,9 @@ class Source(Protocol):
 class Fleet:
     def __init__(self, hosts: Sequence[HostSpec], sources: Sequence[Source], interval: float,
                  transport: SshTransport | None = None, local_args: Sequence[str] = (),
-                 history_seconds: float = 600.0) -> None:
+                 history_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        """`clock`: unix time now (a frozen one for screenshots)."""
+        self.clock = clock
         self.specs = {spec.name: spec for spec in hosts}
         self.names = tuple(self.specs)
         self.sources = list(sources)
@@ -56,7 +58,7 @@ class Fleet:
         self.transport = transport
         self.local_args = list(local_args)
         self.history_seconds = history_seconds
-        now = time.time()
+        now = clock()
         self._status = {name: HostStatus(name, since=now, source=self._kind_of(name)) for name in self.names}
         self._listeners: list[Listener] = []
         self._histories: dict[str, History] = {}
@@ -79,12 +81,12 @@ class Fleet:
         return tuple(self._status[name] for name in self.names)
 
     def document(self) -> FleetSnapshot:
-        return FleetSnapshot(time.time(), self.statuses())
+        return FleetSnapshot(self.clock(), self.statuses())
 
     def first_answers(self) -> FleetSnapshot:
         """Each host as it first answered or failed (after settle(): what a one-shot command shows,
         not the retry that may have begun since)."""
-        return FleetSnapshot(time.time(), tuple(self._first.get(n, self._status[n]) for n in self.names))
+        return FleetSnapshot(self.clock(), tuple(self._first.get(n, self._status[n]) for n in self.names))
 
     def history(self, name: str) -> History:
         """Chart history of one host, kept from the first call on (hosts nobody looks at keep none)."""
@@ -115,7 +117,7 @@ class Fleet:
         new = HostStatus(
             host=name, state=state, source=source or old.source,
             snapshot=old.snapshot if snapshot is _KEEP else snapshot,
-            error=error, since=old.since if state == old.state else time.time(),
+            error=error, since=old.since if state == old.state else self.clock(),
             note=old.note if note is _KEEP else note, retry_at=retry_at,
         )
         if new == old:
