@@ -86,6 +86,10 @@ def test_every_host_on_screen_one_goes_away_the_others_update_and_it_comes_back(
     tmux.keys("o")
     screen = tmux.wait_for(lambda s: "by free cards" in s, what="sorted by free cards")
     assert screen.index(row(screen, "h2")) < screen.index(row(screen, "h1")) < screen.index(row(screen, "h3"))
+    tmux.keys("h", "3", "Enter")  # h3's own view says why it has nothing new
+    tmux.wait_for(lambda s: "gpumon h3" in s and "unreachable: connection refused" in s, what="h3's view")
+    tmux.keys("Escape")
+    tmux.wait_for(lambda s: "by free cards" in s, what="back on the overview")
     flaky.start()
     tmux.wait_for(lambda s: "3 hosts: 3 live" in s and "live" in row(s, "h3"), timeout=60,
                   what="h3 back (reconnected)")

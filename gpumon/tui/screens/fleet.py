@@ -126,27 +126,35 @@ class FleetScreen(Screen):
         self._show_status()
 
     def _show_status(self) -> None:
+        """What the keys just did first (narrow terminals cut the end), then the fleet's totals."""
         line = self.query_one(FleetStatusLine)
         muted = line.get_component_rich_style("fleet-status--muted")
+        table = self.query_one(HostTable)
         text = Text(" gpumon ", style="bold")
+        if self._jump is not None and time.monotonic() - self._jump[2] < JUMP_S + 1:
+            prefix, found = self._jump[0], self._jump[1]
+            text.append(f"jump “{prefix}”" if found else f"no host starts with “{prefix}”",
+                        style=line.get_component_rich_style("fleet-status--jump"))
+            text.append("  ·  ")
+        if table.filter_text:
+            text.append(f"{len(table.order)} match “{table.filter_text}”", style=line.get_component_rich_style(
+                "fleet-status--jump"))
+            text.append("  ·  ")
+        text.append(f"{self.free}/{self.cards} cards free", style="bold")
         hosts = len(self.fleet.names)
-        text.append(f"{hosts} host{'s' if hosts != 1 else ''}: ")
-        parts = [f"{self.states[s]} {s}" for s in HOST_STATES if self.states[s]]
+        text.append(f" on {hosts} host{'s' if hosts != 1 else ''}: ")
+        # Retrying is being unreachable still: one word for both keeps the line short.
+        counts = dict.fromkeys(state for state in HOST_STATES if state != "reconnecting")
+        for state in HOST_STATES:
+            key = "unreachable" if state == "reconnecting" else state
+            counts[key] = (counts[key] or 0) + self.states[state]
+        parts = [f"{n} {state}" for state, n in counts.items() if n]
         for i, part in enumerate(parts):
             bad = not part.endswith(" live")
             text.append(part, style=line.get_component_rich_style("fleet-status--bad") if bad else "")
             text.append(", " if i < len(parts) - 1 else "")
-        text.append(f"  ·  {self.free}/{self.cards} cards free", style="bold")
-        table = self.query_one(HostTable)
-        arrow = "▼" if table.sort_reverse else "▲"
-        text.append(f"  ·  by {SORT_LABELS[table.sort_key]} {arrow}", style=muted)
-        if table.filter_text:
-            text.append(f"  ·  {len(table.order)} match “{table.filter_text}”", style=muted)
-        if self._jump is not None and time.monotonic() - self._jump[2] < JUMP_S + 1:
-            prefix, found = self._jump[0], self._jump[1]
-            text.append("  ·  ")
-            text.append(f"jump “{prefix}”" if found else f"no host starts with “{prefix}”",
-                        style=line.get_component_rich_style("fleet-status--jump"))
+        arrow = "" if table.sort_key == "listed" else " ▼" if table.sort_reverse else " ▲"
+        text.append(f"  ·  {SORT_LABELS[table.sort_key]}{arrow}", style=muted)
         text.append(f"  ·  every {self.fleet.interval:g}s  ", style=muted)
         text.append(time.strftime("%H:%M:%S", time.localtime(self.clock())))
         line.show(text)

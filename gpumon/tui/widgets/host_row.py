@@ -2,7 +2,8 @@
 says is decided once per host update, and the table only draws it).
 
 Each card is two cells: a shade for its utilisation and a bar for its memory in use, so the strip
-reads the same in 16 colours and in monochrome (colour only repeats what the glyphs say):
+reads the same in 16 colours and in monochrome (colour only repeats what the glyphs say, as in a
+host's own view: utilisation in the primary colour, memory green, amber from 80 %, red from 95 %):
 
     ·  idle    ░ light   ▒ half   ▓ busy   █ full        memory: (empty) ▁▂▃▄▅▆▇█ (full)
     ××  lost    !!  error    ~~  not responding    M3  in MIG mode, 3 slices    ?   not reported
@@ -17,8 +18,8 @@ from gpumon.model import GpuSample, HostStatus
 from gpumon.sanitize import printable
 
 MEMORY = " ▁▂▃▄▅▆▇█"
-LEGEND = ("· ░ ▒ ▓ █ utilisation   ▁▃▅█ memory   ×× lost   ~~ not responding   "
-          "M3 MIG, 3 slices   grey: last reading of a host that is away")
+LEGEND = ("· ░ ▒ ▓ █ utilisation  ▁▃▅█ memory  ×× lost  ~~ not responding  M3 MIG, 3 slices  "
+          "grey: a host's last reading")
 AWAY = ("connecting", "reconnecting", "unreachable", "error")  # no fresh data: free cards not counted
 
 
@@ -27,9 +28,9 @@ class Cell:
     """Two cells of the strip: the utilisation glyph and its tone, the memory glyph and its tone."""
 
     util: str
-    util_tone: str  # idle | low | mid | high | unknown | lost | stale | mig | old
+    util_tone: str  # idle | busy | unknown | lost | stale | mig | old
     mem: str
-    mem_tone: str  # mem | full | unknown | lost | stale | mig | old
+    mem_tone: str  # mem | memwarn | full | unknown | lost | stale | mig | old
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +57,15 @@ def _util_glyph(util: int | None) -> tuple[str, str]:
         return "?", "unknown"
     if util < 5:
         return "·", "idle"
-    if util < 30:
-        return "░", "low"
-    if util < 60:
-        return "▒", "mid"
-    if util < 85:
-        return "▓", "high"
-    return "█", "high"
+    return ("░" if util < 30 else "▒" if util < 60 else "▓" if util < 85 else "█"), "busy"
 
 
 def _mem_glyph(gpu: GpuSample) -> tuple[str, str]:
     pct = gpu.memory_percent
     if pct is None:
         return "?", "unknown"
-    return MEMORY[min(8, max(0, round(pct / 12.5)))], "full" if pct >= 95 else "mem"
+    # Toned as the memory bars of a host's view: from 80 % a warning, from 95 % full.
+    return MEMORY[min(8, max(0, round(pct / 12.5)))], "full" if pct >= 95 else "memwarn" if pct >= 80 else "mem"
 
 
 def card_cell(gpu: GpuSample, old: bool = False) -> Cell:

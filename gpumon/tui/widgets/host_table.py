@@ -30,15 +30,15 @@ from gpumon.model import HostStatus
 from gpumon.tui.widgets.host_row import HostRow, host_row, time_dependent
 
 SORTS = ("listed", "free", "load", "name")  # the order `o` cycles through
-SORT_LABELS = {"listed": "as listed", "free": "free cards", "load": "load", "name": "name"}
+SORT_LABELS = {"listed": "as listed", "free": "by free cards", "load": "by load", "name": "by name"}
 RESORT_S = 3.0
 JUMP_S = 1.5
 GAP = 2
 STATE_WIDTH = 13
 FREE_WIDTH, LOAD_WIDTH, HOT_WIDTH = 5, 4, 9
 MAX_NAME = 28
-TONES = ("header", "cursor", "muted", "live", "stale", "away", "bad", "warn", "idle", "low", "mid", "high",
-         "unknown", "lost", "mig", "old", "mem", "full")
+TONES = ("header", "cursor", "muted", "live", "stale", "away", "bad", "warn", "idle", "busy", "unknown", "lost",
+         "mig", "old", "mem", "memwarn", "full")
 # Every other cell carries an explicit `conceal=False` (renders as nothing): neighbouring cells then
 # never merge into one segment, so repainting one cell sends that cell, not the whole line.
 SEPARATOR = (Style(), Style(conceal=False))
@@ -232,6 +232,8 @@ class HostTable(ScrollView, can_focus=True):
         tone = "muted" if not row.live else ""
         gap = (" " * GAP, "")
         cells = [(_fit(row.name, self.name_width), ""), gap, (_fit(row.state, STATE_WIDTH), row.state_tone), gap]
+        if not row.cards and row.free is None:  # nothing read yet: why, where the cards would be
+            return cells + [(row.note, row.note_tone)]
         for i, cell in enumerate(row.cards):
             cells += [(cell.util, cell.util_tone), (cell.mem, cell.mem_tone)]
             if i < len(row.cards) - 1:
