@@ -268,6 +268,22 @@ def test_r_opens_the_run_dialog_for_the_hosts_freest_card_and_says_why_not_on_an
     run(go())
 
 
+def test_readonly_offers_no_launching_on_the_overview():
+    fleet, report = a_lab()
+
+    async def go():
+        app = FleetApp(fleet, readonly=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await overview(pilot)
+            report()
+            await pilot.press("r", "R")
+            assert isinstance(app.screen, FleetScreen)
+            await pilot.press("enter", "r")
+            assert isinstance(app.screen, HostScreen)
+
+    run(go())
+
+
 # -- cost at 256 hosts --
 
 def test_256_hosts_render_only_the_visible_rows_and_repaint_only_the_host_that_changed():

@@ -206,6 +206,11 @@ class FleetScreen(Screen):
             event.input.display = False
         self.query_one(HostTable).focus()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("run", "run_anywhere"):
+            return not self.app.readonly
+        return True
+
     def action_run(self) -> None:
         if self.selected is not None:
             self.app.run_on_host(self.selected)
