@@ -20,13 +20,13 @@ from conftest import GIB, Card
 UUIDS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd" for i in range(4)]
 
 
-def start_tui(ssh_lab, tmux_session, tmp_path: Path, hosts: str, size=(120, 40)):
+def start_tui(ssh_lab, tmux_session, tmp_path: Path, hosts: str, size=(120, 40), remote: str | None = None):
     """`gpumon --hosts HOSTS` in tmux with the lab's ssh; returns (tmux, file its exit status goes to)."""
     status = tmp_path / "status"
     env = ssh_lab.env()
     keep = ("PATH", "HOME", "TZ", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
     assigns = " ".join(f"{k}={shlex.quote(env[k])}" for k in keep if k in env)
-    argv = ssh_lab.gpumon_argv("--hosts", hosts, "--interval", "0.5")
+    argv = ssh_lab.gpumon_argv("--hosts", hosts, "--interval", "0.5", remote=remote)
     tmux = tmux_session(*size)
     tmux.start(f"env {assigns} TERM=xterm-256color {shlex.join(argv)}; echo $? > {status}")
     return tmux, status
@@ -156,3 +156,38 @@ def test_r_on_host_2_card_3_runs_there_J_follows_and_stops_it_and_x_signals_a_re
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_host_read_through_nvidia_smi_says_why_it_cannot_launch_and_hostile_text_stays_text(
+        ssh_lab, tmux_session, tmp_path):
+    """A host without gpumon (a stub nvidia-smi in NVIDIA's documented format) is marked and says why
+    `r` and `x` do nothing there; a host whose "gpumon" sends terminal escapes shows them as text."""
+    from test_fleet_untrusted import HOSTILE_GPUMON, STUB_NVIDIA_SMI
+
+    hostile, stubs = tmp_path / "hostile-bin", tmp_path / "stub-bin"
+    for folder, name, text in ((hostile, "gpumon", HOSTILE_GPUMON.replace("REAL", ssh_lab.remote_gpumon)),
+                               (stubs, "nvidia-smi", STUB_NVIDIA_SMI)):
+        folder.mkdir()
+        (folder / name).write_text(text.replace("PYTHON", sys.executable))
+        (folder / name).chmod(0o755)
+    with_gpumon = ssh_lab.server(env={"PATH": f"{hostile}:/usr/bin:/bin"})
+    agentless = ssh_lab.server(env={"PATH": f"{stubs}:/usr/bin:/bin"})
+    ssh_lab.host("fine", server=with_gpumon).machine.cards = [Card()]
+    ssh_lab.hosts["fine"].write()
+    ssh_lab.host("evil", server=with_gpumon, env={"GPUMON_TEST_HOSTILE": "escape"})
+    ssh_lab.host("bare", server=agentless)
+    tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "fine,evil,bare", remote="gpumon")
+
+    screen = tmux.wait_for(lambda s: "3 hosts: 3 live" in s, timeout=60, what="every host live")
+    assert "read through nvidia-smi" in row(screen, "bare") and "1/2" in row(screen, "bare")
+    tmux.keys("Down", "Enter")  # evil's own view: its card name as the escapes it is made of
+    screen = tmux.wait_for(lambda s: "\\x1b]0;pwned" in s, what="escapes shown as text")
+    assert "pwned" not in tmux("display-message", "-p", "#{pane_title}")
+    tmux.keys("Escape", "Down", "r")
+    tmux.wait_for(lambda s: "bare is read through nvidia-smi: launching" in s, what="why r cannot launch there")
+    tmux.keys("Enter")  # its view: cards and the process nvidia-smi lists, but no signals from here
+    tmux.wait_for(lambda s: "RTX 3090" in s and "4242" in s, what="bare's cards and its process")
+    tmux.keys("Tab", "x")
+    tmux.wait_for(lambda s: "nvidia-smi: signalling a" in s, what="why x cannot signal there")
+    tmux.keys("Escape")
+    quit_tui(tmux, status)
