@@ -232,9 +232,10 @@ def test_enter_opens_the_hosts_own_view_and_escape_returns():
             assert all(p.stale for p in app.screen.query("GpuPanel"))  # its last reading: "no new data"
             await pilot.press("escape")
             assert isinstance(app.screen, FleetScreen)
+            fleet.report("gpu03", "unreachable", error="connection refused")  # no countdown to redraw it
             await pilot.press("down", "down", "right")  # → opens too; a host with no reading says why
             assert app.screen.host == "gpu03"
-            await pilot.pause(0.3)
+            await pilot.pause(0.1)
             assert "connection refused" in str(app.screen.query_one("#host-away").render())
             await pilot.press("left")
             assert isinstance(app.screen, FleetScreen) and table.selected == "gpu03"

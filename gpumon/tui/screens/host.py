@@ -82,7 +82,7 @@ class HostScreen(MainScreen):
 
     def _show_away(self, status: HostStatus | None) -> None:
         """Until the host's first reading: why there is none, where the cards will be."""
-        if not self.is_mounted:
+        if not self.is_attached or not self.children:  # not composed yet (on_mount runs before is_mounted)
             return
         shown = self.query("#host-away")
         if status is None:
