@@ -144,13 +144,20 @@ def test_r_on_host_2_card_3_runs_there_J_follows_and_stops_it_and_x_signals_a_re
                                timeout=30, what="the job and its log in J")
         words = next(line for line in screen.splitlines() if job["id"] in line).split()
         assert words[words.index(job["id"]) - 1] == "h2" and "running" in words  # its HOST column
+        tmux.keys("p")  # its processes: h2's view, filtered by the job's id
+        screen = tmux.wait_for(lambda s: f"filter “{job['id']}”" in s and "[job echo]" in s, timeout=30,
+                               what="the job's processes in h2's view")
+        assert "gpumon h2" in screen
+        tmux.keys("J")
+        tmux.wait_for(lambda s: any(job["id"] in line and "running" in line for line in s.splitlines()), timeout=30,
+                      what="J again, once the hosts have answered")
         tmux.keys("s")
         tmux.wait_for(lambda s: "on h2?" in s, what="stop confirmation")
         tmux.keys("y")
         tmux.wait_for(lambda s: any(job["id"] in line and "killed" in line for line in s.splitlines()), timeout=30,
                       what="the job stopped")
         assert not psutil.pid_exists(job["pid"]) or psutil.Process(job["pid"]).status() == psutil.STATUS_ZOMBIE
-        tmux.keys("Escape", "Escape")
+        tmux.keys("Escape", "Escape", "Escape")  # the jobs, the filter, the host's view
         tmux.wait_for(lambda s: "2 hosts: 2 live" in s, what="back on the overview")
         quit_tui(tmux, status)
     finally:
