@@ -54,6 +54,7 @@ class HostScreen(MainScreen):
                          waiting=self._waiting(self.status))
         self._jobs_at = -REMOTE_JOB_SCAN_S
         self._jobs_busy = False
+        self._away: Static | None = None  # says why there is no reading yet
 
     def on_mount(self) -> None:  # MainScreen's on_mount runs too (Textual calls every class's handler)
         self.show_status(self.status)
@@ -84,19 +85,21 @@ class HostScreen(MainScreen):
         """Until the host's first reading: why there is none, where the cards will be."""
         if not self.is_attached or not self.children:  # not composed yet (on_mount runs before is_mounted)
             return
-        shown = self.query("#host-away")
         if status is None:
-            shown.remove()
+            if self._away is not None:
+                self._away.remove()
+                self._away = None
             return
         text = self._waiting(status)
         bar = self.query_one(StatusBar)
         bar.waiting = text
         bar.refresh()
-        if shown:
-            shown.first(Static).update(text)
+        if self._away is not None:
+            self._away.update(text)
         else:
             self.query_one("#charts").display = False
-            self.query_one(CardList).mount(Static(text, id="host-away"))
+            self._away = Static(text, id="host-away")
+            self.query_one(CardList).mount(self._away)
 
     def _waiting(self, status: HostStatus) -> str:
         state, _, note, _ = describe_state(status, time.time())
