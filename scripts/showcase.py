@@ -8,15 +8,19 @@ import dataclasses
 import fcntl
 import json
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from fleet_standin import card, machine, standin_fleet
+
 from gpumon.alerting.rules import parse_rules
 from gpumon.jobs.records import JobSpec
 from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.tui.app import GpumonApp, create_app
+from gpumon.tui.fleet_app import FleetApp
 
 FROZEN = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 GIB = 1 << 30
@@ -37,15 +41,20 @@ SHOTS: list[tuple[str, dict, tuple[int, int], tuple[str, ...]]] = [
     ("alerts-120x40.svg", {"scenario": "hot", "rules": ["temp > 85 for 10s", "throttle thermal"]}, (120, 40), ()),
     ("run-dialog-120x40.svg", {}, (120, 40), ("down", "down", "down", "r", *"python train.py --lr 3e-4")),
     ("jobs-120x40.svg", {}, (120, 40), ("J",)),
+    ("fleet-120x40.svg", {"fleet": True}, (120, 40), ()),
 ]
 
 
 def demo_app(scenario: str = "default", theme: str | None = None, cards: int | None = None,
-             env: dict[str, str] | None = None, readonly: bool = False, rules: list[str] | None = None) -> GpumonApp:
+             env: dict[str, str] | None = None, readonly: bool = False, rules: list[str] | None = None,
+             fleet: bool = False) -> GpumonApp:
     """A demo app whose clock is frozen, with HISTORY samples already in its charts.
 
     The app then samples once more (its first frame) and stops, so the screen stays still.
+    `fleet`: the fleet overview of a frozen lab instead (fleet_app()).
     """
+    if fleet:
+        return fleet_app(theme)
     clock = [FROZEN - HISTORY]
 
     def tick() -> float:
@@ -64,7 +73,51 @@ def demo_app(scenario: str = "default", theme: str | None = None, cards: int | N
     return app
 
 
+def fleet_app(theme: str | None = None) -> FleetApp:
+    """The fleet overview of a frozen lab: hosts in every state the overview shows, the clock
+    stopped (a stand-in source: no ssh in screenshots)."""
+    clock = [FROZEN]
+    busy = (8, 5, 8, 2, 0, 7, 8, 3, 8, 8, 1, 6, 8, 4, 0, 8, 7, 8, 2, 8, 5, 8, 0, 6, 8)
+    gpus = [f"gpu{i + 1:02d}" for i in range(len(busy))]
+    lab = standin_fleet(gpus[:8] + ["dgx-a100", "ws-alice", "gpu90", "gpu91", "gpu92", "old-node", "local"]
+                        + gpus[8:], clock=lambda: clock[0])
+    draw = random.Random(7)
+
+    def h100s(host: str, busy: int) -> list:
+        return [card(i, util=draw.choice((92, 97, 100, 71)) if i < busy else draw.choice((0, 0, 3)),
+                     mem_pct=draw.uniform(60, 96) if i < busy else draw.choice((0.0, 0.4, 1.2)),
+                     temp=draw.randint(62, 84) if i < busy else draw.randint(29, 36), host=host) for i in range(8)]
+
+    for host, used in zip(gpus, busy):
+        lab.report(host, "live", snapshot=machine(host, h100s(host, used), FROZEN))
+    lab.report("dgx-a100", "live", snapshot=machine("dgx-a100", [
+        card(0, util=88, mem_pct=72, temp=77, host="dgx", name="NVIDIA A100-SXM4-80GB"),
+        card(1, host="dgx", mig=3, name="NVIDIA A100-SXM4-80GB"), card(2, host="dgx", mig=7, name="NVIDIA A100-SXM4-80GB"),
+        card(3, util=45, mem_pct=30, temp=63, host="dgx", name="NVIDIA A100-SXM4-80GB"),
+        card(4, host="dgx", state="lost", name="NVIDIA A100-SXM4-80GB"),
+        card(5, util=30, mem_pct=50, temp=58, host="dgx", state="stale", name="NVIDIA A100-SXM4-80GB"),
+        card(6, util=0, temp=33, host="dgx", name="NVIDIA A100-SXM4-80GB"),
+        card(7, util=0, temp=34, host="dgx", name="NVIDIA A100-SXM4-80GB")], FROZEN))
+    lab.report("ws-alice", "live", source="nvidia-smi", snapshot=machine("ws-alice", [
+        card(0, util=64, mem_pct=81, temp=71, host="ws", name="NVIDIA GeForce RTX 4090", total=24 * GIB),
+        card(1, util=0, mem_pct=2, temp=38, host="ws", name="NVIDIA GeForce RTX 4090", total=24 * GIB)], FROZEN))
+    clock[0] = FROZEN - 9  # silent for 9 s
+    lab.report("gpu90", "live", snapshot=machine("gpu90", h100s("gpu90", 4), FROZEN - 12))
+    lab.report("gpu90", "stale", error="no data for 3 s")
+    clock[0] = FROZEN
+    lab.report("gpu91", "unreachable", error="connection refused", retry_at=FROZEN + 12)
+    lab.report("gpu92", "reconnecting", error="timeout")
+    lab.report("old-node", "error", error="gpumon there is too old: schema 2 is unknown here", retry_at=FROZEN + 30)
+    lab.report("local", "live", source="local", snapshot=machine("local", [
+        card(i, util=(0, 41, 0, 12)[i], mem_pct=(0.5, 38, 0, 9)[i], temp=(31, 66, 30, 47)[i], host="local",
+             name="NVIDIA RTX A6000", total=48 * GIB) for i in range(4)], FROZEN))
+    return FleetApp(lab, theme=theme, env={}, clock=lambda: FROZEN)
+
+
 async def wait_for_first_frame(pilot) -> None:
+    if isinstance(pilot.app, FleetApp):  # its hosts were reported before it started
+        await pilot.pause(0.3)
+        return
     while pilot.app.sampler.latest is None:
         await pilot.pause(0.05)
     await pilot.pause(0.2)

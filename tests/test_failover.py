@@ -31,6 +31,7 @@ from gpumon.tui.app import create_app
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import RunDialog
 
+
 def three_cards(fake_driver, busy: tuple[int, ...] = ()) -> list[str]:
     """Three free A100s (`busy` ones 90 % utilised); their UUIDs, new for each test, so that no
     process left by another test (scan_env lists every process pinned to a UUID) is on them."""

@@ -68,7 +68,7 @@ def test_bad_hosts_on_the_command_line_are_one_line_and_status_2(tmp_path):
     assert_one_line_error(gpumon("run", "--host=-oProxyCommand=x", "--", "true"), 2, "cannot start with '-'")
     assert_one_line_error(gpumon("select", "--hostfile", str(tmp_path / "missing")), 2, "cannot read host file")
     assert_one_line_error(gpumon("snapshot", "--hosts", "h", "--ssh", "ssh 'unbalanced"), 2, "bad --ssh")
-    assert_one_line_error(gpumon("--hosts", "h1"), 2, "for many hosts use")
+    assert_one_line_error(gpumon("--hosts", "h1", "--ssh", "ssh 'unbalanced"), 2, "bad --ssh")  # the fleet TUI
     assert_one_line_error(gpumon("jobs", "--hosts", "h1", "--ssh", "/nonexistent/ssh -x"), 2,
                           "cannot find '/nonexistent/ssh'", "--ssh")
 

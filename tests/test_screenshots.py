@@ -10,7 +10,8 @@ from showcase import SHOTS, demo_app, showcase_state, wait_for_first_frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PINNED = ["main-200x60.svg", "main-80x24.svg", "filter-120x40.svg", "help-120x40.svg", "light-120x40.svg"]
+PINNED = ["main-200x60.svg", "main-80x24.svg", "filter-120x40.svg", "help-120x40.svg", "light-120x40.svg",
+          "fleet-120x40.svg"]
 
 
 @pytest.mark.parametrize("name", PINNED)

@@ -9,18 +9,21 @@ from gpumon.cli import STARTUP_ENVIRONMENT, splash
 
 def run(args: argparse.Namespace) -> int:
     nvml = not (args.demo or args.scenario is not None or args.replay is not None)
-    take_down = splash.show("opening the NVIDIA driver…" if nvml else "starting…")
+    many = bool(args.hosts or args.hostfile)
+    take_down = splash.show("connecting to the hosts…" if many else
+                            "opening the NVIDIA driver…" if nvml else "starting…")
+    fleet = _fleet(args, take_down)
+    if fleet is not None:
+        from gpumon.tui.fleet_app import run_fleet_app
+
+        return run_fleet_app(args, fleet, on_error=take_down, env=STARTUP_ENVIRONMENT)
     try:
         # Imported here, after the first frame is up: Textual takes most of gpumon's start-up.
         from gpumon.alerting.rules import parse_rules
-        from gpumon.cli.common import backend_args, fleet_requested, load_settings, open_source
-        from gpumon.errors import UsageError
+        from gpumon.cli.common import backend_args, load_settings, open_source
         from gpumon.tui.app import run_app
 
         config = load_settings(args)
-        if fleet_requested(args):  # the fleet view builds on gpumon.monitor.fleet (its TUI part is next)
-            raise UsageError("the TUI shows this machine only, for now: for many hosts use "
-                             "gpumon snapshot, watch, select or jobs with --hosts")
         rules = parse_rules(config.rules + config.watch_rules + args.alert)
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
@@ -35,3 +38,24 @@ def run(args: argparse.Namespace) -> int:
         take_down()
         raise
     return run_app(args, backend, rules, opened, opener=opener, on_error=take_down, env=STARTUP_ENVIRONMENT)
+
+
+def _fleet(args: argparse.Namespace, take_down):
+    """The fleet to show when hosts are given (--hosts, --hostfile, or the config's [fleet] hosts
+    unless an option asks for this machine alone); None otherwise. Only then are the fleet's
+    modules imported: a single-machine start does not grow."""
+    try:
+        from gpumon.cli.common import fleet_requested, load_settings
+
+        config = load_settings(args)
+        one_machine = args.demo or args.scenario is not None or args.replay or args.record
+        if not fleet_requested(args) and not (config.fleet_hosts and not one_machine):
+            return None
+        from gpumon.cli.fleet import build, host_list
+
+        args.theme = args.theme or config.theme
+        args.readonly = args.readonly or config.readonly
+        return build(args, config, host_list(args, config, use_config=True))
+    except BaseException:
+        take_down()
+        raise

@@ -76,13 +76,7 @@ class GpumonApp(App[int]):
                                       waiting="opening the NVIDIA driver…" if opening else "starting…")
 
     def on_mount(self) -> None:
-        themes, self.theme_problems = load_themes()
-        for theme in themes:
-            self.register_theme(theme)
-        self.theme_names = [t.name for t in themes]
-        self.theme = self._initial_theme()
-        for problem in self.theme_problems:
-            self.notify(problem, severity="warning", timeout=8)
+        self._install_themes()
         self.push_screen(self.main_screen)
         self.sampler.subscribe(self._on_snapshot)
         self.run_worker(self._sample(), name="sampler", group="sampler")
@@ -112,6 +106,16 @@ class GpumonApp(App[int]):
         self.main_screen.alerts = self.engine.firing()
         if latest is not None and self.main_screen.is_attached:
             self.main_screen.show_snapshot(latest)
+
+    def _install_themes(self) -> None:
+        """The shipped and the user's themes; the one asked for is applied, problems are notified."""
+        themes, self.theme_problems = load_themes()
+        for theme in themes:
+            self.register_theme(theme)
+        self.theme_names = [t.name for t in themes]
+        self.theme = self._initial_theme()
+        for problem in self.theme_problems:
+            self.notify(problem, severity="warning", timeout=8)
 
     def _initial_theme(self) -> str:
         if self.no_color:
@@ -221,13 +225,9 @@ def _check_theme(name: str | None) -> None:
         raise UsageError(f"unknown theme {name!r}; choose from {', '.join(names)}")
 
 
-def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
-            backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
-            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None) -> int:
-    """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
-    `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
-    the changes below."""
-    env = dict(os.environ if env is None else env)
+def prepare_terminal(args: argparse.Namespace, on_error: Callable[[], None]) -> None:
+    """Before any app starts: the theme checked, colours and terminal size as the user's terminal
+    says, logging kept off the screen."""
     try:
         _check_theme(args.theme)
     except UsageError:
@@ -243,6 +243,16 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
     logging.getLogger().handlers.clear()
     if os.environ.get("GPUMON_LOG_FILE"):
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
+
+
+def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
+            backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
+            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None) -> int:
+    """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
+    `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
+    the changes below."""
+    env = dict(os.environ if env is None else env)
+    prepare_terminal(args, on_error)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env)

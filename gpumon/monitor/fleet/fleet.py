@@ -59,7 +59,9 @@ class FindingSource(Source, Protocol):
 class Fleet:
     def __init__(self, hosts: Sequence[HostSpec], sources: Sequence[Source], interval: float,
                  transport: SshTransport | None = None, local_args: Sequence[str] = (),
-                 history_seconds: float = 600.0) -> None:
+                 history_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        """`clock`: unix time now (a frozen one for screenshots)."""
+        self.clock = clock
         self.specs = {spec.name: spec for spec in hosts}
         self.names = tuple(self.specs)  # listed hosts first, then found ones in the order found
         self.sources = list(sources)
@@ -71,7 +73,7 @@ class Fleet:
         for source in self.sources:
             for name in source.hosts:
                 self._owner.setdefault(name, source)
-        now = time.time()
+        now = clock()
         self._status = {name: HostStatus(name, since=now, source=self._kind_of(name)) for name in self.names}
         self._listeners: list[Listener] = []
         self._histories: dict[str, History] = {}
@@ -97,12 +99,12 @@ class Fleet:
         return tuple(self._status[name] for name in self.names)
 
     def document(self) -> FleetSnapshot:
-        return FleetSnapshot(time.time(), self.statuses())
+        return FleetSnapshot(self.clock(), self.statuses())
 
     def first_answers(self) -> FleetSnapshot:
         """Each host as it first answered or failed (after settle(): what a one-shot command shows,
         not the retry that may have begun since)."""
-        return FleetSnapshot(time.time(), tuple(self._first.get(n, self._status[n]) for n in self.names))
+        return FleetSnapshot(self.clock(), tuple(self._first.get(n, self._status[n]) for n in self.names))
 
     def history(self, name: str) -> History:
         """Chart history of one host, kept from the first call on (hosts nobody looks at keep none)."""
@@ -142,7 +144,7 @@ class Fleet:
         if owner is not None:
             return owner is source
         self._owner[name] = source
-        self._status[name] = HostStatus(name, since=time.time(), source=source.kind, note=note)
+        self._status[name] = HostStatus(name, since=self.clock(), source=source.kind, note=note)
         self.names = self.names + (name,)
         self.version += 1
         return True
@@ -172,7 +174,7 @@ class Fleet:
         new = HostStatus(
             host=name, state=state, source=source or old.source,
             snapshot=old.snapshot if snapshot is _KEEP else snapshot,
-            error=error, since=old.since if state == old.state else time.time(),
+            error=error, since=old.since if state == old.state else self.clock(),
             note=old.note if note is _KEEP else note, retry_at=retry_at,
         )
         if new == old:

@@ -42,6 +42,15 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("m", "default GPU memory limit for jobs on the selected card"),
         ("J", "jobs gpumon launched: state, log (following), s stop (asks first), p show its processes"),
     ]),
+    ("Many hosts (--hosts)", [
+        ("Enter  →", "open the selected host's own view (cards, charts, processes, t); Esc or ← returns"),
+        ("a name", "type it to jump to the first host that starts with it"),
+        ("/", "filter hosts by name, state, source (nvidia-smi) or reason"),
+        ("o  O", "sort: as listed, free cards, load, name / reverse"),
+        ("r  R", "run on the selected host's least loaded free card / the fleet's; in a host's view: on its "
+                 "selected card (its gpumon launches, pins and limits the job there)"),
+        ("J", "the jobs of every host, with its log following; s stops the selected one there"),
+    ]),
 ]
 
 

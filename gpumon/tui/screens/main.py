@@ -161,7 +161,7 @@ class MainScreen(Screen):
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
-            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.app.replay_status())
+            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.status_extra())
             cards = self.query_one(CardList)
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
@@ -171,6 +171,10 @@ class MainScreen(Screen):
             self._fit_cards()
             self._update_charts()
             self._update_table()
+
+    def status_extra(self) -> str:
+        """Said at the end of the status line (a fleet host's view says how the host is doing)."""
+        return self.app.replay_status()
 
     def _layout(self, count: int) -> None:
         """Compact or full panels, chart visibility and heights, from the size and card count."""

@@ -54,21 +54,27 @@ class RunDialog(ModalScreen[RunChoice | None]):
     # it presses that button (Cancel cancels).
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "submit", "Launch", priority=True, show=False)]
 
-    def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str) -> None:
+    def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str,
+                 where: str | None = None, remote: bool = False) -> None:
+        """`where`: the card as people should read it (a fleet's HOST:INDEX); `remote`: the job
+        runs on another host, so the working directory is that host's (empty: the home there) and
+        is checked there, not here."""
         super().__init__()
         self.gpu = gpu
         self.cwd = cwd
         self.history = history
         self.default_limit = default_limit
+        self.where = where or f"GPU {gpu.index}"
+        self.remote = remote
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-body") as body:
-            body.border_title = f"Run on GPU {self.gpu.index}: {self.gpu.name}"
+            body.border_title = f"Run on {self.where}: {self.gpu.name}"
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
             yield Label("Command")
             yield Input(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
-            yield Label("Working directory")
+            yield Label("Working directory" + (" there (empty: your home there)" if self.remote else ""))
             yield Input(self.cwd, id="run-cwd")
             yield Label("GPU memory limit (e.g. 8G, 50%; empty: none)")
             yield Input(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
@@ -105,7 +111,7 @@ class RunDialog(ModalScreen[RunChoice | None]):
         if not command:
             error.update("Type a command to run.")
             return None
-        for problem, field in ((directory_problem(cwd), "#run-cwd"),
+        for problem, field in ((not self.remote and directory_problem(cwd), "#run-cwd"),
                                (limit and size_problem(limit, self.gpu), "#run-limit")):
             if problem:
                 error.update(Text(problem))
@@ -145,14 +151,15 @@ class MemLimitDialog(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, gpu: GpuSample, current: int | None) -> None:
+    def __init__(self, gpu: GpuSample, current: int | None, where: str | None = None) -> None:
         super().__init__()
         self.gpu = gpu
         self.current = current
+        self.where = where or f"GPU {gpu.index}"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="limit-body") as body:
-            body.border_title = f"Memory limit for jobs on GPU {self.gpu.index}"
+            body.border_title = f"Memory limit for jobs on {self.where}"
             body.border_subtitle = "Enter saves · empty removes · Esc cancels"
             yield Label(f"Card total {format_bytes(self.gpu.memory_total)}. Jobs launched here are stopped by "
                         "the watchdog above this, and JAX/PyTorch are capped to it.")

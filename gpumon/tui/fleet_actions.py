@@ -1,0 +1,125 @@
+"""What the fleet TUI does on a host: launch a command on one of its cards (the same run dialog as
+on one machine) and signal one of its processes. Both go through that host's own gpumon
+(`fleet.remote(HOST)`: `gpumon run`, `gpumon signal` over the shared ssh connection), which pins,
+limits and supervises the job there and applies its own checks to signals (own processes only,
+the same start time). The calls block, so they run in a background thread; the result comes back
+as a notification naming the card as HOST:INDEX.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from textual.app import App
+
+from gpumon.jobs import processes as actions
+from gpumon.jobs import records as jobs
+from gpumon.jobs.launch import card_limits, shell_request
+from gpumon.jobs.remote_launch import run_args
+from gpumon.model import GpuSample, HostStatus, ProcessSample
+from gpumon.monitor.fleet import Fleet, RemoteGpumon
+from gpumon.tui.background import in_background
+from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.run_dialog import RunChoice, RunDialog
+
+
+def why_not_here(status: HostStatus, what: str = "launching") -> str | None:
+    """Why `what` (launching, signals, jobs) cannot be done on this host, or None when it can."""
+    if status.can_launch:
+        return None
+    if status.source == "nvidia-smi":
+        return f"{status.host} is read through nvidia-smi: {what} needs gpumon installed there"
+    if status.source == "prometheus":
+        return f"{status.host} is read through Prometheus, which cannot reach the host: {what} is not possible"
+    return f"{status.host}: {what} is not possible there"
+
+
+def where(status: HostStatus, gpu: GpuSample) -> str:
+    """The card as the fleet names it: HOST:INDEX (and the slice, for a MIG slice)."""
+    slice_ = f" slice {gpu.uuid[:12]}…" if gpu.uuid and gpu.uuid.startswith("MIG-") else ""
+    return status.card_id(gpu.index) + slice_
+
+
+def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd: str, why: str = "",
+                   launched: Callable[[], Any] = lambda: None) -> None:
+    """The run dialog for this card of this host; launches there when the user says so. `why`:
+    how the card was chosen, shown in the dialog's title; `launched()` once the host has started it."""
+    status = fleet.status(host)
+    problem = why_not_here(status)
+    if problem:
+        app.notify(problem, severity="warning", timeout=6)
+        return
+    if gpu.state != "ok" or gpu.uuid is None:
+        app.notify(f"{status.card_id(gpu.index)} is {gpu.state}: select a working card", severity="warning")
+        return
+    local = fleet.specs[host].is_local
+    card = where(status, gpu)
+    dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.uuid), launch_cwd if local else "",
+                       where=card + (f" ({why})" if why else ""), remote=not local)
+    app.push_screen(dialog, lambda choice: launch(app, fleet, host, gpu, choice, card, launched) if choice else None)
+
+
+def launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, choice: RunChoice, card: str,
+           launched: Callable[[], Any] = lambda: None) -> None:
+    """`gpumon run --gpu UUID … -- /bin/sh -c TYPED` on the host: the command as typed, byte for byte."""
+    request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
+                            foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None)
+    jobs.remember_command(choice.command)  # the dialog's history is this machine's
+    arguments = run_args(request)
+    if choice.foreground:
+        with app.suspend():
+            run_in_terminal(fleet.remote(host), arguments, card, choice.command)
+        return
+    app.notify(f"starting on {card}…", timeout=3)
+    def done(output: str) -> None:
+        app.notify(output, title=f"launched on {card}", timeout=10)
+        launched()
+
+    in_background(app, lambda: fleet.remote(host).launch(arguments), done,
+                  lambda exc: app.notify(str(exc) or type(exc).__name__, title=f"not launched on {card}",
+                                         severity="error", timeout=12))
+
+
+def run_in_terminal(remote: RemoteGpumon, arguments: Sequence[str], card: str, command: str) -> int:
+    """The dialog's Foreground: the job in this terminal (over `ssh -t`: Ctrl-C reaches it there),
+    then Enter to return."""
+    print(f"gpumon: running on {card}: {command}", flush=True)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the job's, not ours
+    try:
+        code = subprocess.call(remote.argv(["run", *arguments], tty=True))
+    except OSError as exc:
+        print(f"gpumon: cannot run ssh: {exc.strerror or exc}")
+        code = 127
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        input(f"\ngpumon: it ended with status {code}. Press Enter to return to gpumon. ")
+    except EOFError:
+        pass
+    return code
+
+
+def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, kind: str) -> None:
+    """Confirm, then signal the process through the host's gpumon (which checks it is the user's
+    and still the same process)."""
+    status = fleet.status(host)
+    problem = why_not_here(status, "signalling a process")
+    if problem:
+        app.notify(problem, severity="warning", timeout=6)
+        return
+    if fleet.specs[host].is_local and process.uid is not None and not actions.may_signal(process.uid):
+        app.notify(f"not permitted: process {process.pid} belongs to {process.user}", severity="error")
+        return
+    name = actions.SIGNALS[kind].name
+
+    def answered(yes: bool | None) -> None:
+        if yes:
+            in_background(app, lambda: fleet.remote(host).signal(process.pid, process.started, kind),
+                          lambda output: app.notify(f"{host}: {output}", timeout=5),
+                          lambda exc: app.notify(str(exc), severity="error", timeout=8))
+
+    question = f"Send {name} to process {process.pid} on {host}?"
+    app.push_screen(ConfirmScreen(question, f"{process.user}: {(process.command or '')[:200]}"), answered)

@@ -1,0 +1,145 @@
+"""The TUI over many hosts: the fleet overview first, each host's normal view one key away.
+
+`FleetApp` is the single-host app (themes, help, quit, the same main screen for a host) with the
+fleet as its data source instead of a sampler: `fleet.run()` runs as a worker on the app's loop,
+and the fleet's listener hands each host it reports to the overview (which repaints that one row)
+and, when that host's view is open, to it. Built only when hosts are given: a single-machine
+`gpumon` never imports this module or the fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+
+from textual.events import Mount
+
+from gpumon.errors import EXIT_OK
+from gpumon.jobs.across_hosts import choose_across
+from gpumon.jobs.placement import choose
+from gpumon.model import HostStatus
+from gpumon.monitor.fleet import Fleet
+from gpumon.monitor.sampler import Sampler
+from gpumon.tui.app import GpumonApp, prepare_terminal
+from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
+from gpumon.tui.screens.fleet import FleetScreen
+from gpumon.tui.screens.fleet_jobs import FleetJobsScreen
+from gpumon.tui.screens.host import HostScreen
+from gpumon.tui.widgets.host_table import HostTable
+
+QUIT_WAIT_S = 3.0  # for the hosts' streams to close (each ends its remote side) before leaving
+
+
+class FleetApp(GpumonApp):
+    def __init__(self, fleet: Fleet, *, readonly: bool = False, theme: str | None = None,
+                 env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.time,
+                 local_real_pids: bool = True) -> None:
+        """`local_real_pids`: whether the host `local` lists real processes (not --demo)."""
+        # The fleet feeds the screens; the sampler stays closed (replay keys, XIDs: not here).
+        super().__init__(Sampler(None, interval=fleet.interval), readonly=readonly, theme=theme, env=env)
+        self.fleet = fleet
+        self.env = dict(os.environ if env is None else env)
+        self.local_real_pids = local_real_pids
+        self.overview = FleetScreen(fleet, clock)
+        self.host_screen: HostScreen | None = None
+        self._runner = None
+
+    def on_mount(self, event: Mount) -> None:
+        event.prevent_default()  # not the single-host app's start (its sampler has nothing to open)
+        self._install_themes()
+        self.push_screen(self.overview)
+        self.fleet.subscribe(self._on_host)
+        self._runner = self.run_worker(self.fleet.run(), name="fleet", group="fleet")
+
+    def _on_host(self, status: HostStatus) -> None:
+        self.overview.host_changed(status)
+        screen = self.host_screen
+        if screen is not None and screen.host == status.host and screen.is_attached:
+            screen.show_status(status)
+
+    # -- a host's view --
+
+    def open_host(self, name: str, job_id: str | None = None) -> None:
+        """Its normal view; with `job_id`, showing that job's processes."""
+        if self.host_screen is not None and self.screen is self.host_screen:
+            self.close_host(self.host_screen)
+        real_pids = self.local_real_pids if self.fleet.specs[name].is_local else True
+        screen = HostScreen(self.fleet, name, real_pids, self.readonly, self.env)
+        self.host_screen = screen
+        self.push_screen(screen)
+        if job_id:
+            screen.call_after_refresh(screen.show_job, job_id)
+
+    def close_host(self, screen: HostScreen) -> None:
+        if self.screen is screen:
+            self.pop_screen()
+        if self.host_screen is screen:
+            self.host_screen = None
+        self.overview.query_one(HostTable).select_host(screen.host)
+
+    # -- launching from the overview --
+
+    def run_on_host(self, name: str) -> None:
+        """`r` on a host's line: the run dialog for its least loaded free card."""
+        status = self.fleet.status(name)
+        problem = why_not_here(status)
+        if problem:
+            self.notify(problem, severity="warning", timeout=6)
+            return
+        if status.snapshot is None or status.state not in ("live", "stale"):
+            self.notify(f"{name} is {status.state}: no reading to choose a card from", severity="warning")
+            return
+        try:
+            gpu = choose(status.snapshot, 1).gpus[0]
+        except ValueError:
+            self.notify(f"{name}: no free card (Enter shows its cards; R picks the best free card anywhere)",
+                        severity="warning", timeout=6)
+            return
+        ask_and_launch(self, self.fleet, name, gpu, self.launch_cwd, why="its least loaded free card")
+
+    def run_anywhere(self) -> None:
+        """`R`: the run dialog for the best free card of every host that can launch."""
+        hosts = [s for s in self.fleet.statuses() if s.can_launch]
+        best, _ = choose_across(hosts, 1, lambda host: None)
+        if best is None:
+            self.notify("no free card on any host that can launch", severity="warning", timeout=6)
+            return
+        self.overview.query_one(HostTable).select_host(best.host)
+        ask_and_launch(self, self.fleet, best.host, best.choice.gpus[0], self.launch_cwd,
+                       why="the least loaded free card of the fleet")
+
+    def open_jobs(self) -> None:
+        def closed(picked: tuple[str, str] | None) -> None:
+            if picked:
+                self.open_host(*picked)
+
+        self.push_screen(FleetJobsScreen(self.fleet), closed)
+
+    # -- ending --
+
+    async def action_quit(self) -> None:
+        self.fleet.stop()
+        if self._runner is not None:
+            try:
+                async with asyncio.timeout(QUIT_WAIT_S):
+                    await self._runner.wait()
+            except Exception:  # noqa: BLE001 - leaving anyway; the streams end with their ssh
+                pass
+        self.exit(EXIT_OK)
+
+    def on_unmount(self) -> None:
+        self.fleet.stop()
+
+
+def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[], None] = lambda: None,
+                  env: Mapping[str, str] | None = None) -> int:
+    """Run the fleet TUI until it quits (`gpumon --hosts …`)."""
+    env = dict(os.environ if env is None else env)
+    prepare_terminal(args, on_error)
+    demo = bool(args.demo or args.scenario is not None)
+    app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
+    status = app.run()
+    return status if isinstance(status, int) else EXIT_OK

@@ -1,0 +1,222 @@
+"""The fleet overview: one line per host (state, a cell per card, free cards, load, hottest card),
+with the fleet's totals on the top line.
+
+The app hands it each host the fleet reports (`host_changed`); it keeps running totals (O(1) per
+report: the host's old contribution out, its new one in) and passes the host to the table, which
+repaints that one row. Behind another screen it only remembers which hosts changed, and catches
+up when it is shown again (behind a dialog, every few seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.events import ScreenResume
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Input, Static
+
+from gpumon.model import HOST_STATES, HostStatus
+from gpumon.monitor.fleet import Fleet
+from gpumon.tui.widgets.host_row import LEGEND
+from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
+from gpumon.tui.widgets.partial import PartialRefresh
+
+BEHIND_OVERLAY_S = 5.0
+# Letters that are commands on this screen; any other letter or digit jumps to a host.
+RESERVED = "qorROJ"
+
+
+class FleetStatusLine(PartialRefresh, Widget):
+    COMPONENT_CLASSES = {"fleet-status--muted", "fleet-status--bad", "fleet-status--jump"}
+
+    def show(self, text: Text) -> None:
+        if self.size.width:
+            self.show_lines([text], self.size.width)  # usually just the clock's digits
+
+    def render(self) -> Text:
+        return self.shown[0] if self.shown else Text(" gpumon ", style="bold")
+
+
+class FleetScreen(Screen):
+    BINDINGS = [
+        Binding("enter,right", "open_host", "Open host"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("o", "cycle_sort", "Sort"),
+        Binding("O", "reverse_sort", "Reverse", show=False),
+        Binding("r", "run", "Run on its freest card"),
+        Binding("R", "run_anywhere", "Run on the best free card", show=False),
+        Binding("J", "jobs", "Jobs"),
+    ]
+
+    def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.fleet = fleet
+        self.clock = clock
+        self.states: Counter[str] = Counter()
+        self.free = self.cards = 0  # free and all cards of the hosts that are live
+        self._counted: dict[str, tuple[str, int, int]] = {}
+        self._pending: dict[str, HostStatus] = {}
+        self._flushed_at = 0.0
+        self._jump: tuple[str, bool, float] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield FleetStatusLine(id="fleet-status")
+        table = HostTable(self.fleet.names, clock=self.clock, reserved=RESERVED, id="hosts")
+        table.border_title = f"Hosts · {len(self.fleet.names)}"
+        table.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
+        yield table
+        yield Input(placeholder="filter hosts: name, state, note (Esc clears)", id="fleet-filter")
+        yield Static(Text(LEGEND), id="fleet-legend")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#fleet-filter").display = False
+        for status in self.fleet.statuses():
+            self._take(status)
+        self.set_interval(1.0, self._tick)
+        self.query_one(HostTable).focus()
+        self.call_after_refresh(self._show_status)
+
+    # -- data in --
+
+    def host_changed(self, status: HostStatus) -> None:
+        if self.is_attached and self.app.screen is self:
+            self._take(status)
+        else:
+            self._pending[status.host] = status
+
+    def _take(self, status: HostStatus) -> None:
+        old = self._counted.get(status.host)
+        if old is not None:
+            self.states[old[0]] -= 1
+            self.free -= old[1]
+            self.cards -= old[2]
+        changed = self.query_one(HostTable).update_host(status)
+        row = changed[1] if changed else self.query_one(HostTable).rows[status.host]
+        new = (status.state, row.free or 0, row.total) if row.live else (status.state, 0, 0)
+        self._counted[status.host] = new
+        self.states[new[0]] += 1
+        self.free += new[1]
+        self.cards += new[2]
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        self._flushed_at = time.monotonic()
+        for status in pending.values():
+            self._take(status)
+
+    def on_screen_resume(self, event: ScreenResume) -> None:
+        if self._pending:
+            self._flush()
+        self._show_status()
+
+    def _tick(self) -> None:
+        if self.app.screen is not self:
+            if self._pending and self.is_current and time.monotonic() - self._flushed_at >= BEHIND_OVERLAY_S:
+                self._flush()  # visible behind a dialog
+            return
+        self.query_one(HostTable).tick()
+        self._show_status()
+
+    def _show_status(self) -> None:
+        """What the keys just did first (narrow terminals cut the end), then the fleet's totals."""
+        line = self.query_one(FleetStatusLine)
+        muted = line.get_component_rich_style("fleet-status--muted")
+        table = self.query_one(HostTable)
+        text = Text(" gpumon ", style="bold")
+        if self._jump is not None and time.monotonic() - self._jump[2] < JUMP_S + 1:
+            prefix, found = self._jump[0], self._jump[1]
+            text.append(f"jump “{prefix}”" if found else f"no host starts with “{prefix}”",
+                        style=line.get_component_rich_style("fleet-status--jump"))
+            text.append("  ·  ")
+        if table.filter_text:
+            text.append(f"{len(table.order)} match “{table.filter_text}”", style=line.get_component_rich_style(
+                "fleet-status--jump"))
+            text.append("  ·  ")
+        text.append(f"{self.free}/{self.cards} cards free", style="bold")
+        hosts = len(self.fleet.names)
+        text.append(f" on {hosts} host{'s' if hosts != 1 else ''}: ")
+        # Retrying is being unreachable still: one word for both keeps the line short.
+        counts = dict.fromkeys(state for state in HOST_STATES if state != "reconnecting")
+        for state in HOST_STATES:
+            key = "unreachable" if state == "reconnecting" else state
+            counts[key] = (counts[key] or 0) + self.states[state]
+        parts = [f"{n} {state}" for state, n in counts.items() if n]
+        for i, part in enumerate(parts):
+            bad = not part.endswith(" live")
+            text.append(part, style=line.get_component_rich_style("fleet-status--bad") if bad else "")
+            text.append(", " if i < len(parts) - 1 else "")
+        arrow = "" if table.sort_key == "listed" else " ▼" if table.sort_reverse else " ▲"
+        text.append(f"  ·  {SORT_LABELS[table.sort_key]}{arrow}", style=muted)
+        text.append(f"  ·  every {self.fleet.interval:g}s  ", style=muted)
+        text.append(time.strftime("%H:%M:%S", time.localtime(self.clock())))
+        line.show(text)
+
+    def on_host_table_jumped(self, message: HostTable.Jumped) -> None:
+        self._jump = (message.prefix, message.found, time.monotonic())
+        self._show_status()
+
+    # -- keys --
+
+    @property
+    def selected(self) -> str | None:
+        return self.query_one(HostTable).selected
+
+    def action_open_host(self) -> None:
+        if self.selected is not None:
+            self.app.open_host(self.selected)
+
+    def action_cycle_sort(self) -> None:
+        table = self.query_one(HostTable)
+        key = SORTS[(SORTS.index(table.sort_key) + 1) % len(SORTS)]
+        table.set_sort(key, False)
+        self._show_status()
+
+    def action_reverse_sort(self) -> None:
+        table = self.query_one(HostTable)
+        table.set_sort(table.sort_key, not table.sort_reverse)
+        self._show_status()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        if not box.display and not box.value:
+            return
+        box.value = ""
+        box.display = False
+        self.query_one(HostTable).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.query_one(HostTable).set_filter(event.value.strip())
+        self._show_status()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            event.input.display = False
+        self.query_one(HostTable).focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("run", "run_anywhere"):
+            return not self.app.readonly
+        return True
+
+    def action_run(self) -> None:
+        if self.selected is not None:
+            self.app.run_on_host(self.selected)
+
+    def action_run_anywhere(self) -> None:
+        self.app.run_anywhere()
+
+    def action_jobs(self) -> None:
+        self.app.open_jobs()

@@ -1,0 +1,232 @@
+"""One fleet host in the normal single-host view: the same main screen (panels, charts,
+processes, `t`), fed from the host's statuses and `fleet.history(host)`; Esc (or ←) returns to
+the overview.
+
+What acts on the host goes through its own gpumon (fleet_actions): `r` launches there, `x`/`X`/`i`
+signal there (it checks the process is the user's and the same one), `t` reads its topology,
+and the process table learns which pids are gpumon jobs from its job list. The status line names
+the host as listed and says how it is doing (stale, unreachable with the reason and the retry
+countdown, read through nvidia-smi); its old values stay on screen, marked "no new data".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+from textual.binding import Binding
+from textual.widgets import Input, Static
+
+from gpumon.jobs.launch import card_limits
+from gpumon.model import HostStatus
+from gpumon.monitor.containers import invisible_reason
+from gpumon.monitor.fleet import Fleet
+from gpumon.tui.background import in_background
+from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
+from gpumon.tui.screens.main import MainScreen
+from gpumon.tui.screens.run_dialog import MemLimitDialog
+from gpumon.tui.screens.topology import TopologyScreen
+from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.host_row import describe_state, time_dependent
+from gpumon.tui.widgets.process_table import ProcessTable
+from gpumon.tui.widgets.status_bar import StatusBar
+from gpumon.units import format_bytes, parse_size
+
+log = logging.getLogger(__name__)
+REMOTE_JOB_SCAN_S = 10.0  # a remote job list costs the host a gpumon start: not every few seconds
+
+
+class HostScreen(MainScreen):
+    BINDINGS = [
+        Binding("escape", "clear_filter", "All hosts"),
+        Binding("left", "back", "All hosts", show=False),
+    ]
+
+    def __init__(self, fleet: Fleet, host: str, real_pids: bool, readonly: bool,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.fleet = fleet
+        self.host = host
+        self.status = fleet.status(host)
+        self.local = fleet.specs[host].is_local
+        super().__init__(fleet.history(host), fleet.interval, real_pids, readonly, env,
+                         waiting=self._waiting(self.status))
+        self._jobs_at = -REMOTE_JOB_SCAN_S
+        self._jobs_busy = False
+        self._away: Static | None = None  # says why there is no reading yet
+
+    def on_mount(self) -> None:  # MainScreen's on_mount runs too (Textual calls every class's handler)
+        self.show_status(self.status)
+        self.set_interval(1.0, self._tick)
+
+    def show_job(self, job_id: str) -> None:
+        """The processes of one of the host's jobs (`p` in the jobs list)."""
+        self.only_selected = False
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = job_id
+        self.query_one(ProcessTable).focus()
+        self.rescan_jobs()
+
+    # -- the host's news --
+
+    def show_status(self, status: HostStatus) -> None:
+        self.status = status
+        snapshot = status.snapshot
+        self._show_away(status if snapshot is None else None)
+        if snapshot is None:
+            return
+        label = self.host if snapshot.host in ("", self.host) else f"{self.host} ({snapshot.host})"
+        # Values of a host that is late or away are its last reading: the panels say "no new data".
+        self.show_snapshot(dataclasses.replace(snapshot, host=label, stale=status.state != "live"))
+
+    def _show_away(self, status: HostStatus | None) -> None:
+        """Until the host's first reading: why there is none, where the cards will be."""
+        if not self.is_attached or not self.children:  # not composed yet (on_mount runs before is_mounted)
+            return
+        if status is None:
+            if self._away is not None:
+                self._away.remove()
+                self._away = None
+            return
+        text = self._waiting(status)
+        bar = self.query_one(StatusBar)
+        bar.waiting = text
+        bar.refresh()
+        if self._away is not None:
+            self._away.update(text)
+        else:
+            self.query_one("#charts").display = False
+            self._away = Static(text, id="host-away")
+            self.query_one(CardList).mount(self._away)
+
+    def _waiting(self, status: HostStatus) -> str:
+        state, _, note, _ = describe_state(status, time.time())
+        return f"{self.host}: {state}" + (f" · {note}" if note else "")
+
+    def status_extra(self) -> str:
+        state, _, note, _ = describe_state(self.status, time.time())
+        return note if self.status.state == "live" else state + (f": {note}" if note else "")
+
+    def _tick(self) -> None:
+        """Countdowns ("retry in 12s", "stale 40s") move with the clock alone."""
+        if not time_dependent(self.status) or self.app.screen is not self:
+            return
+        if self.snapshot is None:
+            self.show_status(self.status)
+        else:
+            alerts = sum(len(a) for a in self.alerts.values())
+            self.query_one(StatusBar).show(self.snapshot, alerts=alerts, extra=self.status_extra())
+
+    # -- keys --
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display or self.filter_text:
+            super().action_clear_filter()
+        else:
+            self.action_back()
+
+    def action_back(self) -> None:
+        self.app.close_host(self)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("run", "mem_limit"):
+            return not self.readonly  # a host that cannot launch says why when asked
+        if action == "environment":
+            return self.real_pids
+        return super().check_action(action, parameters)
+
+    def action_run(self) -> None:
+        gpu = self.selected_gpu
+        if gpu is None:
+            self.notify(f"{self.host}: no card to run on (yet)", severity="warning")
+            return
+        ask_and_launch(self.app, self.fleet, self.host, gpu, self.app.launch_cwd, launched=self.rescan_jobs)
+
+    def rescan_jobs(self) -> None:
+        """A job was launched here: which of the host's pids are jobs, asked now, not in 10 s."""
+        self._jobs_at = -REMOTE_JOB_SCAN_S
+        if self.is_attached:
+            self._scan_jobs()
+
+    def action_mem_limit(self) -> None:
+        """The card's default limit, kept here by its UUID: `r` fills it in, and it is passed to the
+        host's gpumon as --mem-limit."""
+        gpu = self.selected_gpu
+        if gpu is None or gpu.uuid is None:
+            return
+        card = self.status.card_id(gpu.index)
+
+        def chosen(value: str | None) -> None:
+            if value is None:
+                return
+            limit = parse_size(value, gpu.memory_total) if value else None
+            card_limits().set(gpu.uuid, limit)
+            self.notify(f"{card}: jobs launched here are capped at {format_bytes(limit)}" if limit
+                        else f"{card}: no default memory limit")
+
+        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid), where=card), chosen)
+
+    def action_jobs(self) -> None:
+        self.app.open_jobs()
+
+    def action_signal(self, kind: str) -> None:
+        row = self._selected_process()
+        if row is None:
+            return
+        process = row.process
+        if self.local and process.user is None and process.command is None:
+            self.notify(f"process {process.pid}: {invisible_reason()}", severity="warning")
+            return
+        ask_and_signal(self.app, self.fleet, self.host, process, kind)
+
+    def action_environment(self) -> None:
+        if not self.local:
+            self.notify(f"{self.host}: the environment of a process is shown for this machine's processes only",
+                        severity="warning")
+            return
+        super().action_environment()
+
+    def action_topology(self) -> None:
+        problem = why_not_here(self.status, "reading the topology")
+        if problem:
+            self.notify(problem, severity="warning")
+            return
+        super().action_topology()
+
+    async def _read_topology(self, screen: TopologyScreen) -> None:
+        def failed(exc: Exception) -> None:
+            screen.show_topology(screen.topo, False)
+            self.notify(str(exc), severity="error", timeout=8)
+
+        in_background(self.app, lambda: self.fleet.remote(self.host).topology(),
+                      lambda topo: screen.show_topology(topo, False), failed)
+
+    # -- which processes are gpumon jobs --
+
+    def _scan_jobs(self) -> None:
+        if self.local:
+            super()._scan_jobs()
+            return
+        now = time.monotonic()
+        if self._jobs_busy or now - self._jobs_at < REMOTE_JOB_SCAN_S or self.status.state != "live" \
+                or not self.status.can_launch:
+            return
+        self._jobs_busy, self._jobs_at = True, now
+
+        def job_pids() -> dict[int, tuple[str, str]]:
+            return {job["pid"]: (job["name"] or job["id"], job["id"]) for job in self.fleet.remote(self.host).jobs()
+                    if job["state"] == "running" and job["pid"] is not None}
+
+        def done(found: dict[int, tuple[str, str]]) -> None:
+            self._jobs_busy = False
+            if self.is_attached:
+                self._set_job_pids(found)
+
+        def failed(exc: Exception) -> None:
+            self._jobs_busy = False
+            log.info("jobs of %s not read: %s", self.host, exc)
+
+        in_background(self.app, job_pids, done, failed)
