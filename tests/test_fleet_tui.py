@@ -342,7 +342,8 @@ def test_a_single_machine_start_never_imports_the_fleet_and_hosts_start_the_over
         # The fleet TUI's module is replaced before anything can import it: the single-machine
         # start must get by without it, and the fleet start only has to reach it.
         fake = types.ModuleType("gpumon.tui.fleet_app")
-        fake.run_fleet_app = lambda args, fleet, **k: print("fleet", list(fleet.names)) or 0
+        fake.run_fleet_app = lambda args, fleet, **k: print("fleet", list(fleet.names),
+                                                            [s.kind for s in fleet.sources]) or 0
         sys.modules["gpumon.tui.fleet_app"] = fake
         import gpumon.tui.app
         gpumon.tui.app.run_app = lambda *a, **k: print("single", sorted(
@@ -356,9 +357,13 @@ def test_a_single_machine_start_never_imports_the_fleet_and_hosts_start_the_over
         return done.stdout.strip()
 
     assert gpumon("--demo") == "single []"
-    assert gpumon("--demo", "--hosts", "local,gpu[01-02]") == "fleet ['local', 'gpu01', 'gpu02']"
-    assert gpumon("--config", str(config)) == "fleet ['local']"
+    assert gpumon("--demo", "--hosts", "local,gpu[01-02]") == "fleet ['local', 'gpu01', 'gpu02'] ['local', 'gpumon', 'gpumon']"
+    assert gpumon("--config", str(config)) == "fleet ['local'] ['local']"
     assert gpumon("--config", str(config), "--demo") == "single []"  # --demo: this machine alone
+    cluster = tmp_path / "cluster.toml"  # a cluster read through its Prometheus, by default
+    cluster.write_text('[fleet]\nprometheus_url = "http://127.0.0.1:9"\n')
+    assert gpumon("--config", str(cluster)) == "fleet [] ['prometheus']"
+    assert gpumon("--config", str(cluster), "--hosts", "gpu01") == "fleet ['gpu01'] ['gpumon']"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -368,3 +373,41 @@ def test_a_single_machine_start_never_imports_the_fleet_and_hosts_start_the_over
 def test_bad_host_options_are_one_line_and_status_2(argv, message):
     done = subprocess.run([sys.executable, "-m", "gpumon", *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_hosts_a_source_finds_later_join_the_overview_and_cannot_launch():
+    """A Prometheus source finds a cluster's nodes as it reads them: they join the overview (after
+    the hosts listed), and `r` says why nothing can be launched there."""
+    fleet = standin_fleet(["gpu01"])
+
+    class Finder:
+        kind, hosts = "prometheus", ()
+
+        async def run(self, fleet):
+            await asyncio.Event().wait()
+
+    finder = Finder()
+    fleet.sources.append(finder)
+
+    async def go():
+        app = FleetApp(fleet)
+        said: list[str] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: said.append(str(message)) or notify(message, **kw)
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen, table = await overview(pilot)
+            fleet.report("gpu01", "live", snapshot=machine("gpu01", [card(0, host="gpu01")]))
+            for name in ("node-a", "node-b"):
+                assert fleet.add_host(name, finder)
+                fleet.report(name, "live", source="prometheus",
+                             snapshot=machine(name, [card(0, util=30, host=name), card(1, host=name)]))
+            await pilot.pause(1.5)  # the next tick shows them
+            shown = [line.split()[0] for line in lines(table)[1:] if line.strip()]
+            assert shown[:3] == ["gpu01", "node-a", "node-b"]
+            assert "1/2" in row_of(table, "node-b").split()  # free cards (card 0 is busy), as select counts them
+            table.select_host("node-a")
+            await pilot.press("r")
+            assert not isinstance(app.screen, RunDialog)
+            assert any("node-a is read through Prometheus" in s for s in said)
+
+    run(go())

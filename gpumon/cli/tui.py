@@ -49,13 +49,15 @@ def _fleet(args: argparse.Namespace, take_down):
 
         config = load_settings(args)
         one_machine = args.demo or args.scenario is not None or args.replay or args.record
-        if not fleet_requested(args) and not (config.fleet_hosts and not one_machine):
+        configured = (config.fleet_hosts or config.fleet_prometheus_url) and not one_machine
+        if not fleet_requested(args) and not configured:
             return None
-        from gpumon.cli.fleet import build, host_list
+        from gpumon.cli.fleet import build, host_list, prometheus_url
 
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
-        return build(args, config, host_list(args, config, use_config=True))
+        return build(args, config, host_list(args, config, use_config=True),
+                     prometheus_url(args, config, use_config=True))
     except BaseException:
         take_down()
         raise

@@ -95,6 +95,7 @@ class HostTable(ScrollView, can_focus=True):
         self.clock = clock
         self.reserved = set(reserved)
         self.listed = tuple(names)
+        self._listed = set(self.listed)
         self.statuses: dict[str, HostStatus] = {}
         self.rows: dict[str, HostRow] = {}
         self.order: list[str] = list(self.listed)
@@ -118,6 +119,8 @@ class HostTable(ScrollView, can_focus=True):
     def update_host(self, status: HostStatus) -> tuple[HostRow | None, HostRow] | None:
         """A host's news: returns (old row, new row) when what the row shows changed, else None."""
         name = status.host
+        if name not in self.statuses and name not in self._listed:
+            self._add_host(name)
         self.statuses[name] = status
         row = host_row(status, self.clock())
         old = self.rows.get(name)
@@ -134,6 +137,19 @@ class HostTable(ScrollView, can_focus=True):
         if index is not None:
             self._refresh_changed(index, old, row)
         return old, row
+
+    def _add_host(self, name: str) -> None:
+        """A host a source found (Prometheus discovers a cluster's nodes): listed after the
+        others, shown at the next tick (a first refresh finds hundreds at once: one re-sort)."""
+        self.listed += (name,)
+        self._listed.add(name)
+        width = min(MAX_NAME, cell_len(name))
+        if width > self.name_width:
+            self.name_width = width
+            self._strips.clear()
+            self.refresh()
+        self._order_dirty = True
+        self._sorted_at = 0.0
 
     def _moves_order(self, old: HostRow, new: HostRow) -> bool:
         if self.filter_text and old.matches(self.filter_text) != new.matches(self.filter_text):
