@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleet_standin import card, machine, standin_fleet
+from fleet_scenes import card, machine, scene_fleet
 
 from gpumon.alerting.rules import parse_rules
 from gpumon.jobs.records import JobSpec
@@ -79,7 +79,7 @@ def fleet_app(theme: str | None = None) -> FleetApp:
     clock = [FROZEN]
     busy = (8, 5, 8, 2, 0, 7, 8, 3, 8, 8, 1, 6, 8, 4, 0, 8, 7, 8, 2, 8, 5, 8, 0, 6, 8)
     gpus = [f"gpu{i + 1:02d}" for i in range(len(busy))]
-    lab = standin_fleet(gpus[:8] + ["dgx-a100", "ws-alice", "gpu90", "gpu91", "gpu92", "old-node", "local"]
+    lab = scene_fleet(gpus[:8] + ["dgx-a100", "ws-alice", "gpu90", "gpu91", "gpu92", "old-node", "local"]
                         + gpus[8:], clock=lambda: clock[0])
     draw = random.Random(7)
 

@@ -1,5 +1,5 @@
 """The fleet overview and a host's view, driven by keys (Textual Pilot), fed by a stand-in fleet
-whose hosts' news the test reports (scripts/fleet_standin.py). The real ssh source is covered by
+whose hosts' news the test reports (scripts/fleet_scenes.py). The real ssh source is covered by
 test_fleet_tui_ssh.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from fleet_standin import card, machine, standin_fleet
+from fleet_scenes import card, machine, scene_fleet
 
 from gpumon.tui.fleet_app import FleetApp
 from gpumon.tui.screens.fleet import FleetScreen, FleetStatusLine
@@ -45,7 +45,7 @@ async def overview(pilot) -> tuple[FleetScreen, HostTable]:
 
 def a_lab():
     """Four hosts in every state an overview shows."""
-    fleet = standin_fleet(["gpu01", "gpu02", "gpu03", "dgx-a", "old-box"])
+    fleet = scene_fleet(["gpu01", "gpu02", "gpu03", "dgx-a", "old-box"])
     def report() -> None:
         fleet.report("gpu01", "live", snapshot=machine("gpu01", [card(0, util=95, mem_pct=90, temp=81, host="gpu01"),
                                                                   card(1, util=0, mem_pct=0, temp=35, host="gpu01")]))
@@ -117,7 +117,7 @@ def test_the_overview_shows_every_host_its_state_cards_free_count_and_hottest_ca
 
 
 def test_sort_by_free_cards_load_and_name_and_reverse():
-    fleet = standin_fleet(["b", "c", "a", "down"])
+    fleet = scene_fleet(["b", "c", "a", "down"])
 
     async def go():
         app = FleetApp(fleet)
@@ -144,7 +144,7 @@ def test_sort_by_free_cards_load_and_name_and_reverse():
 
 
 def test_a_changing_sort_value_moves_a_host_at_the_next_resort_and_the_cursor_stays_on_its_host():
-    fleet = standin_fleet(["x", "y"])
+    fleet = scene_fleet(["x", "y"])
 
     async def go():
         app = FleetApp(fleet)
@@ -183,7 +183,7 @@ def test_filter_with_slash_and_escape_clears():
 
 
 def test_typing_a_prefix_jumps_and_command_keys_still_work():
-    fleet = standin_fleet(["alpha", "gpu01", "gpu02", "gpu10", "ohio", "zeta"])
+    fleet = scene_fleet(["alpha", "gpu01", "gpu02", "gpu10", "ohio", "zeta"])
 
     async def go():
         app = FleetApp(fleet)
@@ -289,7 +289,7 @@ def test_readonly_offers_no_launching_on_the_overview():
 
 def test_256_hosts_render_only_the_visible_rows_and_repaint_only_the_host_that_changed():
     names = [f"node{i:03d}" for i in range(256)]
-    fleet = standin_fleet(names)
+    fleet = scene_fleet(names)
 
     def report_all(util: int) -> None:
         for i, name in enumerate(names):
@@ -378,7 +378,7 @@ def test_bad_host_options_are_one_line_and_status_2(argv, message):
 def test_hosts_a_source_finds_later_join_the_overview_and_cannot_launch():
     """A Prometheus source finds a cluster's nodes as it reads them: they join the overview (after
     the hosts listed), and `r` says why nothing can be launched there."""
-    fleet = standin_fleet(["gpu01"])
+    fleet = scene_fleet(["gpu01"])
 
     class Finder:
         kind, hosts = "prometheus", ()

@@ -1,6 +1,6 @@
 """A stand-in fleet for the TUI's tests and screenshots: hosts whose news the test reports itself.
 
-`standin_fleet(names)` is a real `Fleet` whose only source never reads anything; a test (on the
+`scene_fleet(names)` is a real `Fleet` whose only source never reads anything; a test (on the
 app's loop) calls `fleet.report(HOST, STATE, snapshot=machine(...))` as a real source would. The
 real ssh source is covered by the tests that start sshd; this keeps Pilot tests fast and exact.
 """
@@ -17,7 +17,7 @@ from gpumon.monitor.fleet import Fleet, parse_hosts
 GIB = 1 << 30
 
 
-class StandInSource:
+class SceneSource:
     kind = "gpumon"
 
     def __init__(self, names: Sequence[str]) -> None:
@@ -27,10 +27,10 @@ class StandInSource:
         await asyncio.Event().wait()  # reports come from the test
 
 
-def standin_fleet(names: Sequence[str], interval: float = 1.0, clock: Callable[[], float] | None = None) -> Fleet:
+def scene_fleet(names: Sequence[str], interval: float = 1.0, clock: Callable[[], float] | None = None) -> Fleet:
     specs = parse_hosts(",".join(names))
     extra = {"clock": clock} if clock is not None else {}
-    return Fleet(specs, [StandInSource([s.name for s in specs])], interval, **extra)
+    return Fleet(specs, [SceneSource([s.name for s in specs])], interval, **extra)
 
 
 def card(index: int, util: int | None = 0, mem_pct: float | None = 0.0, temp: int | None = 40, host: str = "h",
