@@ -28,6 +28,7 @@ from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
+from gpumon.tui.wire.driver import LinkLag, WireDriver
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class GpumonApp(App[int]):
                  backend_args: dict | None = None, real_pids: bool = True) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
         sampler has no backend yet)."""
-        super().__init__()
+        # The output layer: only changed cells are sent, never faster than the terminal draws them.
+        super().__init__(driver_class=WireDriver)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
