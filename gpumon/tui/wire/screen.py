@@ -56,6 +56,7 @@ class ScreenDiff:
         self._want_text = [[" "] * width for _ in range(height)]
         self._want_style = [[sgr.DEFAULT] * width for _ in range(height)]
         self.forget()
+        self._dirty.clear()  # Textual repaints everything after a resize
         self._y = self._x = 0
         self._style = sgr.DEFAULT
 
@@ -119,6 +120,7 @@ class ScreenDiff:
                 chars[-1] = " "  # half a wide character does not fit at the edge
         # A run of blanks keeps whatever foreground the terminal has (see sgr.blank).
         styles[x:end] = [sgr.blank(self._style) if text.isspace() else self._style] * (end - x)
+        self._x = end
         if end < self.width and chars[end] == "":  # over the left half of a wide character
             chars[end] = " "
             end += 1
@@ -127,7 +129,6 @@ class ScreenDiff:
             self._dirty[y] = [max(0, x - 1), end]
         else:
             span[0], span[1] = min(span[0], max(0, x - 1)), max(span[1], end)
-        self._x = end
 
     def _csi(self, body: str, sequence: str) -> None:
         final, params = body[-1], body[:-1]
@@ -187,7 +188,10 @@ class ScreenDiff:
         if self._term_style != sgr.DEFAULT:  # the next screen starts with plain attributes
             self._outbox.append("\x1b[0m")
         self._outbox.append(sequence)
+        # Nothing is known on either side now: what Textual draws next is sent as it comes (it
+        # repaints after a screen switch; after leaving the alternate screen it draws nothing).
         self.forget()
+        self._dirty.clear()
 
     # -- sending the difference --
 
