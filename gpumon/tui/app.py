@@ -51,9 +51,9 @@ class GpumonApp(App[int]):
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
-                 backend_args: dict | None = None, real_pids: bool = True) -> None:
+                 backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
-        sampler has no backend yet)."""
+        sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
         super().__init__(driver_class=WireDriver)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
@@ -75,7 +75,8 @@ class GpumonApp(App[int]):
         opening = sampler.backend is None
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
-                                      waiting="opening the NVIDIA driver…" if opening else "starting…")
+                                      waiting="opening the NVIDIA driver…" if opening else "starting…",
+                                      identity=identity)
 
     def on_mount(self) -> None:
         themes, self.theme_problems = load_themes()
@@ -207,11 +208,13 @@ class GpumonApp(App[int]):
 def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
-               backend_args: dict | None = None, opener: Callable[[], Backend] | None = None) -> GpumonApp:
+               backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
+               identity: Snapshot | None = None) -> GpumonApp:
     """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
     once the first frame is up. An opener's backend lists real processes (NVML)."""
     return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
-                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args)
+                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args,
+                     identity=identity)
 
 
 def _check_theme(name: str | None) -> None:
@@ -225,7 +228,8 @@ def _check_theme(name: str | None) -> None:
 
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
             backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
-            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None) -> int:
+            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None,
+            identity: Snapshot | None = None) -> int:
     """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
     `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
     the changes below."""
@@ -247,7 +251,8 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
         logging.basicConfig(filename=os.environ["GPUMON_LOG_FILE"], level=logging.INFO)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
-                     rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env)
+                     rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
+                     identity=identity)
     try:
         status = app.run()
     finally:

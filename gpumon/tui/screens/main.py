@@ -64,9 +64,11 @@ class MainScreen(Screen):
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
-                 env: Mapping[str, str] | None = None, waiting: str = "starting…") -> None:
+                 env: Mapping[str, str] | None = None, waiting: str = "starting…",
+                 identity: Snapshot | None = None) -> None:
         super().__init__()
         self.waiting = waiting  # the status line until the first sample
+        self.identity = identity  # the cards' names, shown until the first sample
         self.history = history
         self.interval = interval
         self.real_pids = real_pids
@@ -88,7 +90,8 @@ class MainScreen(Screen):
         yield StatusBar(self.interval, self.waiting, id="status")
         with Horizontal(id="top"):
             yield CardList(id="cards")
-            with Vertical(id="charts"):
+            with Vertical(id="charts") as charts:
+                charts.display = False  # until the layout says there is room (plotext is not cheap)
                 for metric in CHART_METRICS:
                     yield HistoryChart(metric, id=f"chart-{metric}")
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
@@ -99,6 +102,8 @@ class MainScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#filter").display = False
+        if self.identity is not None and self.snapshot is None:
+            self._show_identity(self.identity)
         self.query_one(CardList).focus()
         if self.real_pids:
             self.set_interval(JOB_SCAN_S, self._scan_jobs)
@@ -130,6 +135,15 @@ class MainScreen(Screen):
         elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
 
+    def _show_identity(self, identity: Snapshot) -> None:
+        """The cards by name, before their first sample: the first frame is never empty."""
+        with self.app.batch_update():
+            self._layout(len(identity.gpus))
+            self.query_one(StatusBar).show_identity(identity)
+            for panel, gpu in zip(self.query_one(CardList).panels, identity.gpus):
+                panel.show_identity(gpu)
+            self._fit_cards()
+
     def on_screen_resume(self, event: ScreenResume) -> None:
         if self.snapshot is not None:
             self._apply()
@@ -137,6 +151,8 @@ class MainScreen(Screen):
     def on_resize(self, event: Resize) -> None:
         if self.snapshot is not None:
             self._apply()
+        elif self.identity is not None:
+            self._show_identity(self.identity)
 
     @property
     def selected_gpu(self):

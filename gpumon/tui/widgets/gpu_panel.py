@@ -8,6 +8,8 @@ updating), an NVSwitch fabric that is not ready, recent XID errors.
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
@@ -75,6 +77,7 @@ class GpuPanel(PartialRefresh, Widget):
         self.xids: tuple[str, ...] = ()
         self._shown: tuple | None = None
         self._height = 0
+        self.waiting = False  # names only, before the card's first sample
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
              xids: tuple[str, ...] = ()) -> None:
@@ -83,12 +86,18 @@ class GpuPanel(PartialRefresh, Widget):
         if key == self._shown:
             return
         self._shown = key
+        self.waiting = False
         self.gpu, self.stale, self.ordinal, self.alerts, self.xids = gpu, stale, ordinal, alerts, xids
         width = self.content_region.width
         if width:
             self.show_lines(self.lines(width), width)  # repaints only the characters that changed
         else:
             self.refresh()
+
+    def show_identity(self, gpu: GpuSample) -> None:
+        """The card's name and ids before its first sample."""
+        self.gpu, self.waiting = gpu, True
+        self.refresh(layout=True)
 
     @property
     def compact(self) -> bool:
@@ -178,6 +187,8 @@ class GpuPanel(PartialRefresh, Widget):
         if gpu is None:
             return [Text("…")]
         width = max(width, 20)
+        if self.waiting:
+            return self._waiting_lines(gpu, width)
         if self.compact:
             return [self._compact_line(gpu, width)]
         lines = [self._title(gpu, width)]
@@ -205,6 +216,17 @@ class GpuPanel(PartialRefresh, Widget):
         lines.append(bars)
         lines.extend(_flow(self._detail_tokens(gpu), width))
         return lines
+
+    def _waiting_lines(self, gpu: GpuSample, width: int) -> list[Text]:
+        note = Text("not answering yet" if gpu.state == "stale" else "reading…", style=self._style("muted"))
+        if self.compact:
+            line = Text(f"{gpu.index:>2} ", style=self._style("title"))
+            line.append_text(Text(short_name(gpu.name) if gpu.state != "stale" else "", style=self._style("title")))
+            line.append("  ")
+            line.append_text(note)
+            line.truncate(width)
+            return [line]
+        return [self._title(dataclasses.replace(gpu, state="ok"), width), Text("  ") + note]
 
     def _detail_tokens(self, gpu: GpuSample) -> list[Text]:
         # Every field is always present and padded to a fixed width, so a panel's height depends
