@@ -100,3 +100,34 @@ def test_bytes_to_the_terminal_stay_low(fake_driver, idle_processes):
     busy_machine(fake_driver, idle_processes)
     rate = _bytes_per_second(fake_driver, (120, 40), 12)
     assert 100 < rate < 2500, f"{rate:.0f} bytes/s"
+
+
+def test_low_bandwidth_redraws_every_few_seconds_and_b_toggles_it():
+    import asyncio
+
+    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+    from gpumon.tui.widgets.status_bar import StatusBar
+
+    async def go():
+        app = create_app(DemoBackend(), interval=0.1, low_bandwidth=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            while app.sampler.latest is None:
+                await pilot.pause(0.05)
+            await pilot.pause(0.3)
+            bar = app.main_screen.query_one(StatusBar)
+            shown = bar.snapshot
+            assert "low bandwidth" in bar.extra
+            await pilot.pause(1.0)  # ten samples later: still the same one on screen
+            assert bar.snapshot is shown and app.sampler.latest is not shown
+            await pilot.press("b")
+            await pilot.pause(0.5)
+            assert bar.snapshot is not shown and "low bandwidth" not in bar.extra
+            # The output layer says the terminal is 4 s behind: low bandwidth switches on by itself.
+            from gpumon.tui.wire.driver import LinkLag
+
+            app.post_message(LinkLag(4))
+            await pilot.pause(0.3)
+            assert app.main_screen.low_bandwidth and "link 4 s behind" in bar.extra
+
+    asyncio.run(go())

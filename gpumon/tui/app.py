@@ -26,11 +26,12 @@ from gpumon.monitor.sampler import Sampler
 from gpumon.monitor.xid import RecentXids, XidListener
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
-from gpumon.tui.screens.main import MainScreen
+from gpumon.tui.screens.main import LOW_BANDWIDTH_REDRAW_S, MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire.driver import LinkLag, WireDriver
 
 log = logging.getLogger(__name__)
+AUTO_LOW_BANDWIDTH_S = 3  # the terminal this many seconds behind: low-bandwidth mode switches on
 
 
 class GpumonApp(App[int]):
@@ -42,6 +43,7 @@ class GpumonApp(App[int]):
         Binding("question_mark", "help", "Help"),
         Binding("c", "next_theme", "Theme", show=False),
         Binding("exclamation_mark", "alerts", "Alerts", show=False),
+        Binding("b", "toggle_low_bandwidth", "Low bandwidth", show=False),
         Binding("space", "replay_pause", "Pause"),
         Binding("full_stop", "replay_step", "Step"),
         Binding("plus", "replay_speed(2)", "Faster"),
@@ -51,7 +53,8 @@ class GpumonApp(App[int]):
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
-                 backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None) -> None:
+                 backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None,
+                 low_bandwidth: bool = False) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
         sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
@@ -77,6 +80,8 @@ class GpumonApp(App[int]):
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
                                       waiting="opening the NVIDIA driver…" if opening else "starting…",
                                       identity=identity)
+        self.main_screen.low_bandwidth = low_bandwidth
+        self.link_behind = 0  # seconds the terminal is behind (from the output layer)
 
     def on_mount(self) -> None:
         themes, self.theme_problems = load_themes()
@@ -140,6 +145,26 @@ class GpumonApp(App[int]):
         if self.main_screen.is_attached:
             self.main_screen.show_snapshot(snapshot)
 
+    def on_link_lag(self, message: LinkLag) -> None:
+        """The terminal is this far behind: a slow link. Past a few seconds, redraw less often."""
+        self.link_behind = message.seconds
+        if message.seconds >= AUTO_LOW_BANDWIDTH_S and not self.main_screen.low_bandwidth:
+            self.main_screen.low_bandwidth = True
+            self.notify(f"slow link ({message.seconds} s behind): the screen now updates every "
+                        f"{LOW_BANDWIDTH_REDRAW_S:g} s; b switches back", timeout=8)
+        self._refresh_status()
+
+    def action_toggle_low_bandwidth(self) -> None:
+        screen = self.main_screen
+        screen.low_bandwidth = not screen.low_bandwidth
+        self.notify(f"low bandwidth: the screen updates every {LOW_BANDWIDTH_REDRAW_S:g} s" if screen.low_bandwidth
+                    else "the screen updates every sample", timeout=3)
+        self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        if self.sampler.latest is not None and self.main_screen.is_attached:
+            self.main_screen.show_snapshot(self.sampler.latest, now=True)
+
     def action_alerts(self) -> None:
         if not isinstance(self.screen, AlertsScreen):
             self.push_screen(AlertsScreen(self.engine, self.alert_log))
@@ -164,6 +189,15 @@ class GpumonApp(App[int]):
             return self.replay is not None
         return True
 
+    def status_note(self) -> str:
+        """What the status line says beyond the sample: replay position, a slow link."""
+        notes = [self.replay_status()]
+        if self.main_screen.low_bandwidth:
+            notes.append(f"low bandwidth: every {LOW_BANDWIDTH_REDRAW_S:g} s (b)")
+        if self.link_behind >= 1:
+            notes.append(f"link {self.link_behind} s behind")
+        return "  ".join(n for n in notes if n)
+
     def replay_status(self) -> str:
         replay = self.replay
         if replay is None:
@@ -187,8 +221,7 @@ class GpumonApp(App[int]):
         self._refresh_replay_status()
 
     def _refresh_replay_status(self) -> None:
-        if self.sampler.latest is not None and self.main_screen.is_attached:
-            self.main_screen.show_snapshot(self.sampler.latest)
+        self._refresh_status()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -209,12 +242,12 @@ def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
                backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
-               identity: Snapshot | None = None) -> GpumonApp:
+               identity: Snapshot | None = None, low_bandwidth: bool = False) -> GpumonApp:
     """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
     once the first frame is up. An opener's backend lists real processes (NVML)."""
     return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
                      sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args,
-                     identity=identity)
+                     identity=identity, low_bandwidth=low_bandwidth)
 
 
 def _check_theme(name: str | None) -> None:
@@ -252,7 +285,7 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
-                     identity=identity)
+                     identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False))
     try:
         status = app.run()
     finally:

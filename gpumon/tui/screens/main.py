@@ -45,6 +45,7 @@ CHART_MIN_HEIGHT = 8
 FULL_PANEL_LINES = 4  # a full card panel: title, bars, details, blank line
 JOB_SCAN_S = 3.0  # how often the process table learns which pids belong to gpumon jobs
 BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay covers part of it
+LOW_BANDWIDTH_REDRAW_S = 5.0  # how often it updates in low-bandwidth mode (a slow link)
 
 
 class MainScreen(Screen):
@@ -85,6 +86,7 @@ class MainScreen(Screen):
         self._layout_key: tuple | None = None
         self._top_height = 0
         self._applied_at = 0.0  # monotonic time of the last update on screen
+        self.low_bandwidth = False  # redraw every LOW_BANDWIDTH_REDRAW_S, not every sample
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.interval, self.waiting, id="status")
@@ -128,11 +130,15 @@ class MainScreen(Screen):
 
     # -- data in --
 
-    def show_snapshot(self, snapshot: Snapshot) -> None:
+    def show_snapshot(self, snapshot: Snapshot, now: bool = False) -> None:
+        """Show `snapshot`: at once (`now`, or every sample), or every few seconds on a slow link
+        or behind an overlay (the newest is shown then)."""
         self.snapshot = snapshot
+        since = time.monotonic() - self._applied_at
         if self.app.screen is self:
-            self._apply()
-        elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
+            if now or not self.low_bandwidth or since >= LOW_BANDWIDTH_REDRAW_S:
+                self._apply()
+        elif self.is_current and since >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
 
     def _show_identity(self, identity: Snapshot) -> None:
@@ -177,7 +183,7 @@ class MainScreen(Screen):
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
-            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.app.replay_status())
+            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.app.status_note())
             cards = self.query_one(CardList)
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
