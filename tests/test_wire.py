@@ -118,3 +118,12 @@ def test_a_terminal_that_never_answers_is_drawn_to_as_usual():
         assert pacer.may_draw(now)
     assert pacer.mute and pacer.probe(now) == "" and pacer.may_draw(now)
     assert pacer.answered(now) is False  # nothing asked any more: a report is somebody else's
+
+
+def test_a_terminal_that_never_answers_is_not_taken_for_a_slow_link():
+    pacer = Pacer()
+    pacer.probe(0.0)
+    assert pacer.behind(30.0) == 0.0  # nothing known: no "link behind", no low-bandwidth mode
+    pacer.answered(0.5)
+    pacer.probe(1.0)
+    assert pacer.behind(4.0) == 3.0  # it answers: waiting 3 s for this one means 3 s behind

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 
 from textual.app import App
@@ -31,7 +32,10 @@ from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire.driver import LinkLag, WireDriver
 
 log = logging.getLogger(__name__)
-AUTO_LOW_BANDWIDTH_S = 3  # the terminal this many seconds behind: low-bandwidth mode switches on
+# The terminal this many seconds behind for this long: low-bandwidth mode switches on. (The first
+# frames of a slow link take seconds on their own: that is no reason yet.)
+AUTO_LOW_BANDWIDTH_S = 3
+AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
 
 
 class GpumonApp(App[int]):
@@ -82,6 +86,7 @@ class GpumonApp(App[int]):
                                       identity=identity)
         self.main_screen.low_bandwidth = low_bandwidth
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
+        self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
 
     def on_mount(self) -> None:
         themes, self.theme_problems = load_themes()
@@ -133,6 +138,7 @@ class GpumonApp(App[int]):
         return self.requested_theme
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        self._check_link()
         if not snapshot.stale:
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
                 self.notify(problem, severity="error", timeout=10)
@@ -146,13 +152,21 @@ class GpumonApp(App[int]):
             self.main_screen.show_snapshot(snapshot)
 
     def on_link_lag(self, message: LinkLag) -> None:
-        """The terminal is this far behind: a slow link. Past a few seconds, redraw less often."""
+        """The terminal is this far behind: a slow link (frames are being merged meanwhile)."""
         self.link_behind = message.seconds
-        if message.seconds >= AUTO_LOW_BANDWIDTH_S and not self.main_screen.low_bandwidth:
-            self.main_screen.low_bandwidth = True
-            self.notify(f"slow link ({message.seconds} s behind): the screen now updates every "
-                        f"{LOW_BANDWIDTH_REDRAW_S:g} s; b switches back", timeout=8)
+        if message.seconds < AUTO_LOW_BANDWIDTH_S:
+            self._slow_since = None
+        elif self._slow_since is None:
+            self._slow_since = time.monotonic()
         self._refresh_status()
+
+    def _check_link(self) -> None:
+        """Behind by seconds for a while (not just the first frames): redraw less often."""
+        if (self._slow_since is not None and not self.main_screen.low_bandwidth
+                and time.monotonic() - self._slow_since >= AUTO_LOW_BANDWIDTH_AFTER_S):
+            self.main_screen.low_bandwidth = True
+            self.notify(f"slow link ({self.link_behind} s behind): the screen now updates every "
+                        f"{LOW_BANDWIDTH_REDRAW_S:g} s; b switches back", timeout=8)
 
     def action_toggle_low_bandwidth(self) -> None:
         screen = self.main_screen

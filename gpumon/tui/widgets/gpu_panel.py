@@ -78,6 +78,7 @@ class GpuPanel(PartialRefresh, Widget):
         self._shown: tuple | None = None
         self._height = 0
         self.waiting = False  # names only, before the card's first sample
+        self._styles: dict[str, Style] = {}
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
              xids: tuple[str, ...] = ()) -> None:
@@ -124,7 +125,15 @@ class GpuPanel(PartialRefresh, Widget):
     # -- building the lines --
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"gpu-panel--{name}")
+        # Textual drops its own cache of these at every refresh; they change only with the CSS.
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"gpu-panel--{name}")
+        return style
+
+    def notify_style_update(self) -> None:
+        self._styles.clear()  # a new theme, or selected: the styles are read again
+        super().notify_style_update()
 
     def _bar(self, label: str, fraction: float | None, width: int, tone: str, value: str) -> Text:
         filled, empty = bar(fraction, width)

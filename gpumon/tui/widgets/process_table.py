@@ -122,6 +122,7 @@ class ProcessTable(ScrollView, can_focus=True):
         self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, Strip]] = {}
+        self._style_cache: dict[str, Style] | None = None
 
     # -- data in --
 
@@ -184,8 +185,16 @@ class ProcessTable(ScrollView, can_focus=True):
         self._refresh_cells(index, list(range(len(KEYS))))
 
     def _styles(self) -> dict[str, Style]:
-        return {name: self.get_component_rich_style(f"process-table--{name}")
-                for name in ("header", "cursor", "own", "muted", "job")}
+        # Textual drops its own cache of these at every refresh; they change only with the CSS.
+        if self._style_cache is None:
+            self._style_cache = {name: self.get_component_rich_style(f"process-table--{name}")
+                                 for name in ("header", "cursor", "own", "muted", "job")}
+        return self._style_cache
+
+    def notify_style_update(self) -> None:
+        self._style_cache = None
+        self._strips.clear()
+        super().notify_style_update()
 
     def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
         segments = [Segment(" ", base)]

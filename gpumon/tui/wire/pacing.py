@@ -67,5 +67,7 @@ class Pacer:
 
     def behind(self, now: float) -> float:
         """How far behind the screen is now: the last answer's delay, or longer while waiting."""
-        waiting = now - self.outstanding[0] if self.outstanding and not self.mute else 0.0
+        if not self.answers or self.mute:  # no answer ever: nothing is known about the link
+            return 0.0
+        waiting = now - self.outstanding[0] if self.outstanding else 0.0
         return max(self.lag, waiting) if self.outstanding else self.lag
