@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.events import Click
 from textual.message import Message
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -114,13 +116,27 @@ class GpuPanel(PartialRefresh, Widget):
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self.lines(width))
 
-    def render(self) -> Text:
+    def _current_lines(self) -> list[Text]:
         width = self.content_region.width or self.size.width
         lines = self.shown if self.shown is not None and width == self._shown_width else self.lines(width)
         if len(lines) != self._height:
             self._height = len(lines)
             self.call_after_refresh(self.refresh, layout=True)
-        return Text("\n").join(lines)
+        return lines
+
+    def render(self) -> Text:
+        return Text("\n").join(self._current_lines())
+
+    def render_line(self, y: int) -> Strip:
+        """One line, straight from its Text (Textual's way renders the whole panel for any change:
+        ~1 ms a panel, every sample)."""
+        lines = self._current_lines()
+        width = self.content_region.width or self.size.width
+        base = self.visual_style.rich_style
+        if y >= len(lines):
+            return Strip.blank(width, base)
+        segments = Segment.apply_style(lines[y].render(self.app.console, end=""), base)
+        return Strip(segments).crop_extend(0, width, base)
 
     # -- building the lines --
 

@@ -123,6 +123,7 @@ class ProcessTable(ScrollView, can_focus=True):
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, Strip]] = {}
         self._style_cache: dict[str, Style] | None = None
+        self._combined: dict[tuple[Style, Style, int], Style] = {}  # a cell's style, by row, cell and column
 
     # -- data in --
 
@@ -193,14 +194,18 @@ class ProcessTable(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         self._style_cache = None
+        self._combined.clear()
         self._strips.clear()
         super().notify_style_update()
 
     def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
         segments = [Segment(" ", base)]
+        combined = self._combined
         for i, (text, style) in enumerate(texts):
             # Each cell keeps its own segment, so a repaint of one cell sends that cell, not the row.
-            cell_style = base + style + CELL_SEPARATOR[i]
+            cell_style = combined.get((base, style, i))
+            if cell_style is None:
+                cell_style = combined[base, style, i] = base + style + CELL_SEPARATOR[i]
             if i < len(KEYS) - 1:
                 pad = self.widths[i] - cell_len(text)
                 text = (" " * pad + text) if KEYS[i] in RIGHT else (text + " " * pad)

@@ -24,6 +24,8 @@ from gpumon.tui.wire import sgr
 
 _TOKEN = re.compile(
     r"(?P<text>[^\x00-\x1f\x7f]+)"           # printable text (ESC is \x1b, a control)
+    r"|\x1b\[(?P<sgr>[0-9;]*)m"               # attributes: the most common sequences, first
+    r"|(?P<cup>\x1b\[\d*(?:;\d*)?H)"           # cursor position
     r"|\x1b\[(?P<csi>[0-?]*[ -/]*[@-~])"      # CSI: parameters, intermediates, final byte
     r"|(?P<string>\x1b[\]P_^].*?(?:\x07|\x1b\\))"  # OSC, DCS, APC, PM strings
     r"|\x1b(?P<esc>[ -/]*[0-~])"              # other escape sequences
@@ -80,10 +82,16 @@ class ScreenDiff:
     # -- reading what Textual writes --
 
     def feed(self, data: str) -> None:
+        apply = sgr.apply
         for match in _TOKEN.finditer(data):
             kind = match.lastgroup
             if kind == "text":
                 self._write(match.group("text"))
+            elif kind == "sgr":
+                self._style = apply(self._style, match.group("sgr"))
+            elif kind == "cup":
+                row, _, col = match.group("cup")[2:-1].partition(";")
+                self._y, self._x = int(row or 1) - 1, int(col or 1) - 1
             elif kind == "csi":
                 self._csi(match.group("csi"), match.group(0))
             elif kind == "ctl":
