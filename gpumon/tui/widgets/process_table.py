@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -49,16 +50,19 @@ class Row:
         return f"{self.gpu}:{self.process.pid}"
 
     def sort_value(self, sort: str) -> object:
-        p = self.process
-        return {
-            "gpu_mem": p.gpu_memory or 0, "sm": p.sm_util or 0, "cpu": p.cpu_percent or 0.0,
-            "pid": p.pid, "user": p.user or "", "age": self.age or 0.0,
-        }[sort]
+        return SORT_VALUES[sort](self)
 
     def matches(self, needle: str) -> bool:
         p = self.process
         hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job, self.job_id) if x is not None)
         return needle.lower() in hay.lower()
+
+
+SORT_VALUES = {
+    "gpu_mem": lambda r: r.process.gpu_memory or 0, "sm": lambda r: r.process.sm_util or 0,
+    "cpu": lambda r: r.process.cpu_percent or 0.0, "pid": lambda r: r.process.pid,
+    "user": lambda r: r.process.user or "", "age": lambda r: r.age or 0.0,
+}
 
 
 def format_age(seconds: float | None) -> str:
@@ -72,6 +76,11 @@ def format_age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+# Hundreds of rows every sample: the same few sizes and ages are formatted over and over.
+_bytes = lru_cache(maxsize=4096)(format_bytes)
+_age = lru_cache(maxsize=4096)(format_age)
 
 
 def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
@@ -137,21 +146,26 @@ class ProcessTable(ScrollView, can_focus=True):
             prefix += f"[{p.container}] "
         return (
             str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
-            format_bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
-            "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", format_bytes(p.rss),
-            format_age(row.age), (prefix + (p.command or "?")) if visible else self.invisible_reason,
+            _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
+            "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", _bytes(p.rss),
+            _age(None if row.age is None else int(max(0, row.age))), (prefix + (p.command or "?")) if visible else self.invisible_reason,
         )
 
     def show(self, rows: list[Row]) -> None:
         """Show exactly `rows` in the current sort order, repainting only what changed."""
         cursor_key = self.order[self.cursor] if self.order and self.cursor < len(self.order) else None
-        cells = {row.key: self._cells_for(row) for row in rows}
-        order = [r.key for r in sorted(rows, key=lambda r: (r.sort_value(self.sort_key), r.key), reverse=self.sort_reverse)]
-        # +1 on the label: room for the sort arrow in whichever column is sorted.
-        widths = [max([len(label) + 1] + [cell_len(c[i]) for c in cells.values()]) for i, (_, label) in enumerate(COLUMNS[:-1])]
-        widths.append(0)  # the command takes what is left
+        keyed = {row.key: row for row in rows}
+        cells = {key: self._cells_for(row) for key, row in keyed.items()}
+        value = SORT_VALUES[self.sort_key]
+        order = sorted(keyed, key=lambda k: (value(keyed[k]), k), reverse=self.sort_reverse)
+        # +1 on the label: room for the sort arrow in whichever column is sorted. Widths in cells;
+        # only user names may hold wide characters (the command takes what is left).
+        columns = list(zip(*cells.values())) or [()] * len(COLUMNS)
+        widths = [max([len(label) + 1] + list(map(cell_len if key == "user" else len, columns[i])))
+                  for i, (key, label) in enumerate(COLUMNS[:-1])]
+        widths.append(0)
         old_cells, old_order = self._cells, self.order
-        self.rows_by_key, self._cells = {r.key: r for r in rows}, cells
+        self.rows_by_key, self._cells = keyed, cells
         if cursor_key in cells:
             self.cursor = order.index(cursor_key)
         self.cursor = max(0, min(self.cursor, len(order) - 1))
@@ -162,25 +176,34 @@ class ProcessTable(ScrollView, can_focus=True):
             self.refresh()
             return
         self.order = order
-        for index, key in enumerate(order):
-            before, after = old_cells.get(key), cells[key]
+        # Only rows on screen are repainted (the others are drawn afresh when scrolled to), all
+        # in one refresh: each refresh call costs Textual more than drawing a row.
+        top = self.scroll_offset.y
+        regions = []
+        for index in range(top, min(len(order), top + self.size.height - 1)):
+            before, after = old_cells.get(order[index]), cells[order[index]]
             if before != after:
-                self._refresh_cells(index, [i for i, (a, b) in enumerate(zip(before or (), after)) if a != b]
-                                    if before else list(range(len(KEYS))))
+                changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b] if before else list(range(len(KEYS)))
+                regions.append(self._cells_region(index - top + 1, changed))
+        if regions:
+            self.refresh(*regions)
 
     # -- drawing --
 
     def _x(self, column: int) -> int:
         return 1 + sum(w + GAP for w in self.widths[:column])
 
+    def _cells_region(self, y: int, columns: list[int]) -> Region:
+        """The region of these cells on line `y` of the view."""
+        start = self._x(min(columns))
+        end = self.size.width if max(columns) == len(KEYS) - 1 else self._x(max(columns)) + self.widths[max(columns)]
+        return Region(start, y, max(1, end - start), 1)
+
     def _refresh_cells(self, index: int, columns: list[int]) -> None:
         """Repaint only these cells of row `index`, if it is on screen."""
         y = index - self.scroll_offset.y + 1
-        if not columns or not 1 <= y < self.size.height:
-            return
-        start = self._x(min(columns))
-        end = self.size.width if max(columns) == len(KEYS) - 1 else self._x(max(columns)) + self.widths[max(columns)]
-        self.refresh(Region(start, y, max(1, end - start), 1))
+        if columns and 1 <= y < self.size.height:
+            self.refresh(self._cells_region(y, columns))
 
     def _refresh_row(self, index: int) -> None:
         self._refresh_cells(index, list(range(len(KEYS))))
