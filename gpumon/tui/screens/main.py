@@ -177,7 +177,7 @@ class MainScreen(Screen):
     def _apply(self) -> None:
         snap = self.snapshot
         assert snap is not None
-        if not self.is_attached or not self.children:  # the app is shutting down
+        if not self.is_attached or not self.children or not self.query(StatusBar):  # the app is closing
             return
         self._applied_at = time.monotonic()
         with self.app.batch_update():

@@ -135,7 +135,10 @@ class GpuPanel(PartialRefresh, Widget):
         base = self.visual_style.rich_style
         if y >= len(lines):
             return Strip.blank(width, base)
-        segments = Segment.apply_style(lines[y].render(self.app.console, end=""), base)
+        line = lines[y]
+        # Rich applies a Text's own style only to texts with spans: under every segment, then.
+        own = line.style if isinstance(line.style, Style) else self.app.console.get_style(line.style)
+        segments = Segment.apply_style(line.render(self.app.console, end=""), base + own)
         return Strip(segments).crop_extend(0, width, base)
 
     # -- building the lines --
