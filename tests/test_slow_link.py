@@ -131,8 +131,8 @@ def test_low_bandwidth_redraws_every_few_seconds_and_b_toggles_it(monkeypatch):
             monkeypatch.setattr(app_module, "AUTO_LOW_BANDWIDTH_AFTER_S", 0.5)
             app.post_message(LinkLag(4))
             await pilot.pause(0.3)
-            assert not app.main_screen.low_bandwidth and "link 4 s behind" in bar.extra
+            assert not app.low_bandwidth and "link 4 s behind" in bar.extra
             await pilot.pause(0.5)
-            assert app.main_screen.low_bandwidth
+            assert app.low_bandwidth
 
     asyncio.run(go())

@@ -27,7 +27,7 @@ from gpumon.monitor.sampler import Sampler
 from gpumon.monitor.xid import RecentXids, XidListener
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
-from gpumon.tui.screens.main import LOW_BANDWIDTH_REDRAW_S, MainScreen
+from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire.driver import LinkLag, WireDriver
 
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # frames of a slow link take seconds on their own: that is no reason yet.)
 AUTO_LOW_BANDWIDTH_S = 3
 AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
+LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth mode
 
 
 class GpumonApp(App[int]):
@@ -84,7 +85,8 @@ class GpumonApp(App[int]):
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
                                       waiting="opening the NVIDIA driver…" if opening else "starting…",
                                       identity=identity)
-        self.main_screen.low_bandwidth = low_bandwidth
+        self.low_bandwidth = low_bandwidth  # redraw every LOW_BANDWIDTH_REDRAW_S, not every sample
+        self._redrawn_at = float("-inf")
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
 
@@ -148,8 +150,17 @@ class GpumonApp(App[int]):
                 if event.event == "firing":
                     self.notify(f"GPU {event.gpu}: {event.rule}", title="Alert", severity="error", timeout=6)
             self.main_screen.alerts = self.engine.firing()
-        if self.main_screen.is_attached:
+        if self.main_screen.is_attached and self._redraw_due():
             self.main_screen.show_snapshot(snapshot)
+
+    def _redraw_due(self) -> bool:
+        """Every sample; in low-bandwidth mode, every LOW_BANDWIDTH_REDRAW_S. (Until then the
+        screen, and what keys act on, stay with the sample on it.)"""
+        now = time.monotonic()
+        if self.low_bandwidth and now - self._redrawn_at < LOW_BANDWIDTH_REDRAW_S:
+            return False
+        self._redrawn_at = now
+        return True
 
     def on_link_lag(self, message: LinkLag) -> None:
         """The terminal is this far behind: a slow link (frames are being merged meanwhile)."""
@@ -162,22 +173,21 @@ class GpumonApp(App[int]):
 
     def _check_link(self) -> None:
         """Behind by seconds for a while (not just the first frames): redraw less often."""
-        if (self._slow_since is not None and not self.main_screen.low_bandwidth
+        if (self._slow_since is not None and not self.low_bandwidth
                 and time.monotonic() - self._slow_since >= AUTO_LOW_BANDWIDTH_AFTER_S):
-            self.main_screen.low_bandwidth = True
+            self.low_bandwidth = True
             self.notify(f"slow link ({self.link_behind} s behind): the screen now updates every "
                         f"{LOW_BANDWIDTH_REDRAW_S:g} s; b switches back", timeout=8)
 
     def action_toggle_low_bandwidth(self) -> None:
-        screen = self.main_screen
-        screen.low_bandwidth = not screen.low_bandwidth
-        self.notify(f"low bandwidth: the screen updates every {LOW_BANDWIDTH_REDRAW_S:g} s" if screen.low_bandwidth
+        self.low_bandwidth = not self.low_bandwidth
+        self.notify(f"low bandwidth: the screen updates every {LOW_BANDWIDTH_REDRAW_S:g} s" if self.low_bandwidth
                     else "the screen updates every sample", timeout=3)
         self._refresh_status()
 
     def _refresh_status(self) -> None:
         if self.sampler.latest is not None and self.main_screen.is_attached:
-            self.main_screen.show_snapshot(self.sampler.latest, now=True)
+            self.main_screen.show_snapshot(self.sampler.latest)
 
     def action_alerts(self) -> None:
         if not isinstance(self.screen, AlertsScreen):
@@ -206,7 +216,7 @@ class GpumonApp(App[int]):
     def status_note(self) -> str:
         """What the status line says beyond the sample: replay position, a slow link."""
         notes = [self.replay_status()]
-        if self.main_screen.low_bandwidth:
+        if self.low_bandwidth:
             notes.append(f"low bandwidth: every {LOW_BANDWIDTH_REDRAW_S:g} s (b)")
         if self.link_behind >= 1:
             notes.append(f"link {self.link_behind} s behind")

@@ -45,7 +45,6 @@ CHART_MIN_HEIGHT = 8
 FULL_PANEL_LINES = 4  # a full card panel: title, bars, details, blank line
 JOB_SCAN_S = 3.0  # how often the process table learns which pids belong to gpumon jobs
 BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay covers part of it
-LOW_BANDWIDTH_REDRAW_S = 5.0  # how often it updates in low-bandwidth mode (a slow link)
 
 
 class MainScreen(Screen):
@@ -86,14 +85,12 @@ class MainScreen(Screen):
         self._layout_key: tuple | None = None
         self._top_height = 0
         self._applied_at = 0.0  # monotonic time of the last update on screen
-        self.low_bandwidth = False  # redraw every LOW_BANDWIDTH_REDRAW_S, not every sample
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.interval, self.waiting, id="status")
         with Horizontal(id="top"):
             yield CardList(id="cards")
-            with Vertical(id="charts") as charts:
-                charts.display = False  # until the layout says there is room (plotext is not cheap)
+            with Vertical(id="charts"):  # hidden (CSS) until the layout says there is room
                 for metric in CHART_METRICS:
                     yield HistoryChart(metric, id=f"chart-{metric}")
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
@@ -130,15 +127,11 @@ class MainScreen(Screen):
 
     # -- data in --
 
-    def show_snapshot(self, snapshot: Snapshot, now: bool = False) -> None:
-        """Show `snapshot`: at once (`now`, or every sample), or every few seconds on a slow link
-        or behind an overlay (the newest is shown then)."""
+    def show_snapshot(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        since = time.monotonic() - self._applied_at
         if self.app.screen is self:
-            if now or not self.low_bandwidth or since >= LOW_BANDWIDTH_REDRAW_S:
-                self._apply()
-        elif self.is_current and since >= BEHIND_OVERLAY_S:
+            self._apply()
+        elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
 
     def _show_identity(self, identity: Snapshot) -> None:

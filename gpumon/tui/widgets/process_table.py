@@ -12,7 +12,7 @@ import getpass
 from dataclasses import dataclass
 from functools import lru_cache
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -32,6 +32,9 @@ RIGHT = {"gpu", "pid", "gpu_mem", "sm", "cpu", "rss", "age"}
 # Sort keys the `s` key cycles through, with the direction each starts in (True: largest first).
 SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True}
 GAP = 2
+SPACING = " " * GAP
+LAST = len(COLUMNS) - 1
+RIGHT_ALIGNED = [key in RIGHT for key, _ in COLUMNS]
 # Every other cell carries an explicit `conceal=False`: it renders exactly like no attribute, but
 # compares unequal, so Textual does not merge neighbouring cells into one segment.
 CELL_SEPARATOR = [Style(conceal=False) if i % 2 else Style() for i in range(len(COLUMNS))]
@@ -148,7 +151,8 @@ class ProcessTable(ScrollView, can_focus=True):
             str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
             _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
             "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", _bytes(p.rss),
-            _age(None if row.age is None else int(max(0, row.age))), (prefix + (p.command or "?")) if visible else self.invisible_reason,
+            _age(None if row.age is None else int(max(0, row.age))),
+            (prefix + (p.command or "?")) if visible else self.invisible_reason,
         )
 
     def show(self, rows: list[Row]) -> None:
@@ -183,7 +187,8 @@ class ProcessTable(ScrollView, can_focus=True):
         for index in range(top, min(len(order), top + self.size.height - 1)):
             before, after = old_cells.get(order[index]), cells[order[index]]
             if before != after:
-                changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b] if before else list(range(len(KEYS)))
+                changed = ([i for i, (a, b) in enumerate(zip(before, after)) if a != b] if before
+                           else list(range(len(KEYS))))
                 regions.append(self._cells_region(index - top + 1, changed))
         if regions:
             self.refresh(*regions)
@@ -223,19 +228,28 @@ class ProcessTable(ScrollView, can_focus=True):
 
     def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
         segments = [Segment(" ", base)]
-        combined = self._combined
+        combined, widths = self._combined, self.widths
+        used = 1
         for i, (text, style) in enumerate(texts):
             # Each cell keeps its own segment, so a repaint of one cell sends that cell, not the row.
             cell_style = combined.get((base, style, i))
             if cell_style is None:
                 cell_style = combined[base, style, i] = base + style + CELL_SEPARATOR[i]
-            if i < len(KEYS) - 1:
-                pad = self.widths[i] - cell_len(text)
-                text = (" " * pad + text) if KEYS[i] in RIGHT else (text + " " * pad)
-                segments.append(Segment(text + " " * GAP, cell_style))
-            else:
+            if i < LAST:
+                cells = len(text) if text.isascii() else cell_len(text)
+                pad = " " * (widths[i] - cells)
+                segments.append(Segment((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING, cell_style))
+                used += widths[i] + GAP
+            else:  # the command takes what is left
+                room = max(0, width - used)
+                text = text[:room] if text.isascii() else set_cell_size(text, min(room, cell_len(text)))
                 segments.append(Segment(text, cell_style))
-        return Strip(segments).crop_extend(0, width, base)
+                rest = room - (len(text) if text.isascii() else cell_len(text))
+                if rest > 0:
+                    segments.append(Segment(" " * rest, base))
+        if used > width:  # a narrow view: cut the fixed columns too
+            return Strip(segments).crop_extend(0, width, base)
+        return Strip(segments, width)
 
     def _header(self, width: int) -> Strip:
         texts = [(self.header_label(key), Style()) for key in KEYS]
