@@ -11,6 +11,11 @@ libnvidia-ml.so.1 (N cards, K real idle processes listed as GPU processes), for 
   cards s    time until the first frame that shows the card names
   key ms     keypress-to-screen latency while a sample is stuck in a slow driver call (TUIs)
 
+The pseudo-terminal answers cursor position reports at once, as a local terminal does (gpumon
+paces its frames on them). Bytes per second are measured at further sizes too (--sizes), and
+with --slow-link RATE each TUI runs in tmux behind a RATE bytes/s link that queues like sshd
+(benchmarks/slowlink.py): how far behind its screen falls, and how long `q` takes to show.
+
 Then the slow-card behaviour: one card whose every driver call takes 1.5 s (a card going bad) and
 a driver whose nvmlInit takes 3 s: how long `snapshot --timeout 2` takes, how often the healthy
 cards update in `watch` meanwhile, and when the TUI draws its first frame and the cards.
@@ -45,10 +50,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fakenvml import GIB, Card, FakeMachine, build  # noqa: E402
+from link_lag import lag_on_link  # noqa: E402
 
 CARD_NAME = "NVIDIA H100 80GB HBM3"
 NEEDLE = "H100 80GB"  # what every tool prints of the name (compact views drop "NVIDIA ")
-SIZE = (200, 50)
+SIZE = (200, 50)  # the size of the main measurements; --sizes adds bytes at others
+DSR, CPR = b"\x1b[6n", b"\x1b[1;1R"  # a position report asked for, and a terminal's answer
 
 
 @dataclass
@@ -65,9 +72,9 @@ class Result:
 class PtyRun:
     """A command on a pseudo-terminal; a thread drains and counts what it writes."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], size: tuple[int, int] = SIZE) -> None:
         self.master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                      start_new_session=True, close_fds=True)
@@ -95,10 +102,15 @@ class PtyRun:
                 return
             self.bytes += len(data)
             self.last_output = time.monotonic()
+            if DSR in (self._tail[-3:] + data):  # everything before it is "drawn": answer at once
+                try:
+                    os.write(self.master, CPR)
+                except OSError:
+                    return
             if self.first_any is None and any(marker in data for marker in (b"gpumon", b"NVITOP", needle)):
                 self.first_any = self.last_output - self.started  # the tool's header: a frame is up
+            self._tail = (self._tail + data)[-4096:]
             if self.first_frame is None:
-                self._tail = (self._tail + data)[-4096:]
                 if needle in self._tail:
                     self.first_frame = self.last_output - self.started
 
@@ -171,8 +183,8 @@ def env_for(lib_dir: Path, config: Path) -> dict[str, str]:
     return env
 
 
-def measure(name: str, argv: list[str], env: dict[str, str], seconds: float) -> Result:
-    run = PtyRun(argv, env)
+def measure(name: str, argv: list[str], env: dict[str, str], seconds: float, size: tuple[int, int] = SIZE) -> Result:
+    run = PtyRun(argv, env, size)
     time.sleep(3.0)  # start-up is measured separately (first frame), not in the steady state
     cpu0, bytes0, t0 = run.cpu_seconds(), run.bytes, time.monotonic()
     time.sleep(seconds)
@@ -283,6 +295,10 @@ def main() -> None:
     parser.add_argument("--tools", nargs="+", help="only these tools (names as printed)")
     parser.add_argument("--python", default=sys.executable, help="the Python that has gpumon installed")
     parser.add_argument("--slow-card-only", action="store_true", help="only the slow-card behaviour")
+    parser.add_argument("--sizes", nargs="*", default=["120x40"], help="more terminal sizes for bytes/s (WxH)")
+    parser.add_argument("--slow-link", type=float, default=2048, metavar="RATE",
+                        help="bytes/s of the slow link (0: skip; needs tmux)")
+    parser.add_argument("--slow-link-seconds", type=float, default=60.0)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
@@ -307,6 +323,22 @@ def main() -> None:
                 if r.tool in ("gpumon", "nvitop"):
                     r.key_ms = key_latency(chosen[r.tool], env_for(lib.parent, slow))
             print_table(args.cards, processes, results)
+            tuis = {k: v for k, v in chosen.items() if k in ("gpumon", "nvitop")}
+            for size in [tuple(int(n) for n in s.split("x")) for s in args.sizes]:
+                rates = {name: measure(name, argv, env, min(args.seconds, 30), size).bytes_per_s
+                         for name, argv in tuis.items()}
+                print(f"  bytes at {size[0]}x{size[1]}: " + ", ".join(f"{k} {v:.2f} KB/s" for k, v in rates.items()))
+            if args.slow_link and processes == args.processes[0]:
+                link_machine = machine(args.cards, [p.pid for p in pool[:processes]])
+                link = work / "link.conf"
+                for name, argv in tuis.items():
+                    lags, took = lag_on_link(argv, env_for(lib.parent, link), link_machine, link, args.slow_link,
+                                             (120, 40), args.slow_link_seconds, args.python)
+                    settled = lags[len(lags) // 3:] or lags
+                    quit_text = f"q took {took:.1f} s" if took is not None else "q: no exit within 300 s"
+                    print(f"  {name} behind a {args.slow_link:g} B/s link at 120x40: lag median "
+                          f"{sorted(settled)[len(settled) // 2]:.1f} s, max {max(lags):.1f} s (first {lags[0]:.1f} s); "
+                          + quit_text)
         slow_card(work, lib, args.python, args.cards)
     finally:
         for p in pool:

@@ -27,10 +27,13 @@ def test_real_gpumon_in_tmux(fake_driver, idle_processes, tmux_session, tmp_path
     status_file = tmp_path / "status"
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
                    if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "TZ"))
-    command = f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5; echo $? > {status_file}"
+    command = (f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5; "
+               f"echo $? > {status_file}")
     tmux = tmux_session(*size)
     tmux.start(command)
-    screen = tmux.wait_for(lambda s: "Tesla P100" in s or "P100-PCIE" in s, what="card names")
+    # The card names come first (before Textual loads), the readings with the first sample.
+    screen = tmux.wait_for(lambda s: ("Tesla P100" in s or "P100-PCIE" in s) and "sleep 600" in s,
+                           what="card names and their processes")
 
     # Every card: index, name, utilisation, memory, temperature.
     assert "RTX 8000" in screen, screen

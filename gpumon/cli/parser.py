@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     tui.add_argument("--theme", metavar="NAME", help="colour theme")
     tui.add_argument("--no-color", action="store_true", help="no colours (also when $NO_COLOR is set)")
     tui.add_argument("--readonly", action="store_true", help="no process actions or launches")
+    tui.add_argument("--low-bandwidth", action="store_true",
+                     help="for slow links: redraw every few seconds, not every sample (key b toggles)")
     tui.add_argument("--alert", action="append", default=[], metavar="RULE",
                      help="show a badge on cards where RULE fires (repeatable)")
     parser.set_defaults(subcommand="tui")

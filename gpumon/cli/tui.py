@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpumon.cli import STARTUP_ENVIRONMENT, splash
+from gpumon.cli.early_open import EarlyOpen
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,7 +18,18 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.tui.fleet_app import run_fleet_app
 
         return run_fleet_app(args, fleet, on_error=take_down, env=STARTUP_ENVIRONMENT)
+    identity = None
     try:
+        if nvml:
+            # The driver opens while Textual loads; the card names make the first frame.
+            from gpumon.cli.common import open_source
+
+            opening = EarlyOpen(lambda: open_source(args))
+            identity = opening.identity()
+            if identity is not None:
+                splash.cards(identity)
+            elif opening.failed:  # no driver: say so now, not after Textual has started
+                opening.backend()
         # Imported here, after the first frame is up: Textual takes most of gpumon's start-up.
         from gpumon.alerting.rules import parse_rules
         from gpumon.cli.common import backend_args, load_settings, open_source
@@ -32,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
             backend, opener = open_source(args), None
         else:
             # The NVIDIA driver can take seconds to start (persistence mode off, a card going bad):
-            # the app opens it in a thread, after its first frame.
-            backend, opener = None, (lambda: open_source(args))
+            # the app waits for it in a thread, after its first frame.
+            backend, opener = None, opening.backend
     except BaseException:
         take_down()
         raise
-    return run_app(args, backend, rules, opened, opener=opener, on_error=take_down, env=STARTUP_ENVIRONMENT)
+    return run_app(args, backend, rules, opened, opener=opener, on_error=take_down, env=STARTUP_ENVIRONMENT,
+                   identity=identity)
 
 
 def _fleet(args: argparse.Namespace, take_down):

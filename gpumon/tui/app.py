@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 
 from textual.app import App
@@ -28,8 +29,14 @@ from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
+from gpumon.tui.wire.driver import LinkLag, WireDriver
 
 log = logging.getLogger(__name__)
+# The terminal this many seconds behind for this long: low-bandwidth mode switches on. (The first
+# frames of a slow link take seconds on their own: that is no reason yet.)
+AUTO_LOW_BANDWIDTH_S = 3
+AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
+LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth mode
 
 
 class GpumonApp(App[int]):
@@ -41,6 +48,7 @@ class GpumonApp(App[int]):
         Binding("question_mark", "help", "Help"),
         Binding("c", "next_theme", "Theme", show=False),
         Binding("exclamation_mark", "alerts", "Alerts", show=False),
+        Binding("b", "toggle_low_bandwidth", "Low bandwidth", show=False),
         Binding("space", "replay_pause", "Pause"),
         Binding("full_stop", "replay_step", "Step"),
         Binding("plus", "replay_speed(2)", "Faster"),
@@ -50,10 +58,12 @@ class GpumonApp(App[int]):
     def __init__(self, sampler: Sampler, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
-                 backend_args: dict | None = None, real_pids: bool = True) -> None:
+                 backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None,
+                 low_bandwidth: bool = False) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
-        sampler has no backend yet)."""
-        super().__init__()
+        sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
+        # The output layer: only changed cells are sent, never faster than the terminal draws them.
+        super().__init__(driver_class=WireDriver)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
@@ -73,7 +83,12 @@ class GpumonApp(App[int]):
         opening = sampler.backend is None
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
-                                      waiting="opening the NVIDIA driver…" if opening else "starting…")
+                                      waiting="opening the NVIDIA driver…" if opening else "starting…",
+                                      identity=identity)
+        self.low_bandwidth = low_bandwidth  # redraw every LOW_BANDWIDTH_REDRAW_S, not every sample
+        self._redrawn_at = float("-inf")
+        self.link_behind = 0  # seconds the terminal is behind (from the output layer)
+        self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
 
     def on_mount(self) -> None:
         self._install_themes()
@@ -129,6 +144,7 @@ class GpumonApp(App[int]):
         return self.requested_theme
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        self._check_link()
         if not snapshot.stale:
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
                 self.notify(problem, severity="error", timeout=10)
@@ -138,8 +154,44 @@ class GpumonApp(App[int]):
                 if event.event == "firing":
                     self.notify(f"GPU {event.gpu}: {event.rule}", title="Alert", severity="error", timeout=6)
             self.main_screen.alerts = self.engine.firing()
-        if self.main_screen.is_attached:
+        if self.main_screen.is_attached and self._redraw_due():
             self.main_screen.show_snapshot(snapshot)
+
+    def _redraw_due(self) -> bool:
+        """Every sample; in low-bandwidth mode, every LOW_BANDWIDTH_REDRAW_S. (Until then the
+        screen, and what keys act on, stay with the sample on it.)"""
+        now = time.monotonic()
+        if self.low_bandwidth and now - self._redrawn_at < LOW_BANDWIDTH_REDRAW_S:
+            return False
+        self._redrawn_at = now
+        return True
+
+    def on_link_lag(self, message: LinkLag) -> None:
+        """The terminal is this far behind: a slow link (frames are being merged meanwhile)."""
+        self.link_behind = message.seconds
+        if message.seconds < AUTO_LOW_BANDWIDTH_S:
+            self._slow_since = None
+        elif self._slow_since is None:
+            self._slow_since = time.monotonic()
+        self._refresh_status()
+
+    def _check_link(self) -> None:
+        """Behind by seconds for a while (not just the first frames): redraw less often."""
+        if (self._slow_since is not None and not self.low_bandwidth
+                and time.monotonic() - self._slow_since >= AUTO_LOW_BANDWIDTH_AFTER_S):
+            self.low_bandwidth = True
+            self.notify(f"slow link ({self.link_behind} s behind): the screen now updates every "
+                        f"{LOW_BANDWIDTH_REDRAW_S:g} s; b switches back", timeout=8)
+
+    def action_toggle_low_bandwidth(self) -> None:
+        self.low_bandwidth = not self.low_bandwidth
+        self.notify(f"low bandwidth: the screen updates every {LOW_BANDWIDTH_REDRAW_S:g} s" if self.low_bandwidth
+                    else "the screen updates every sample", timeout=3)
+        self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        if self.sampler.latest is not None and self.main_screen.is_attached:
+            self.main_screen.show_snapshot(self.sampler.latest)
 
     def action_alerts(self) -> None:
         if not isinstance(self.screen, AlertsScreen):
@@ -165,6 +217,15 @@ class GpumonApp(App[int]):
             return self.replay is not None
         return True
 
+    def status_note(self) -> str:
+        """What the status line says beyond the sample: replay position, a slow link."""
+        notes = [self.replay_status()]
+        if self.low_bandwidth:
+            notes.append(f"low bandwidth: every {LOW_BANDWIDTH_REDRAW_S:g} s (b)")
+        if self.link_behind >= 1:
+            notes.append(f"link {self.link_behind} s behind")
+        return "  ".join(n for n in notes if n)
+
     def replay_status(self) -> str:
         replay = self.replay
         if replay is None:
@@ -188,8 +249,7 @@ class GpumonApp(App[int]):
         self._refresh_replay_status()
 
     def _refresh_replay_status(self) -> None:
-        if self.sampler.latest is not None and self.main_screen.is_attached:
-            self.main_screen.show_snapshot(self.sampler.latest)
+        self._refresh_status()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -209,11 +269,13 @@ class GpumonApp(App[int]):
 def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
-               backend_args: dict | None = None, opener: Callable[[], Backend] | None = None) -> GpumonApp:
+               backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
+               identity: Snapshot | None = None, low_bandwidth: bool = False) -> GpumonApp:
     """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
     once the first frame is up. An opener's backend lists real processes (NVML)."""
     return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
-                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args)
+                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args,
+                     identity=identity, low_bandwidth=low_bandwidth)
 
 
 def _check_theme(name: str | None) -> None:
@@ -247,7 +309,8 @@ def prepare_terminal(args: argparse.Namespace, on_error: Callable[[], None]) -> 
 
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
             backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
-            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None) -> int:
+            on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None,
+            identity: Snapshot | None = None) -> int:
     """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
     `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
     the changes below."""
@@ -255,7 +318,8 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
     prepare_terminal(args, on_error)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
-                     rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env)
+                     rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
+                     identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False))
     try:
         status = app.run()
     finally:

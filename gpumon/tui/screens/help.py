@@ -29,6 +29,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     ("App", [
         ("!", "alerts firing now and recent alert events"),
         ("c", "next colour theme"),
+        ("b", "low bandwidth (slow links): redraw every 5 s; on by itself when the terminal falls behind"),
         ("?", "this help"),
         ("q", "quit"),
     ]),

@@ -19,25 +19,18 @@ from textual.events import Resize, ScreenResume
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from gpumon.errors import UsageError
-from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import card_limits, prepare, run_in_terminal, shell_request, start, summary
 from gpumon.model import Snapshot
 from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.cuda_order import cuda_ordinals
 from gpumon.monitor.sampler import History
 from gpumon.monitor.topology import unknown_links
-from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.environment import EnvironmentScreen
-from gpumon.tui.screens.jobs import JobsScreen
-from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
 from gpumon.tui.widgets.status_bar import StatusBar
-from gpumon.units import format_bytes, parse_size
 
 CHART_METRICS = ("util", "mem", "temp", "power")
 WIDE = 140  # columns from which history charts sit beside the cards
@@ -47,7 +40,7 @@ JOB_SCAN_S = 3.0  # how often the process table learns which pids belong to gpum
 BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay covers part of it
 
 
-class MainScreen(Screen):
+class MainScreen(CardActions, Screen):
     BINDINGS = [
         Binding("a", "toggle_scope", "All/one card"),
         Binding("slash", "filter", "Filter"),
@@ -64,9 +57,11 @@ class MainScreen(Screen):
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
-                 env: Mapping[str, str] | None = None, waiting: str = "starting…") -> None:
+                 env: Mapping[str, str] | None = None, waiting: str = "starting…",
+                 identity: Snapshot | None = None) -> None:
         super().__init__()
         self.waiting = waiting  # the status line until the first sample
+        self.identity = identity  # the cards' names, shown until the first sample
         self.history = history
         self.interval = interval
         self.real_pids = real_pids
@@ -88,7 +83,7 @@ class MainScreen(Screen):
         yield StatusBar(self.interval, self.waiting, id="status")
         with Horizontal(id="top"):
             yield CardList(id="cards")
-            with Vertical(id="charts"):
+            with Vertical(id="charts"):  # hidden (CSS) until the layout says there is room
                 for metric in CHART_METRICS:
                     yield HistoryChart(metric, id=f"chart-{metric}")
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
@@ -99,6 +94,8 @@ class MainScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#filter").display = False
+        if self.identity is not None and self.snapshot is None:
+            self._show_identity(self.identity)
         self.query_one(CardList).focus()
         if self.real_pids:
             self.set_interval(JOB_SCAN_S, self._scan_jobs)
@@ -130,6 +127,15 @@ class MainScreen(Screen):
         elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
 
+    def _show_identity(self, identity: Snapshot) -> None:
+        """The cards by name, before their first sample: the first frame is never empty."""
+        with self.app.batch_update():
+            self._layout(len(identity.gpus))
+            self.query_one(StatusBar).show_identity(identity)
+            for panel, gpu in zip(self.query_one(CardList).panels, identity.gpus):
+                panel.show_identity(gpu)
+            self._fit_cards()
+
     def on_screen_resume(self, event: ScreenResume) -> None:
         if self.snapshot is not None:
             self._apply()
@@ -137,6 +143,8 @@ class MainScreen(Screen):
     def on_resize(self, event: Resize) -> None:
         if self.snapshot is not None:
             self._apply()
+        elif self.identity is not None:
+            self._show_identity(self.identity)
 
     @property
     def selected_gpu(self):
@@ -155,7 +163,7 @@ class MainScreen(Screen):
     def _apply(self) -> None:
         snap = self.snapshot
         assert snap is not None
-        if not self.is_attached or not self.children:  # the app is shutting down
+        if not self.is_attached or not self.children or not self.query(StatusBar):  # the app is closing
             return
         self._applied_at = time.monotonic()
         with self.app.batch_update():
@@ -174,7 +182,7 @@ class MainScreen(Screen):
 
     def status_extra(self) -> str:
         """Said at the end of the status line (a fleet host's view says how the host is doing)."""
-        return self.app.replay_status()
+        return self.app.status_note()
 
     def _layout(self, count: int) -> None:
         """Compact or full panels, chart visibility and heights, from the size and card count."""
@@ -307,104 +315,3 @@ class MainScreen(Screen):
         if action in ("run", "mem_limit"):
             return not self.readonly and self.app.can_launch
         return True
-
-    # -- jobs --
-
-    def action_run(self) -> None:
-        gpu = self.selected_gpu
-        if gpu is None or gpu.state != "ok":
-            self.notify("select a working card first", severity="warning")
-            return
-        default = card_limits().get(gpu.uuid)
-        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd),
-                             lambda choice: self._launch(gpu, choice) if choice else None)
-
-    def _launch(self, gpu, choice: RunChoice) -> None:
-        request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
-                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
-                                failover=choice.failover)
-        try:
-            spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
-            # The environment gpumon started with, not the one it changed for itself (NO_COLOR, ...).
-            directory = start(spec, foreground=choice.foreground, typed=request.typed, env=self.env)
-        except (UsageError, OSError) as exc:
-            self.notify(str(exc), severity="error")
-            return
-        if choice.foreground:
-            with self.app.suspend():
-                run_in_terminal(directory, f"GPU {gpu.index}", choice.command, env=self.env)
-            return
-        self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
-
-    def _report_start(self, directory) -> None:
-        job = jobs.wait_until_started(directory)
-        message = "\n".join(summary(job)) if job else f"job did not start: see {directory}"
-        self.app.call_from_thread(self.notify, message, timeout=8)
-        self._job_pids()
-
-    def action_mem_limit(self) -> None:
-        gpu = self.selected_gpu
-        if gpu is None:
-            return
-
-        def chosen(value: str | None) -> None:
-            if value is None:
-                return
-            limit = parse_size(value, gpu.memory_total) if value else None
-            card_limits().set(gpu.uuid, limit)
-            self.notify(f"GPU {gpu.index}: jobs launched here are capped at {format_bytes(limit)}" if limit
-                        else f"GPU {gpu.index}: no default memory limit")
-
-        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid)), chosen)
-
-    def action_jobs(self) -> None:
-        def closed(job_id: str | None) -> None:
-            if job_id:  # show that job's processes, on every card
-                self.only_selected = False
-                box = self.query_one("#filter", Input)
-                box.display = True
-                box.value = job_id
-                self.query_one(ProcessTable).focus()
-
-        self.app.push_screen(JobsScreen(), closed)
-
-    def _selected_process(self):
-        row = self.query_one(ProcessTable).selected_row
-        if row is None:
-            self.notify("no process selected", severity="warning", timeout=3)
-        return row
-
-    def action_signal(self, kind: str) -> None:
-        row = self._selected_process()
-        if row is None:
-            return
-        p = row.process
-        if p.user is None and p.command is None:
-            self.notify(f"process {p.pid}: {invisible_reason()}", severity="warning")
-            return
-        if not actions.may_signal(p.uid):
-            self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
-            return
-        signame = actions.SIGNALS[kind].name
-
-        def answered(yes: bool | None) -> None:
-            if not yes:
-                return
-            try:
-                self.notify(actions.send_signal(p.pid, p.started, kind), timeout=4)
-            except actions.ActionError as exc:
-                self.notify(str(exc), severity="error")
-
-        self.app.push_screen(
-            ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
-
-    def action_environment(self) -> None:
-        row = self._selected_process()
-        if row is None:
-            return
-        try:
-            env = actions.environment(row.process.pid, row.process.started)
-        except actions.ActionError as exc:
-            self.notify(str(exc), severity="error")
-            return
-        self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))

@@ -8,12 +8,16 @@ updating), an NVSwitch fabric that is not ready, recent XID errors.
 
 from __future__ import annotations
 
+import dataclasses
+
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.events import Click
 from textual.message import Message
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -75,6 +79,8 @@ class GpuPanel(PartialRefresh, Widget):
         self.xids: tuple[str, ...] = ()
         self._shown: tuple | None = None
         self._height = 0
+        self.waiting = False  # names only, before the card's first sample
+        self._styles: dict[str, Style] = {}
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
              xids: tuple[str, ...] = ()) -> None:
@@ -83,12 +89,18 @@ class GpuPanel(PartialRefresh, Widget):
         if key == self._shown:
             return
         self._shown = key
+        self.waiting = False
         self.gpu, self.stale, self.ordinal, self.alerts, self.xids = gpu, stale, ordinal, alerts, xids
         width = self.content_region.width
         if width:
             self.show_lines(self.lines(width), width)  # repaints only the characters that changed
         else:
             self.refresh()
+
+    def show_identity(self, gpu: GpuSample) -> None:
+        """The card's name and ids before its first sample."""
+        self.gpu, self.waiting = gpu, True
+        self.refresh(layout=True)
 
     @property
     def compact(self) -> bool:
@@ -104,18 +116,43 @@ class GpuPanel(PartialRefresh, Widget):
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self.lines(width))
 
-    def render(self) -> Text:
+    def _current_lines(self) -> list[Text]:
         width = self.content_region.width or self.size.width
         lines = self.shown if self.shown is not None and width == self._shown_width else self.lines(width)
         if len(lines) != self._height:
             self._height = len(lines)
             self.call_after_refresh(self.refresh, layout=True)
-        return Text("\n").join(lines)
+        return lines
+
+    def render(self) -> Text:
+        return Text("\n").join(self._current_lines())
+
+    def render_line(self, y: int) -> Strip:
+        """One line, straight from its Text (Textual's way renders the whole panel for any change:
+        ~1 ms a panel, every sample)."""
+        lines = self._current_lines()
+        width = self.content_region.width or self.size.width
+        base = self.visual_style.rich_style
+        if y >= len(lines):
+            return Strip.blank(width, base)
+        line = lines[y]
+        # Rich applies a Text's own style only to texts with spans: under every segment, then.
+        own = line.style if isinstance(line.style, Style) else self.app.console.get_style(line.style)
+        segments = Segment.apply_style(line.render(self.app.console, end=""), base + own)
+        return Strip(segments).crop_extend(0, width, base)
 
     # -- building the lines --
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"gpu-panel--{name}")
+        # Textual drops its own cache of these at every refresh; they change only with the CSS.
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"gpu-panel--{name}")
+        return style
+
+    def notify_style_update(self) -> None:
+        self._styles.clear()  # a new theme, or selected: the styles are read again
+        super().notify_style_update()
 
     def _bar(self, label: str, fraction: float | None, width: int, tone: str, value: str) -> Text:
         filled, empty = bar(fraction, width)
@@ -178,6 +215,8 @@ class GpuPanel(PartialRefresh, Widget):
         if gpu is None:
             return [Text("…")]
         width = max(width, 20)
+        if self.waiting:
+            return self._waiting_lines(gpu, width)
         if self.compact:
             return [self._compact_line(gpu, width)]
         lines = [self._title(gpu, width)]
@@ -205,6 +244,17 @@ class GpuPanel(PartialRefresh, Widget):
         lines.append(bars)
         lines.extend(_flow(self._detail_tokens(gpu), width))
         return lines
+
+    def _waiting_lines(self, gpu: GpuSample, width: int) -> list[Text]:
+        note = Text("not answering yet" if gpu.state == "stale" else "reading…", style=self._style("muted"))
+        if self.compact:
+            line = Text(f"{gpu.index:>2} ", style=self._style("title"))
+            line.append_text(Text(short_name(gpu.name) if gpu.state != "stale" else "", style=self._style("title")))
+            line.append("  ")
+            line.append_text(note)
+            line.truncate(width)
+            return [line]
+        return [self._title(dataclasses.replace(gpu, state="ok"), width), Text("  ") + note]
 
     def _detail_tokens(self, gpu: GpuSample) -> list[Text]:
         # Every field is always present and padded to a fixed width, so a panel's height depends

@@ -59,7 +59,7 @@ class PartialRefresh:
             self._shown_width = width
             self.refresh(layout=old is None or len(old) != len(lines))
             return
-        for y, (before, after) in enumerate(zip(old, lines)):
-            span = changed_span(before, after)
-            if span is not None:
-                self.refresh(Region(span[0], y, span[1] - span[0], 1))
+        regions = [Region(span[0], y, span[1] - span[0], 1) for y, (before, after) in enumerate(zip(old, lines))
+                   if (span := changed_span(before, after)) is not None]
+        if regions:  # one refresh call: each costs Textual more than the line itself
+            self.refresh(*regions)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import getpass
 from dataclasses import dataclass
+from functools import lru_cache
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -31,6 +32,9 @@ RIGHT = {"gpu", "pid", "gpu_mem", "sm", "cpu", "rss", "age"}
 # Sort keys the `s` key cycles through, with the direction each starts in (True: largest first).
 SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True}
 GAP = 2
+SPACING = " " * GAP
+LAST = len(COLUMNS) - 1
+RIGHT_ALIGNED = [key in RIGHT for key, _ in COLUMNS]
 # Every other cell carries an explicit `conceal=False`: it renders exactly like no attribute, but
 # compares unequal, so Textual does not merge neighbouring cells into one segment.
 CELL_SEPARATOR = [Style(conceal=False) if i % 2 else Style() for i in range(len(COLUMNS))]
@@ -49,16 +53,19 @@ class Row:
         return f"{self.gpu}:{self.process.pid}"
 
     def sort_value(self, sort: str) -> object:
-        p = self.process
-        return {
-            "gpu_mem": p.gpu_memory or 0, "sm": p.sm_util or 0, "cpu": p.cpu_percent or 0.0,
-            "pid": p.pid, "user": p.user or "", "age": self.age or 0.0,
-        }[sort]
+        return SORT_VALUES[sort](self)
 
     def matches(self, needle: str) -> bool:
         p = self.process
         hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job, self.job_id) if x is not None)
         return needle.lower() in hay.lower()
+
+
+SORT_VALUES = {
+    "gpu_mem": lambda r: r.process.gpu_memory or 0, "sm": lambda r: r.process.sm_util or 0,
+    "cpu": lambda r: r.process.cpu_percent or 0.0, "pid": lambda r: r.process.pid,
+    "user": lambda r: r.process.user or "", "age": lambda r: r.age or 0.0,
+}
 
 
 def format_age(seconds: float | None) -> str:
@@ -72,6 +79,11 @@ def format_age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+# Hundreds of rows every sample: the same few sizes and ages are formatted over and over.
+_bytes = lru_cache(maxsize=4096)(format_bytes)
+_age = lru_cache(maxsize=4096)(format_age)
 
 
 def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
@@ -122,6 +134,8 @@ class ProcessTable(ScrollView, can_focus=True):
         self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, Strip]] = {}
+        self._style_cache: dict[str, Style] | None = None
+        self._combined: dict[tuple[Style, Style, int], Style] = {}  # a cell's style, by row, cell and column
 
     # -- data in --
 
@@ -135,21 +149,27 @@ class ProcessTable(ScrollView, can_focus=True):
             prefix += f"[{p.container}] "
         return (
             str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
-            format_bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
-            "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", format_bytes(p.rss),
-            format_age(row.age), (prefix + (p.command or "?")) if visible else self.invisible_reason,
+            _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
+            "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", _bytes(p.rss),
+            _age(None if row.age is None else int(max(0, row.age))),
+            (prefix + (p.command or "?")) if visible else self.invisible_reason,
         )
 
     def show(self, rows: list[Row]) -> None:
         """Show exactly `rows` in the current sort order, repainting only what changed."""
         cursor_key = self.order[self.cursor] if self.order and self.cursor < len(self.order) else None
-        cells = {row.key: self._cells_for(row) for row in rows}
-        order = [r.key for r in sorted(rows, key=lambda r: (r.sort_value(self.sort_key), r.key), reverse=self.sort_reverse)]
-        # +1 on the label: room for the sort arrow in whichever column is sorted.
-        widths = [max([len(label) + 1] + [cell_len(c[i]) for c in cells.values()]) for i, (_, label) in enumerate(COLUMNS[:-1])]
-        widths.append(0)  # the command takes what is left
+        keyed = {row.key: row for row in rows}
+        cells = {key: self._cells_for(row) for key, row in keyed.items()}
+        value = SORT_VALUES[self.sort_key]
+        order = sorted(keyed, key=lambda k: (value(keyed[k]), k), reverse=self.sort_reverse)
+        # +1 on the label: room for the sort arrow in whichever column is sorted. Widths in cells;
+        # only user names may hold wide characters (the command takes what is left).
+        columns = list(zip(*cells.values())) or [()] * len(COLUMNS)
+        widths = [max([len(label) + 1] + list(map(cell_len if key == "user" else len, columns[i])))
+                  for i, (key, label) in enumerate(COLUMNS[:-1])]
+        widths.append(0)
         old_cells, old_order = self._cells, self.order
-        self.rows_by_key, self._cells = {r.key: r for r in rows}, cells
+        self.rows_by_key, self._cells = keyed, cells
         if cursor_key in cells:
             self.cursor = order.index(cursor_key)
         self.cursor = max(0, min(self.cursor, len(order) - 1))
@@ -160,45 +180,76 @@ class ProcessTable(ScrollView, can_focus=True):
             self.refresh()
             return
         self.order = order
-        for index, key in enumerate(order):
-            before, after = old_cells.get(key), cells[key]
+        # Only rows on screen are repainted (the others are drawn afresh when scrolled to), all
+        # in one refresh: each refresh call costs Textual more than drawing a row.
+        top = self.scroll_offset.y
+        regions = []
+        for index in range(top, min(len(order), top + self.size.height - 1)):
+            before, after = old_cells.get(order[index]), cells[order[index]]
             if before != after:
-                self._refresh_cells(index, [i for i, (a, b) in enumerate(zip(before or (), after)) if a != b]
-                                    if before else list(range(len(KEYS))))
+                changed = ([i for i, (a, b) in enumerate(zip(before, after)) if a != b] if before
+                           else list(range(len(KEYS))))
+                regions.append(self._cells_region(index - top + 1, changed))
+        if regions:
+            self.refresh(*regions)
 
     # -- drawing --
 
     def _x(self, column: int) -> int:
         return 1 + sum(w + GAP for w in self.widths[:column])
 
+    def _cells_region(self, y: int, columns: list[int]) -> Region:
+        """The region of these cells on line `y` of the view."""
+        start = self._x(min(columns))
+        end = self.size.width if max(columns) == len(KEYS) - 1 else self._x(max(columns)) + self.widths[max(columns)]
+        return Region(start, y, max(1, end - start), 1)
+
     def _refresh_cells(self, index: int, columns: list[int]) -> None:
         """Repaint only these cells of row `index`, if it is on screen."""
         y = index - self.scroll_offset.y + 1
-        if not columns or not 1 <= y < self.size.height:
-            return
-        start = self._x(min(columns))
-        end = self.size.width if max(columns) == len(KEYS) - 1 else self._x(max(columns)) + self.widths[max(columns)]
-        self.refresh(Region(start, y, max(1, end - start), 1))
+        if columns and 1 <= y < self.size.height:
+            self.refresh(self._cells_region(y, columns))
 
     def _refresh_row(self, index: int) -> None:
         self._refresh_cells(index, list(range(len(KEYS))))
 
     def _styles(self) -> dict[str, Style]:
-        return {name: self.get_component_rich_style(f"process-table--{name}")
-                for name in ("header", "cursor", "own", "muted", "job")}
+        # Textual drops its own cache of these at every refresh; they change only with the CSS.
+        if self._style_cache is None:
+            self._style_cache = {name: self.get_component_rich_style(f"process-table--{name}")
+                                 for name in ("header", "cursor", "own", "muted", "job")}
+        return self._style_cache
+
+    def notify_style_update(self) -> None:
+        self._style_cache = None
+        self._combined.clear()
+        self._strips.clear()
+        super().notify_style_update()
 
     def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
         segments = [Segment(" ", base)]
+        combined, widths = self._combined, self.widths
+        used = 1
         for i, (text, style) in enumerate(texts):
             # Each cell keeps its own segment, so a repaint of one cell sends that cell, not the row.
-            cell_style = base + style + CELL_SEPARATOR[i]
-            if i < len(KEYS) - 1:
-                pad = self.widths[i] - cell_len(text)
-                text = (" " * pad + text) if KEYS[i] in RIGHT else (text + " " * pad)
-                segments.append(Segment(text + " " * GAP, cell_style))
-            else:
+            cell_style = combined.get((base, style, i))
+            if cell_style is None:
+                cell_style = combined[base, style, i] = base + style + CELL_SEPARATOR[i]
+            if i < LAST:
+                cells = len(text) if text.isascii() else cell_len(text)
+                pad = " " * (widths[i] - cells)
+                segments.append(Segment((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING, cell_style))
+                used += widths[i] + GAP
+            else:  # the command takes what is left
+                room = max(0, width - used)
+                text = text[:room] if text.isascii() else set_cell_size(text, min(room, cell_len(text)))
                 segments.append(Segment(text, cell_style))
-        return Strip(segments).crop_extend(0, width, base)
+                rest = room - (len(text) if text.isascii() else cell_len(text))
+                if rest > 0:
+                    segments.append(Segment(" " * rest, base))
+        if used > width:  # a narrow view: cut the fixed columns too
+            return Strip(segments).crop_extend(0, width, base)
+        return Strip(segments, width)
 
     def _header(self, width: int) -> Strip:
         texts = [(self.header_label(key), Style()) for key in KEYS]

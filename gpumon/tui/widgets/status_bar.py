@@ -23,16 +23,24 @@ class StatusBar(PartialRefresh, Widget):
         self.alerts = 0
         self.extra = ""
         self._shown: tuple | None = None
+        self._identity_only = False  # the snapshot holds names only (see show_identity)
 
     def show(self, snapshot: Snapshot, alerts: int = 0, extra: str = "") -> None:
         key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.backend, alerts, extra)
         self.snapshot, self.alerts, self.extra = snapshot, alerts, extra
+        self._identity_only = False
         if key != self._shown:  # the clock has one-second resolution: no repaint in between
             self._shown = key
             if self.size.width:
                 self.show_lines([self._text()], self.size.width)  # usually just the clock's digits
             else:
                 self.refresh()
+
+    def show_identity(self, identity: Snapshot) -> None:
+        """Host and driver before the first sample (no clock yet: nothing has been read)."""
+        self.snapshot, self.waiting = identity, "reading the cards…"
+        self._identity_only = True
+        self.refresh()
 
     def render(self) -> Text:
         if self.shown is not None and self._shown_width == self.size.width:
@@ -48,6 +56,8 @@ class StatusBar(PartialRefresh, Widget):
         text.append(snap.host, style="bold")
         text.append(f"  driver {snap.driver_version or 'N/A'}  CUDA {snap.cuda_driver_version or 'N/A'}", style=muted)
         text.append(f"  every {self.interval:g}s  ", style=muted)
+        if self._identity_only:
+            return text.append(self.waiting, style=muted)
         text.append(time.strftime("%H:%M:%S", time.localtime(snap.time)))
         if snap.backend != "nvml":
             text.append("  ")

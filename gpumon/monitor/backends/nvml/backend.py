@@ -91,6 +91,28 @@ class NvmlBackend:
         except pynvml.NVMLError:
             return None
 
+    def identity(self, wait_s: float) -> Snapshot:
+        """The cards' names and ids, without their values: what a first frame needs. Each card is
+        opened on its lane (the first sample then finds it open); a card that has not answered
+        within `wait_s` is listed without a name ("?") and state "stale"."""
+        deadline = time.monotonic() + wait_s
+        opening = [(card, self._lanes.submit(card.index, partial(self._open_only, card)))
+                   for card in self.cards if not card.opened]
+        for _, future in opening:
+            _settle(future, deadline - time.monotonic())
+        waiting = {card.index for card, future in opening if not future.done()}
+        gpus = tuple(self._identity(card, state="stale" if card.index in waiting else card.state,
+                                    error=card.error) for card in self.cards)
+        return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=self.driver_version,
+                        cuda_driver_version=self.cuda_driver_version, gpus=gpus)
+
+    def _open_only(self, card: Card) -> None:
+        if not card.opened:
+            try:
+                open_card(card)
+            except DriverGone:  # the first sample finds out and says so
+                card.opened = False
+
     # -- sampling --
 
     def sample(self, wait_s: float | None = None) -> Snapshot:

@@ -1,0 +1,125 @@
+"""What the main screen's keys do to cards and processes: launch a job on the selected card (`r`),
+set its default memory limit (`m`), list jobs (`J`), signal a process (`x`/`X`/`i`), show its
+environment (`e`). A mixin of MainScreen, kept apart so the screen module stays about showing data.
+"""
+
+from __future__ import annotations
+
+from textual.widgets import Input
+
+from gpumon.errors import UsageError
+from gpumon.jobs import processes as actions
+from gpumon.jobs import records as jobs
+from gpumon.jobs.launch import card_limits, prepare, run_in_terminal, shell_request, start, summary
+from gpumon.monitor.containers import invisible_reason
+from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.environment import EnvironmentScreen
+from gpumon.tui.screens.jobs import JobsScreen
+from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.widgets.process_table import ProcessTable
+from gpumon.units import format_bytes, parse_size
+
+
+class CardActions:
+    """Needs from the screen: selected_gpu, snapshot, interval, env, only_selected, _job_pids."""
+
+    # -- jobs --
+
+    def action_run(self) -> None:
+        gpu = self.selected_gpu
+        if gpu is None or gpu.state != "ok":
+            self.notify("select a working card first", severity="warning")
+            return
+        default = card_limits().get(gpu.uuid)
+        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd),
+                             lambda choice: self._launch(gpu, choice) if choice else None)
+
+    def _launch(self, gpu, choice: RunChoice) -> None:
+        request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
+                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
+                                failover=choice.failover)
+        try:
+            spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
+            # The environment gpumon started with, not the one it changed for itself (NO_COLOR, ...).
+            directory = start(spec, foreground=choice.foreground, typed=request.typed, env=self.env)
+        except (UsageError, OSError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if choice.foreground:
+            with self.app.suspend():
+                run_in_terminal(directory, f"GPU {gpu.index}", choice.command, env=self.env)
+            return
+        self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
+
+    def _report_start(self, directory) -> None:
+        job = jobs.wait_until_started(directory)
+        message = "\n".join(summary(job)) if job else f"job did not start: see {directory}"
+        self.app.call_from_thread(self.notify, message, timeout=8)
+        self._job_pids()
+
+    def action_mem_limit(self) -> None:
+        gpu = self.selected_gpu
+        if gpu is None:
+            return
+
+        def chosen(value: str | None) -> None:
+            if value is None:
+                return
+            limit = parse_size(value, gpu.memory_total) if value else None
+            card_limits().set(gpu.uuid, limit)
+            self.notify(f"GPU {gpu.index}: jobs launched here are capped at {format_bytes(limit)}" if limit
+                        else f"GPU {gpu.index}: no default memory limit")
+
+        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid)), chosen)
+
+    def action_jobs(self) -> None:
+        def closed(job_id: str | None) -> None:
+            if job_id:  # show that job's processes, on every card
+                self.only_selected = False
+                box = self.query_one("#filter", Input)
+                box.display = True
+                box.value = job_id
+                self.query_one(ProcessTable).focus()
+
+        self.app.push_screen(JobsScreen(), closed)
+
+    def _selected_process(self):
+        row = self.query_one(ProcessTable).selected_row
+        if row is None:
+            self.notify("no process selected", severity="warning", timeout=3)
+        return row
+
+    def action_signal(self, kind: str) -> None:
+        row = self._selected_process()
+        if row is None:
+            return
+        p = row.process
+        if p.user is None and p.command is None:
+            self.notify(f"process {p.pid}: {invisible_reason()}", severity="warning")
+            return
+        if not actions.may_signal(p.uid):
+            self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
+            return
+        signame = actions.SIGNALS[kind].name
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.notify(actions.send_signal(p.pid, p.started, kind), timeout=4)
+            except actions.ActionError as exc:
+                self.notify(str(exc), severity="error")
+
+        self.app.push_screen(
+            ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
+
+    def action_environment(self) -> None:
+        row = self._selected_process()
+        if row is None:
+            return
+        try:
+            env = actions.environment(row.process.pid, row.process.started)
+        except actions.ActionError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))

@@ -1,0 +1,97 @@
+"""Textual's Linux driver with gpumon's output layer: only changed cells go out (`ScreenDiff`),
+and never faster than the terminal draws them (`Pacer`).
+
+Textual writes each frame and then flushes; here the frame is read into the wanted screen, and a
+flush sends the difference unless the previous frame has not reached the terminal yet. The
+terminal's answer to the question that ends each frame arrives on the input thread, which then
+sends whatever changed meanwhile. The app hears how far behind the link is (`LinkLag`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from textual import events
+from textual.drivers.linux_driver import LinuxDriver
+from textual.message import Message
+
+from gpumon.tui.wire.pacing import Pacer
+from gpumon.tui.wire.screen import ScreenDiff
+
+REPORT_STEP_S = 1.0  # the app hears of the lag in whole seconds: no message for every frame
+
+
+class LinkLag(Message):
+    """How many seconds behind the terminal is (0: keeping up)."""
+
+    def __init__(self, seconds: int) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+
+class WireDriver(LinuxDriver):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._diff = ScreenDiff(*self._get_terminal_size())
+        self._pacer = Pacer()
+        self._lock = threading.Lock()  # the input thread sends too, when an answer arrives
+        self._new_size: tuple[int, int] | None = None
+        self._closing = False
+        self._reported = 0
+
+    # -- Textual's side --
+
+    def _get_terminal_size(self) -> tuple[int, int]:
+        size = super()._get_terminal_size()
+        self._new_size = size  # may run in a signal handler: only a note, taken up by write()
+        return size
+
+    def start_application_mode(self) -> None:
+        self._closing = False
+        with self._lock:
+            self._new_size = None
+            self._diff.resize(*self._get_terminal_size())
+        super().start_application_mode()
+
+    def stop_application_mode(self) -> None:
+        self._closing = True  # the last frame and the terminal's restoration go out at once
+        self.flush()
+        super().stop_application_mode()
+
+    def write(self, data: str) -> None:
+        with self._lock:
+            if self._new_size is not None:
+                self._diff.resize(*self._new_size)
+                self._new_size = None
+            self._diff.feed(data)
+
+    def flush(self) -> None:
+        self._send()
+
+    def process_message(self, message: Message) -> None:
+        if isinstance(message, events.CursorPosition):
+            if self._pacer.answered(time.monotonic()):
+                self._send()
+                return
+        elif isinstance(message, events.Resize):  # in-band resize reports
+            self._new_size = (message.size.width, message.size.height)
+        super().process_message(message)
+
+    # -- sending --
+
+    def _send(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._writer_thread is None:
+                return
+            draw = self._closing or (self._diff.pending and self._pacer.may_draw(now))
+            out = self._diff.render(draw=draw)
+            if draw and out and not self._closing:
+                out += self._pacer.probe(now)
+            if out:
+                super().write(out)
+            behind = int(self._pacer.behind(now) // REPORT_STEP_S)
+        if behind != self._reported:
+            self._reported = behind
+            self._app.post_message(LinkLag(behind))

@@ -1,0 +1,129 @@
+"""The output layer under Textual (gpumon/tui/wire): only changed cells go out, and frames wait for
+the terminal's answer. The real program through it in a real terminal: test_slow_link.py and every
+tmux test."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpumon.tui.wire import sgr
+from gpumon.tui.wire.pacing import FIRST_WAIT_S, GIVE_UP, LOST_S, PROBE, Pacer
+from gpumon.tui.wire.screen import ScreenDiff
+
+W, H = 30, 6
+STYLES = ["", "1", "1;38;5;251;48;5;236", "38;5;75;48;5;234", "7", "4;38;2;10;20;30", "48;5;235", "3;9"]
+
+
+def frame(writes) -> str:
+    """Textual-like output: a cursor move, then segments as Rich writes them."""
+    out = []
+    for y, x, style, text in writes:
+        out.append(f"\x1b[{y + 1};{x + 1}H")
+        out.append(f"\x1b[{style}m{text}\x1b[0m" if style else text)
+    return "".join(out)
+
+
+def visible(screen: ScreenDiff) -> list[list[tuple[str, tuple]]]:
+    """What a person sees: characters and attributes, a blank's invisible attributes aside."""
+    return [[(c, sgr.blank(s) if c == " " else s) for c, s in zip(screen._want_text[y], screen._want_style[y])]
+            for y in range(screen.height)]
+
+
+writes = st.lists(st.tuples(st.integers(0, H - 1), st.integers(0, W - 1), st.sampled_from(STYLES),
+                            st.text(alphabet="ab █°漢 ", min_size=1, max_size=12)), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(writes, min_size=1, max_size=6), st.lists(st.booleans(), min_size=6, max_size=6))
+def test_the_terminal_ends_up_showing_what_textual_drew(frames, drawn):
+    """Whatever frames arrive, and whichever of them are held back (a slow link), the terminal
+    shows exactly the last state once a render goes out."""
+    diff, terminal = ScreenDiff(W, H), ScreenDiff(W, H)
+    diff.feed("\x1b[?1049h")
+    terminal.feed(diff.render())
+    for data, draw in zip(frames, drawn):
+        diff.feed(frame(data))
+        terminal.feed(diff.render(draw=draw))
+    terminal.feed(diff.render())
+    assert visible(terminal) == visible(diff)
+
+
+def test_an_unchanged_frame_sends_nothing_and_a_changed_digit_sends_little():
+    diff = ScreenDiff(80, 4)
+    clock = [(0, 0, "1;38;5;251;48;5;236", " gpumon "), (0, 8, "38;5;245;48;5;236", "12:00:01")]
+    diff.feed(frame(clock))
+    first = diff.render()
+    assert "12:00:01" in first
+    diff.feed(frame(clock))
+    assert diff.render() == ""
+    clock[1] = (0, 8, "38;5;245;48;5;236", "12:00:02")
+    diff.feed(frame(clock))
+    out = diff.render()
+    assert out.endswith("2") and len(out) < 12, repr(out)  # a cursor move and one digit
+
+
+def test_only_changed_attributes_are_sent():
+    old = sgr.apply(sgr.DEFAULT, "1;38;5;251;48;5;234")
+    new = sgr.apply(sgr.DEFAULT, "1;38;5;77;48;5;234")
+    assert sgr.change(old, new) == "\x1b[38;5;77m"
+    assert sgr.change(new, sgr.DEFAULT) == "\x1b[0m"
+    assert sgr.apply(new, "0") == sgr.DEFAULT
+    # Unknown parameters are kept verbatim, never dropped.
+    curly = sgr.apply(sgr.DEFAULT, "4:3")
+    assert sgr.change(sgr.DEFAULT, curly) == "\x1b[0;4:3m"
+
+
+def test_leaving_the_alternate_screen_draws_nothing_more():
+    diff = ScreenDiff(20, 3)
+    diff.feed("\x1b[?1049h" + frame([(0, 0, "1", "cards")]))
+    diff.render()
+    diff.feed(frame([(1, 0, "", "pending")]) + "\x1b[?1049l\x1b[?25h")
+    out = diff.render()
+    assert out.index("pending") < out.index("\x1b[?1049l")
+    assert out.endswith("\x1b[?1049l\x1b[?25h") or out.endswith("\x1b[?25h")
+    diff.feed(frame([(2, 0, "", "after")]))  # anything Textual draws later starts afresh
+    assert "after" in diff.render()
+
+
+def test_a_wide_character_is_never_split():
+    diff, terminal = ScreenDiff(10, 1), ScreenDiff(10, 1)
+    diff.feed(frame([(0, 0, "", "ab漢cd")]))
+    terminal.feed(diff.render())
+    diff.feed(frame([(0, 3, "", "x")]))  # over the right half of 漢
+    terminal.feed(diff.render())
+    assert visible(terminal) == visible(diff)
+    assert "".join(diff._want_text[0]).startswith("ab x")
+
+
+def test_frames_wait_for_the_terminals_answer():
+    pacer = Pacer()
+    assert pacer.may_draw(0.0)
+    assert pacer.probe(0.0) == PROBE
+    assert not pacer.may_draw(0.5)
+    assert pacer.answered(2.0) and pacer.lag == 2.0
+    assert pacer.may_draw(2.0)
+    assert pacer.probe(2.0) == PROBE
+    assert not pacer.may_draw(2.0 + LOST_S - 1)  # the terminal answers: wait for it
+    assert pacer.may_draw(2.0 + LOST_S + 1)  # an answer went missing: go on
+    assert not pacer.answered(99.0) or pacer.lag >= 0  # a stray report never breaks anything
+
+
+def test_a_terminal_that_never_answers_is_drawn_to_as_usual():
+    pacer = Pacer()
+    now = 0.0
+    for _ in range(GIVE_UP):
+        assert pacer.probe(now) == PROBE
+        now += FIRST_WAIT_S + 0.1
+        assert pacer.may_draw(now)
+    assert pacer.mute and pacer.probe(now) == "" and pacer.may_draw(now)
+    assert pacer.answered(now) is False  # nothing asked any more: a report is somebody else's
+
+
+def test_a_terminal_that_never_answers_is_not_taken_for_a_slow_link():
+    pacer = Pacer()
+    pacer.probe(0.0)
+    assert pacer.behind(30.0) == 0.0  # nothing known: no "link behind", no low-bandwidth mode
+    pacer.answered(0.5)
+    pacer.probe(1.0)
+    assert pacer.behind(4.0) == 3.0  # it answers: waiting 3 s for this one means 3 s behind
