@@ -104,7 +104,8 @@ def main() -> None:
     target = f"127.0.0.1:{static.port}"
     with tempfile.TemporaryDirectory(prefix="gpumon-bench-prom-") as tmp:
         server = Prometheus(binary, Path(tmp), [{"job_name": "dcgm", "static_configs": [
-            {"targets": [target], "labels": {"__metrics_path__": f"/node/{h}", "instance": f"10.0.{h // 250}.{h % 250}:9400"}}
+            {"targets": [target],
+             "labels": {"__metrics_path__": f"/node/{h}", "instance": f"10.0.{h // 250}.{h % 250}:9400"}}
             for h in range(opts.hosts)]}], scrape_interval="15s")
         try:
             server.start()

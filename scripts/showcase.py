@@ -92,7 +92,8 @@ def fleet_app(theme: str | None = None) -> FleetApp:
         lab.report(host, "live", snapshot=machine(host, h100s(host, used), FROZEN))
     lab.report("dgx-a100", "live", snapshot=machine("dgx-a100", [
         card(0, util=88, mem_pct=72, temp=77, host="dgx", name="NVIDIA A100-SXM4-80GB"),
-        card(1, host="dgx", mig=3, name="NVIDIA A100-SXM4-80GB"), card(2, host="dgx", mig=7, name="NVIDIA A100-SXM4-80GB"),
+        card(1, host="dgx", mig=3, name="NVIDIA A100-SXM4-80GB"),
+        card(2, host="dgx", mig=7, name="NVIDIA A100-SXM4-80GB"),
         card(3, util=45, mem_pct=30, temp=63, host="dgx", name="NVIDIA A100-SXM4-80GB"),
         card(4, host="dgx", state="lost", name="NVIDIA A100-SXM4-80GB"),
         card(5, util=30, mem_pct=50, temp=58, host="dgx", state="stale", name="NVIDIA A100-SXM4-80GB"),
@@ -168,7 +169,8 @@ def write_demo_jobs(state_home: Path) -> None:
         (directory / "job.json").write_text(json.dumps(dataclasses.asdict(spec)))
         (directory / "process.json").write_text(json.dumps({"pid": 40000 + gpu, "started": created + 1}))
         (directory / "exit.json").write_text(json.dumps({
-            "exit_code": code, "signal": 15 if reason else None, "ended": created + 1 + minutes * 60, "reason": reason}))
+            "exit_code": code, "signal": 15 if reason else None, "ended": created + 1 + minutes * 60,
+            "reason": reason}))
         (directory / "peak").write_text(str(int(peak_gib * GIB)))
         (directory / "output.log").write_text(
             "".join(f"epoch {e}: loss {2.5 / (e + 1):.3f}\n" for e in range(3)) + ("done\n" if code == 0 else ""))

@@ -47,8 +47,10 @@ def test_the_parser_knows_the_demo_scenarios():
 
 @pytest.mark.parametrize("argv, expected", [
     (["run", "--", "python", "sim.py", "--demo"], ["run", "--", "python", "sim.py", "--demo"]),
-    (["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"], ["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"]),
-    (["run", "--demo", "--", "python", "x.py", "--demo=lost"], ["run", "--demo", "--", "python", "x.py", "--demo=lost"]),
+    (["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"],
+     ["run", "--gpu", "1", "python", "sim.py", "--demo", "hot"]),
+    (["run", "--demo", "--", "python", "x.py", "--demo=lost"],
+     ["run", "--demo", "--", "python", "x.py", "--demo=lost"]),
     (["--demo", "hot"], ["--demo", "--scenario", "hot"]),
     (["--demo", "snapshot"], ["--demo", "snapshot"]),
     (["snapshot", "--demo=lost", "--json"], ["snapshot", "--demo", "--scenario", "lost", "--json"]),

@@ -64,7 +64,8 @@ def test_snapshot_json_is_exactly_what_the_driver_says(fake_driver, idle_process
 
 def test_snapshot_table_shows_cards_and_processes(fake_driver, idle_processes):
     worker = idle_processes()
-    fake_driver.machine.cards = [Card("NVIDIA H200", extra=dict(util=12)), Card("NVIDIA H200", extra=dict(lost_after=0))]
+    fake_driver.machine.cards = [Card("NVIDIA H200", extra=dict(util=12)),
+                                 Card("NVIDIA H200", extra=dict(lost_after=0))]
     fake_driver.machine.procs = [dict(gpu=0, pid=worker.pid, mem=GIB)]
     fake_driver.write()
     result = fake_driver.run("snapshot")

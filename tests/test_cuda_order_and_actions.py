@@ -44,17 +44,21 @@ def test_empty_visible_devices_hides_everything():
 
 
 def test_fastest_first_with_mixed_models_is_unknown():
-    mixed = [gpu(0, "00000000:01:00.0", "NVIDIA GeForce RTX 3090"), gpu(1, "00000000:02:00.0", "NVIDIA GeForce RTX 4090")]
+    mixed = [gpu(0, "00000000:01:00.0", "NVIDIA GeForce RTX 3090"),
+             gpu(1, "00000000:02:00.0", "NVIDIA GeForce RTX 4090")]
     assert cuda_ordinals(mixed, {"CUDA_VISIBLE_DEVICES": "0"}) == {0: "?", 1: "?"}
-    assert cuda_ordinals(mixed, {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == {0: "0", 1: "hidden"}
+    assert cuda_ordinals(mixed, {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == {
+        0: "0", 1: "hidden"}
 
 
 @pytest.mark.parametrize(
     ("cgroup", "expected"),
     [
-        ("0::/system.slice/docker-3f2a9c0d1e2b4a5c6d7e8f90123456789abcdef0123456789abcdef01234567.scope\n", "docker 3f2a9c0d1e2b"),
+        ("0::/system.slice/docker-3f2a9c0d1e2b4a5c6d7e8f90123456789abcdef0123456789abcdef01234567.scope\n",
+         "docker 3f2a9c0d1e2b"),
         ("12:pids:/docker/ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12\n", "docker ab12cd34ef56"),
-        ("0::/machine.slice/libpod-0123456789ab0123456789ab0123456789ab0123456789ab0123456789ab.scope/container\n", "podman 0123456789ab"),
+        ("0::/machine.slice/libpod-0123456789ab0123456789ab0123456789ab0123456789ab0123456789ab.scope/container\n",
+         "podman 0123456789ab"),
         ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_5e6f_7a8b_9c0d_1e2f3a4b5c6d.slice/cri-containerd-aa.scope\n",
          "k8s pod 1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"),
         ("0::/user.slice/user-1000.slice/session-2.scope\n", None),

@@ -97,7 +97,8 @@ def watching(fake_driver):
     procs: list[subprocess.Popen] = []
 
     def start(hook_out: Path) -> subprocess.Popen:
-        hook = f"printf '%s ' \"$GPUMON_EVENT\" \"$GPUMON_JOB\" \"$GPUMON_FROM_GPU\" \"$GPUMON_TO_GPU\" > {shlex.quote(str(hook_out))}"
+        hook = (f"printf '%s ' \"$GPUMON_EVENT\" \"$GPUMON_JOB\" \"$GPUMON_FROM_GPU\" \"$GPUMON_TO_GPU\" "
+                f"> {shlex.quote(str(hook_out))}")
         proc = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--metrics", "--interval", "0.2",
                                  "--format", "jsonl", "--on-alert", hook], env=fake_driver.env,
                                 stdout=subprocess.PIPE, text=True)

@@ -200,7 +200,8 @@ def test_gpumon_exporters_are_hosts_with_their_values_then_stale_then_unreachabl
         "processes"][0]["user"])
     assert proc["command"] == Path(sys.executable).name
 
-    watched = gpumon("watch", "--prometheus-url", server.url, "--interval", "0.5", "--count", "6", "--alert", "temp > 60")
+    watched = gpumon("watch", "--prometheus-url", server.url, "--interval", "0.5", "--count", "6",
+                     "--alert", "temp > 60")
     assert watched.returncode == 0, watched.stderr
     events = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [(e["event"], e["host"], e["gpu"], e["value"]) for e in events] == [("firing", "gpu-a", 0, 67)]

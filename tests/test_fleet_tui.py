@@ -357,7 +357,8 @@ def test_a_single_machine_start_never_imports_the_fleet_and_hosts_start_the_over
         return done.stdout.strip()
 
     assert gpumon("--demo") == "single []"
-    assert gpumon("--demo", "--hosts", "local,gpu[01-02]") == "fleet ['local', 'gpu01', 'gpu02'] ['local', 'gpumon', 'gpumon']"
+    assert gpumon("--demo", "--hosts", "local,gpu[01-02]") == (
+        "fleet ['local', 'gpu01', 'gpu02'] ['local', 'gpumon', 'gpumon']")
     assert gpumon("--config", str(config)) == "fleet ['local'] ['local']"
     assert gpumon("--config", str(config), "--demo") == "single []"  # --demo: this machine alone
     cluster = tmp_path / "cluster.toml"  # a cluster read through its Prometheus, by default

@@ -43,7 +43,8 @@ def test_gpu_spec(text):
 
 
 @FUZZ
-@given(st.one_of(st.text(max_size=20), st.from_regex(r"-?\d{0,4}(\.\d{0,3})?\s*[kKmMgGtTpPxX]?(i?B)?%?", fullmatch=True)))
+@given(st.one_of(st.text(max_size=20),
+                 st.from_regex(r"-?\d{0,4}(\.\d{0,3})?\s*[kKmMgGtTpPxX]?(i?B)?%?", fullmatch=True)))
 def test_size(text):
     try:
         value = parse_size(text, 80 << 30)

@@ -25,7 +25,8 @@ def four_cards(machine) -> None:
     """Cards with their own UUIDs and CPU affinities (this machine may have only CPUs 0 and 1);
     cards 0 and 1 are busy, 2 and 3 free, 3 the least loaded."""
     machine.cards = [
-        Card("NVIDIA A40", uuid=f"GPU-{i}{i}{i}{i}aaaa-1111-2222-3333-44445555666{i}", bus=f"00000000:{0x21 + i:02X}:00.0",
+        Card("NVIDIA A40", uuid=f"GPU-{i}{i}{i}{i}aaaa-1111-2222-3333-44445555666{i}",
+             bus=f"00000000:{0x21 + i:02X}:00.0",
              mem_total=48 * GIB, extra=dict(cpus="0" if i % 2 == 0 else "1", numa=i // 2, mem_used=used * GIB,
                                             util=util))
         for i, (used, util) in enumerate([(40, 80), (30, 60), (3, 8), (1, 4)])

@@ -34,7 +34,8 @@ def test_json_has_exactly_the_schema_keys():
 
 def test_unknown_values_are_null_not_zero():
     gpu = GpuSample(index=0, uuid="GPU-x", name="n", pci_bus_id="b")
-    doc = Snapshot(time=1.0, host="h", backend="nvml", driver_version=None, cuda_driver_version=None, gpus=(gpu,)).to_dict()
+    doc = Snapshot(time=1.0, host="h", backend="nvml", driver_version=None, cuda_driver_version=None,
+                   gpus=(gpu,)).to_dict()
     values = doc["gpus"][0]
     assert values["fan"] is None and values["throttle_reasons"] is None and values["processes"] == []
     assert gpu.memory_percent is None and gpu.power_percent is None

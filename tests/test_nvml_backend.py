@@ -150,7 +150,8 @@ def test_impossible_process_entries_are_dropped(fake_driver, open_backend, idle_
     ],
     ids=["v2", "v1"],
 )
-def test_older_process_calls_are_used_when_newer_are_missing(fake_driver, open_backend, build_fake, idle_processes, omit):
+def test_older_process_calls_are_used_when_newer_are_missing(fake_driver, open_backend, build_fake, idle_processes,
+                                                              omit):
     proc = idle_processes()
     fake_driver.machine.cards = [Card()]
     fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=3 * GIB, sm=20)]
@@ -220,7 +221,8 @@ def test_processes_are_enriched_with_psutil(fake_driver, open_backend, idle_proc
 
 def test_topology_matrix_nvlinks_and_affinity(fake_driver, open_backend):
     m = fake_driver.machine
-    m.cards = [Card(extra=dict(cpus="0-7", numa=0)) for _ in range(2)] + [Card(extra=dict(cpus="8-15", numa=1)) for _ in range(2)]
+    m.cards = ([Card(extra=dict(cpus="0-7", numa=0)) for _ in range(2)]
+               + [Card(extra=dict(cpus="8-15", numa=1)) for _ in range(2)])
     m.links = [(0, 2, 50), (0, 3, 50), (1, 2, 50), (1, 3, 50), (2, 3, 20)]
     m.topo_default = 40
     m.nvlinks = [(0, 1, 4)]

@@ -46,8 +46,9 @@ time.sleep(0.8)
 os.execv({target!r}, {argv})
 """
 TO_SLEEP = SCRIPT.format(target="/bin/sleep", argv='["/bin/sleep", "6" + "00"]')
-TO_RAY_WORKER = SCRIPT.format(target=sys.executable,
-                              argv=f'[{sys.executable!r}, "-c", "import time; time.sleep(600)", "ray::" + "TrainWorker"]')
+TO_RAY_WORKER = SCRIPT.format(
+    target=sys.executable,
+    argv=f'[{sys.executable!r}, "-c", "import time; time.sleep(600)", "ray::" + "TrainWorker"]')
 
 
 def test_a_new_command_line_is_seen_when_the_name_changes(fake_driver, idle_processes):

@@ -80,7 +80,8 @@ def test_exported_rules_load_in_promtool(tmp_path):
 def test_exported_rules_behave_in_promtool_test(tmp_path):
     promtool = require_tool("promtool")
     (tmp_path / "rules.yml").write_text(prometheus_rules(parse_rules(["temp > 85 for 30s", "throttle thermal"])))
-    labels = 'gpu="0",UUID="GPU-1",device="nvidia0",modelName="NVIDIA H100",Hostname="node1",pci_bus_id="00000000:17:00.0"'
+    labels = ('gpu="0",UUID="GPU-1",device="nvidia0",modelName="NVIDIA H100",Hostname="node1",'
+              'pci_bus_id="00000000:17:00.0"')
     exp_labels = {"severity": "warning", "gpu": "0", "UUID": "GPU-1", "device": "nvidia0", "modelName": "NVIDIA H100",
                   "Hostname": "node1", "pci_bus_id": "00000000:17:00.0"}
     test = {
@@ -110,7 +111,8 @@ def test_exported_rules_behave_in_promtool_test(tmp_path):
         }],
     }
     (tmp_path / "test.yml").write_text(json.dumps(test))  # JSON is YAML
-    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 

@@ -30,7 +30,8 @@ def test_hot_card_fires_once_after_duration_then_resolves(fake_driver):
     fake_driver.write()
     proc = start_watch(fake_driver, "--alert", "temp > 80 for 2s", "--interval", "0.5", "--count", "24")
     first = json.loads(proc.stdout.readline())
-    assert (first["event"], first["gpu"], first["metric"], first["value"], first["threshold"]) == ("firing", 1, "temp", 91, 80)
+    assert (first["event"], first["gpu"], first["metric"], first["value"], first["threshold"]) == (
+        "firing", 1, "temp", 91, 80)
     m.cards[1].extra["temp"] = 50  # the card cools
     fake_driver.write()
     out, err = proc.communicate(timeout=60)
@@ -80,7 +81,8 @@ def test_hook_gets_the_event_without_shell_expansion(fake_driver, tmp_path):
     fake_driver.write()
     out_dir = tmp_path / "hook"
     out_dir.mkdir()
-    hook = f'cat > {out_dir}/stdin.json; printf "%s" "$GPUMON_NAME" > {out_dir}/name; env | grep ^GPUMON_ > {out_dir}/env'
+    hook = (f'cat > {out_dir}/stdin.json; printf "%s" "$GPUMON_NAME" > {out_dir}/name; '
+            f'env | grep ^GPUMON_ > {out_dir}/env')
     result = fake_driver.run("watch", "--alert", "temp > 90", "--count", "2", "--interval", "0.2", "--on-alert", hook,
                              cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -119,7 +121,8 @@ def test_sigterm_ends_cleanly_with_status_0(fake_driver):
 def test_text_format_and_metrics_lines(fake_driver):
     fake_driver.machine.cards = [Card(extra=dict(temp=99, util=42))]
     fake_driver.write()
-    out = fake_driver.run("watch", "--alert", "temp > 90", "--count", "2", "--interval", "0.2", "--format", "text", "--metrics")
+    out = fake_driver.run("watch", "--alert", "temp > 90", "--count", "2", "--interval", "0.2", "--format", "text",
+                          "--metrics")
     lines = out.stdout.splitlines()
     assert any("FIRING" in line and "GPU 0" in line and "temp > 90" in line for line in lines)
     assert sum("gpu0 42%" in line for line in lines) == 2
@@ -164,7 +167,8 @@ def test_gpumon_config_environment_variable(fake_driver, tmp_path):
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
 def test_replay_gives_the_same_events_as_the_live_run(fake_driver, tmp_path, suffix):
     m = fake_driver.machine
-    m.cards = [Card(extra=dict(temp="40..95")), Card(extra=dict(temp=70, util="0..100")), Card(extra=dict(lost_after=2))]
+    m.cards = [Card(extra=dict(temp="40..95")), Card(extra=dict(temp=70, util="0..100")),
+               Card(extra=dict(lost_after=2))]
     fake_driver.write()
     recording = tmp_path / f"rec{suffix}"
     rules = ["--alert", "temp > 80 for 1s", "--alert", "util < 20 for 500ms", "--alert", "lost"]

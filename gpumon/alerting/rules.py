@@ -157,7 +157,8 @@ def parse_rule(text: str) -> Rule:
         keyword = tok[0].lower()
         arg = take()
         if keyword not in ("for", "clear", "on") or keyword in fields.get("_seen", ()):
-            raise _fail(text, tok[1], tok[2], f"unexpected {tok[0]!r}: expected 'for DURATION', 'clear VALUE' or 'on GPUS'")
+            raise _fail(text, tok[1], tok[2],
+                        f"unexpected {tok[0]!r}: expected 'for DURATION', 'clear VALUE' or 'on GPUS'")
         fields.setdefault("_seen", set()).add(keyword)
         if arg is None:
             raise _fail(text, len(text), len(text) + 1, f"{keyword!r} needs a value")
@@ -165,7 +166,8 @@ def parse_rule(text: str) -> Rule:
             try:
                 fields["duration"] = parse_duration(arg[0])
             except UsageError:
-                raise _fail(text, arg[1], arg[2], f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
+                raise _fail(text, arg[1], arg[2],
+                            f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
             if metric in ("lost", "throttle", "xid", "fabric", "unreachable"):
                 raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
@@ -189,7 +191,8 @@ def _value(metric: str, tok: tuple[str, int, int], text: str) -> tuple[float, bo
             return float(raw[:-1]), metric == "power"
         return float(raw), False
     except (ValueError, UsageError):
-        hint = "a size like 8G" if metric == "mem_used" else "a number" + (" or a percentage" if metric == "power" else "")
+        hint = ("a size like 8G" if metric == "mem_used"
+                else "a number" + (" or a percentage" if metric == "power" else ""))
         raise _fail(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected {hint}") from None
 
 

@@ -47,6 +47,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line for the user, the traceback on request
         if os.environ.get("GPUMON_DEBUG"):
             raise
-        print(f"gpumon: internal error: {type(exc).__name__}: {printable(str(exc))} (GPUMON_DEBUG=1 shows the traceback; "
-              "please report it)", file=sys.stderr)
+        print(f"gpumon: internal error: {type(exc).__name__}: {printable(str(exc))} "
+              "(GPUMON_DEBUG=1 shows the traceback; please report it)", file=sys.stderr)
         return EXIT_INTERNAL

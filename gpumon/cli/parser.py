@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="a name for the job (default: the program's name)")
     p.add_argument("--wait", action="store_true", help="queue until matching cards are free, then start")
     p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
-    p.add_argument("--max-util", type=_percent, metavar="PCT", help="with auto or --wait: highest utilisation (default 10)")
+    p.add_argument("--max-util", type=_percent, metavar="PCT",
+                   help="with auto or --wait: highest utilisation (default 10)")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
     p.add_argument("--failover", type=_count, default=0, metavar="N",

@@ -83,7 +83,8 @@ def snapshot_text(snapshot: Snapshot) -> str:
         f"driver {snapshot.driver_version or NA}  CUDA {snapshot.cuda_driver_version or NA}"
     )
     if snapshot.backend != "nvml":
-        header += f"  [{snapshot.backend.upper()}: simulated data]" if snapshot.backend == "demo" else f"  [{snapshot.backend.upper()}]"
+        header += (f"  [{snapshot.backend.upper()}: simulated data]" if snapshot.backend == "demo"
+                   else f"  [{snapshot.backend.upper()}]")
     if not snapshot.gpus:
         return header + "\n\nNo NVIDIA GPUs found.\n"
     gpu_rows = [["GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "FAN", "POWER", "SM CLK", "PSTATE", "BUS ID"]]

@@ -121,7 +121,8 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
     if request.mem_limit:
-        totals = [g.memory_total for g in gpus if g.memory_total] or [g.memory_total for g in snapshot.gpus if g.memory_total]
+        totals = ([g.memory_total for g in gpus if g.memory_total]
+                  or [g.memory_total for g in snapshot.gpus if g.memory_total])
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
     elif len(gpus) == 1:
         limit = card_limits().get(gpus[0].uuid)  # the card's default, set with `m` in the TUI

@@ -80,7 +80,8 @@ class CardLimits:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
-        return {str(k): int(v) for k, v in data.items() if isinstance(v, int) and v > 0} if isinstance(data, dict) else {}
+        return ({str(k): int(v) for k, v in data.items() if isinstance(v, int) and v > 0}
+                if isinstance(data, dict) else {})
 
     def get(self, uuid: str) -> int | None:
         return self.load().get(uuid)

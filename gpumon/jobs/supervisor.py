@@ -212,7 +212,8 @@ class Supervisor:
         env_added = dict(pinning.env)
         applied: list[str] = []
         if self.spec.mem_limit:
-            extra, applied = limit_environment(self.spec.mem_limit, [g.memory_total or 0 for g in gpus], dict(os.environ))
+            extra, applied = limit_environment(self.spec.mem_limit, [g.memory_total or 0 for g in gpus],
+                                               dict(os.environ))
             env_added.update(extra)
         self.spec = dataclasses.replace(
             self.spec, gpus=list(pinning.uuids), gpu_indices=list(pinning.indices), env_added=env_added,

@@ -173,14 +173,19 @@ class DemoBackend:
             row, nv = [], []
             for j in range(n):
                 if i == j:
-                    row.append("X"); nv.append(0)
+                    row.append("X")
+                    nv.append(0)
                 elif i // 2 == j // 2 and self.specs[i].ecc:  # datacenter cards: NVLink pairs
-                    row.append("NV12"); nv.append(12)
+                    row.append("NV12")
+                    nv.append(12)
                 elif (i < half) == (j < half):
-                    row.append("NODE"); nv.append(0)
+                    row.append("NODE")
+                    nv.append(0)
                 else:
-                    row.append("SYS"); nv.append(0)
-            links.append(row); nvlinks.append(nv)
+                    row.append("SYS")
+                    nv.append(0)
+            links.append(row)
+            nvlinks.append(nv)
         return Topology(
             indices=tuple(range(n)), links=tuple(map(tuple, links)), nvlinks=tuple(map(tuple, nvlinks)),
             cpu_affinity=tuple(self._cpu_affinity(i) for i in range(n)),

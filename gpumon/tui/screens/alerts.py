@@ -34,7 +34,8 @@ def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
     table.add_row(Text("Recent events", style="bold underline"), "")
     for event in reversed(log[-30:]):
         when = time.strftime("%H:%M:%S", time.localtime(event.time))
-        table.add_row(f"{when}  GPU {event.gpu}", f"{event.event.upper():8} {event.rule}  ({event.metric}={event.value:g})")
+        table.add_row(f"{when}  GPU {event.gpu}",
+                      f"{event.event.upper():8} {event.rule}  ({event.metric}={event.value:g})")
     table.add_row("", "")
     table.add_row(Text("Rules", style="bold underline"), "")
     for rule in engine.rules:

@@ -65,7 +65,8 @@ class TopologyScreen(ModalScreen[None]):
         rank = link_rank(link)
         if link == "X":
             return Style(dim=True)
-        colour = theme.success if rank < 1 else theme.primary if rank <= 2 else theme.warning if rank <= 4 else theme.error
+        colour = (theme.success if rank < 1 else theme.primary if rank <= 2
+                  else theme.warning if rank <= 4 else theme.error)
         return Style(color=colour, bold=rank < 1)
 
     def _draw(self) -> None:

@@ -305,7 +305,8 @@ class GpuPanel(PartialRefresh, Widget):
             tail.append(f" {gpu.power_draw:>4.0f}W")
         tail.append_text(self._badge(gpu))
         mem_pct = gpu.memory_percent
-        mem_value = NA if gpu.memory_used is None else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}"
+        mem_value = (NA if gpu.memory_used is None
+                     else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}")
         util_value = NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%"
         fixed = line.cell_len + tail.cell_len + 2 * 4 + len(util_value) + len(mem_value.rjust(10)) + 4
         bar_width = max(3, (width - fixed) // 2)

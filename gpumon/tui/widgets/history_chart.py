@@ -83,7 +83,8 @@ class HistoryChart(Widget):
 
     def render(self) -> Text:
         width, height = self.size.width, self.size.height
-        key = (tuple(self.values[-2 * width:]), len(self.values), self.slots, width, height, self.window, self.card_label)
+        key = (tuple(self.values[-2 * width:]), len(self.values), self.slots, width, height, self.window,
+               self.card_label)
         if key != self._drawn_key and width >= 20 and height >= 5:
             self._drawn_key = key
             name, unit, upper = UNITS[self.metric]
