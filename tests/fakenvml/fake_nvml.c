@@ -1203,8 +1203,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
             return OK;
         }
         pthread_mutex_unlock(&lock);
-        if (now_mono() >= deadline) return E_TIMEOUT;
-        usleep(10000);
+        double left = deadline - now_mono();
+        if (left <= 0) return E_TIMEOUT;
+        /* The real driver blocks in the kernel until an event or the timeout, costing nothing;
+           this wakes up only to notice a new configuration or an XID that has come due. */
+        usleep((useconds_t)(1e6 * (left < 0.1 ? left : 0.1)));
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
