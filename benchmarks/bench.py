@@ -43,6 +43,7 @@ import tempfile
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,8 @@ class Result:
 class PtyRun:
     """A command on a pseudo-terminal; a thread drains and counts what it writes."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], size: tuple[int, int] = SIZE) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], size: tuple[int, int] = SIZE,
+                 on_output: Callable[[bytes], None] | None = None) -> None:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
         self.started = time.monotonic()
@@ -84,6 +86,7 @@ class PtyRun:
         self.first_any: float | None = None  # anything on screen
         self.last_output = time.monotonic()
         self._tail = b""
+        self.on_output = on_output  # called with every chunk read, in order (from the drain thread)
         self._stop = False
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
@@ -102,6 +105,8 @@ class PtyRun:
                 return
             self.bytes += len(data)
             self.last_output = time.monotonic()
+            if self.on_output is not None:
+                self.on_output(data)
             if DSR in (self._tail[-3:] + data):  # everything before it is "drawn": answer at once
                 try:
                     os.write(self.master, CPR)
