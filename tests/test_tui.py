@@ -124,6 +124,13 @@ def test_help_lists_every_key_and_closes():
                 assert any(binding_key in k for k in described), binding_key
             await pilot.press("escape")
             assert not isinstance(pilot.app.screen, HelpScreen)
+            # Built once and kept: it opens again, and closes again, as often as asked.
+            for _ in range(2):
+                await pilot.press("question_mark")
+                assert isinstance(pilot.app.screen, HelpScreen)
+                await pilot.press("q")
+                assert not isinstance(pilot.app.screen, HelpScreen)
+            assert pilot.app.is_running
 
     run(go())
 

@@ -253,7 +253,9 @@ class GpumonApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.readonly))
+            if not self.is_screen_installed("help"):  # built once: opening it again costs no compose
+                self.install_screen(HelpScreen(self.readonly), "help")
+            self.push_screen("help")
 
     def action_next_theme(self) -> None:
         names = self.theme_names or [DEFAULT]

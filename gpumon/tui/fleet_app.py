@@ -78,7 +78,7 @@ class FleetApp(GpumonApp):
             self.pop_screen()
         if self.host_screen is screen:
             self.host_screen = None
-        self.overview.query_one(HostTable).select_host(screen.host)
+        self.overview.table.select_host(screen.host)
 
     # -- launching from the overview --
 
@@ -107,7 +107,7 @@ class FleetApp(GpumonApp):
         if best is None:
             self.notify("no free card on any host that can launch", severity="warning", timeout=6)
             return
-        self.overview.query_one(HostTable).select_host(best.host)
+        self.overview.table.select_host(best.host)
         ask_and_launch(self, self.fleet, best.host, best.choice.gpus[0], self.launch_cwd,
                        why="the least loaded free card of the fleet")
 
