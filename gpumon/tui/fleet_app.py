@@ -28,7 +28,6 @@ from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
 from gpumon.tui.screens.fleet import FleetScreen
 from gpumon.tui.screens.fleet_jobs import FleetJobsScreen
 from gpumon.tui.screens.host import HostScreen
-from gpumon.tui.widgets.host_table import HostTable
 
 QUIT_WAIT_S = 3.0  # for the hosts' streams to close (each ends its remote side) before leaving
 
