@@ -1,10 +1,12 @@
 """The fleet overview: one line per host (state, a cell per card, free cards, load, hottest card),
 with the fleet's totals on the top line.
 
-The app hands it each host the fleet reports (`host_changed`); it keeps running totals (O(1) per
-report: the host's old contribution out, its new one in) and passes the host to the table, which
-repaints that one row. Behind another screen it only remembers which hosts changed, and catches
-up when it is shown again (behind a dialog, every few seconds).
+The app hands it each host the fleet reports (`host_changed`); the hosts that changed are drawn
+together every FRAME_S (hosts' lines arrive spread over the interval: drawn as they come, 256 hosts
+would cost 60 frames a second). It keeps running totals (O(1) per report: the host's old
+contribution out, its new one in) and passes each host to the table, which repaints that one row.
+Behind another screen it only remembers which hosts changed, and catches up when it is shown again
+(behind a dialog, every few seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
 from gpumon.tui.widgets.partial import PartialRefresh
 
+FRAME_S = 0.25  # how often the hosts that changed are drawn
 BEHIND_OVERLAY_S = 5.0
 # Letters that are commands on this screen; any other letter or digit jumps to a host.
 RESERVED = "qorROJ"
@@ -83,16 +86,18 @@ class FleetScreen(Screen):
         for status in self.fleet.statuses():
             self._take(status)
         self.set_interval(1.0, self._tick)
+        self.set_interval(FRAME_S, self._draw_changed)
         self.table.focus()
         self.call_after_refresh(self._show_status)
 
     # -- data in --
 
     def host_changed(self, status: HostStatus) -> None:
-        if self.is_attached and self.app.screen is self:
-            self._take(status)
-        else:
-            self._pending[status.host] = status
+        self._pending[status.host] = status  # drawn with the others at the next frame
+
+    def _draw_changed(self) -> None:
+        if self._pending and self.is_attached and self.app.screen is self:
+            self._flush()
 
     def _take(self, status: HostStatus) -> None:
         old = self._counted.get(status.host)
