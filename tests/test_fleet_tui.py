@@ -243,6 +243,31 @@ def test_enter_opens_the_hosts_own_view_and_escape_returns():
     run(go())
 
 
+def test_m_in_a_hosts_view_sets_that_cards_default_limit_named_host_and_card():
+    from gpumon.jobs.launch import card_limits
+    from gpumon.tui.screens.run_dialog import MemLimitDialog
+
+    fleet, report = a_lab()
+
+    async def go():
+        app = FleetApp(fleet)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await overview(pilot)
+            report()
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            await pilot.press("j", "m")  # the second card of gpu01
+            assert isinstance(app.screen, MemLimitDialog) and app.screen.where == "gpu01:1"
+            await pilot.press("2", "G", "enter")
+            await pilot.pause(0.1)
+            uuid = app.screen.snapshot.gpus[1].uuid
+            assert card_limits().get(uuid) == 2 * 1024**3
+            assert any("gpu01:1: jobs launched here are capped at 2.0G" in str(n.message)
+                       for n in app._notifications)
+
+    run(go())
+
+
 def test_r_opens_the_run_dialog_for_the_hosts_freest_card_and_says_why_not_on_an_nvidia_smi_host():
     fleet, report = a_lab()
 

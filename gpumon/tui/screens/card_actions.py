@@ -57,20 +57,27 @@ class CardActions:
         self.app.call_from_thread(self.notify, message, timeout=8)
         self._job_pids()
 
+    def card_label(self, gpu) -> str:
+        """How messages name a card ("GPU 2"; a fleet host's view says "host:2")."""
+        return f"GPU {gpu.index}"
+
     def action_mem_limit(self) -> None:
+        """The card's default limit, kept here by its UUID: `r` fills it in (and a fleet host's
+        view passes it to the host's gpumon as --mem-limit)."""
         gpu = self.selected_gpu
-        if gpu is None:
+        if gpu is None or gpu.uuid is None:
             return
+        card = self.card_label(gpu)
 
         def chosen(value: str | None) -> None:
             if value is None:
                 return
             limit = parse_size(value, gpu.memory_total) if value else None
             card_limits().set(gpu.uuid, limit)
-            self.notify(f"GPU {gpu.index}: jobs launched here are capped at {format_bytes(limit)}" if limit
-                        else f"GPU {gpu.index}: no default memory limit")
+            self.notify(f"{card}: jobs launched here are capped at {format_bytes(limit)}" if limit
+                        else f"{card}: no default memory limit")
 
-        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid)), chosen)
+        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid), where=card), chosen)
 
     def action_jobs(self) -> None:
         def closed(job_id: str | None) -> None:

@@ -19,20 +19,17 @@ from collections.abc import Mapping
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
-from gpumon.jobs.launch import card_limits
 from gpumon.model import HostStatus
 from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.fleet import Fleet
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
 from gpumon.tui.screens.main import MainScreen
-from gpumon.tui.screens.run_dialog import MemLimitDialog
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.host_row import describe_state, time_dependent
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.tui.widgets.status_bar import StatusBar
-from gpumon.units import format_bytes, parse_size
 
 log = logging.getLogger(__name__)
 REMOTE_JOB_SCAN_S = 10.0  # a remote job list costs the host a gpumon start: not every few seconds
@@ -151,23 +148,8 @@ class HostScreen(MainScreen):
         if self.is_attached:
             self._scan_jobs()
 
-    def action_mem_limit(self) -> None:
-        """The card's default limit, kept here by its UUID: `r` fills it in, and it is passed to the
-        host's gpumon as --mem-limit."""
-        gpu = self.selected_gpu
-        if gpu is None or gpu.uuid is None:
-            return
-        card = self.status.card_id(gpu.index)
-
-        def chosen(value: str | None) -> None:
-            if value is None:
-                return
-            limit = parse_size(value, gpu.memory_total) if value else None
-            card_limits().set(gpu.uuid, limit)
-            self.notify(f"{card}: jobs launched here are capped at {format_bytes(limit)}" if limit
-                        else f"{card}: no default memory limit")
-
-        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid), where=card), chosen)
+    def card_label(self, gpu) -> str:
+        return self.status.card_id(gpu.index)
 
     def action_jobs(self) -> None:
         self.app.open_jobs()
