@@ -36,6 +36,16 @@ def row_of(table: HostTable, host: str) -> str:
     return next(line for line in lines(table)[1:] if line.split()[:1] == [host])
 
 
+async def drawn(pilot) -> None:
+    """Until the overview has drawn every host reported so far (it draws them every FRAME_S)."""
+    for _ in range(200):
+        if not pilot.app.overview.undrawn:
+            break
+        await pilot.pause(0.05)
+    assert not pilot.app.overview.undrawn, "the overview never drew the hosts reported"
+    await pilot.pause()
+
+
 async def overview(pilot) -> tuple[FleetScreen, HostTable]:
     await pilot.pause(0.1)
     screen = pilot.app.screen
@@ -99,7 +109,7 @@ def test_the_overview_shows_every_host_its_state_cards_free_count_and_hottest_ca
         async with app.run_test(size=(120, 40)) as pilot:
             screen, table = await overview(pilot)
             report()
-            await pilot.pause(0.2)
+            await drawn(pilot)
             assert lines(table)[0].split()[:6] == ["HOST", "STATE", "CARDS", "FREE", "LOAD", "HOTTEST"]
             assert row_of(table, "gpu01").split()[:6] == ["gpu01", "live", "█▇", "·", "1/2", "48%"]
             assert "81°C (0)" in row_of(table, "gpu01")
@@ -126,7 +136,7 @@ def test_sort_by_free_cards_load_and_name_and_reverse():
             fleet.report("b", "live", snapshot=machine("b", [card(0, util=90, host="b"), card(1, util=0, host="b")]))
             fleet.report("c", "live", snapshot=machine("c", [card(i, util=0, host="c") for i in range(3)]))
             fleet.report("a", "live", snapshot=machine("a", [card(0, util=50, host="a")]))
-            await pilot.pause(0.1)
+            await drawn(pilot)
             assert table.order == ["b", "c", "a", "down"]  # as listed
             await pilot.press("o")  # free cards, most first; hosts without a reading last
             assert (table.sort_key, table.order) == ("free", ["c", "b", "a", "down"])
@@ -152,6 +162,7 @@ def test_a_changing_sort_value_moves_a_host_at_the_next_resort_and_the_cursor_st
             _, table = await overview(pilot)
             fleet.report("x", "live", snapshot=machine("x", [card(0, util=0, host="x"), card(1, util=0, host="x")]))
             fleet.report("y", "live", snapshot=machine("y", [card(0, util=0, host="y")]))
+            await drawn(pilot)
             await pilot.press("o")
             assert table.order == ["x", "y"] and table.selected == "x"
             fleet.report("x", "live", snapshot=machine("x", [card(0, util=99, host="x"), card(1, util=99, host="x")]))
@@ -170,6 +181,7 @@ def test_filter_with_slash_and_escape_clears():
         async with app.run_test(size=(120, 40)) as pilot:
             screen, table = await overview(pilot)
             report()
+            await drawn(pilot)
             await pilot.press("slash", *"gpu")
             assert table.order == ["gpu01", "gpu02", "gpu03"]
             await pilot.press("backspace", "backspace", "backspace", *"unreach")
@@ -214,6 +226,7 @@ def test_enter_opens_the_hosts_own_view_and_escape_returns():
         async with app.run_test(size=(120, 40)) as pilot:
             _, table = await overview(pilot)
             report()
+            await drawn(pilot)
             await pilot.press("enter")
             assert isinstance(app.screen, HostScreen) and app.screen.host == "gpu01"
             await pilot.pause(0.3)
@@ -254,6 +267,7 @@ def test_m_in_a_hosts_view_sets_that_cards_default_limit_named_host_and_card():
         async with app.run_test(size=(120, 40)) as pilot:
             await overview(pilot)
             report()
+            await drawn(pilot)
             await pilot.press("enter")
             await pilot.pause(0.3)
             await pilot.press("j", "m")  # the second card of gpu01
@@ -279,6 +293,7 @@ def test_r_opens_the_run_dialog_for_the_hosts_freest_card_and_says_why_not_on_an
         async with app.run_test(size=(120, 40)) as pilot:
             _, table = await overview(pilot)
             report()
+            await drawn(pilot)
             await pilot.press("r")
             assert isinstance(app.screen, RunDialog)
             assert app.screen.where.startswith("gpu01:1")  # card 0 is busy
@@ -302,6 +317,7 @@ def test_readonly_offers_no_launching_on_the_overview():
         async with app.run_test(size=(120, 40)) as pilot:
             await overview(pilot)
             report()
+            await drawn(pilot)
             await pilot.press("r", "R")
             assert isinstance(app.screen, FleetScreen)
             await pilot.press("enter", "r")
@@ -326,7 +342,7 @@ def test_256_hosts_render_only_the_visible_rows_and_repaint_only_the_host_that_c
         async with app.run_test(size=(120, 40)) as pilot:
             _, table = await overview(pilot)
             report_all(0)
-            await pilot.pause(0.3)
+            await drawn(pilot)
             rendered: list[int] = []
             built: list[str] = []
             render_line, row_strip = table.render_line, table._row_strip
@@ -336,18 +352,18 @@ def test_256_hosts_render_only_the_visible_rows_and_repaint_only_the_host_that_c
             assert 30 <= visible < 40
 
             report_all(7)  # every host changes
-            await pilot.pause(0.3)
+            await drawn(pilot)
             assert 0 < len(rendered) <= table.size.height  # the lines on screen, not 257
             assert set(built) <= set(names[:visible])  # rows of hosts off screen: never drawn
 
             rendered.clear()
             built.clear()
             fleet.report("node200", "live", snapshot=machine("node200", [card(c, util=1, host="x") for c in range(8)]))
-            await pilot.pause(0.3)
+            await drawn(pilot)
             assert rendered == [] and built == []  # off screen: nothing to draw
 
             fleet.report("node003", "live", snapshot=machine("node003", [card(c, util=1, host="x") for c in range(8)]))
-            await pilot.pause(0.3)
+            await drawn(pilot)
             assert rendered == [4] and built == ["node003"]  # one host changed: its line alone
 
             await pilot.press("end")  # keys answer, and scrolling draws the rows that come into view

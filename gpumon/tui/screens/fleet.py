@@ -95,6 +95,11 @@ class FleetScreen(Screen):
     def host_changed(self, status: HostStatus) -> None:
         self._pending[status.host] = status  # drawn with the others at the next frame
 
+    @property
+    def undrawn(self) -> int:
+        """How many hosts have news not drawn yet (drawn every FRAME_S while this screen is shown)."""
+        return len(self._pending)
+
     def _draw_changed(self) -> None:
         if self._pending and self.is_attached and self.app.screen is self:
             self._flush()
