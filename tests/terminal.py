@@ -1,12 +1,43 @@
-"""A real terminal for end-to-end tests: tmux on a private socket, typed into and read off the screen."""
+"""Real terminals for end-to-end tests: tmux on a private socket, typed into and read off the screen;
+and a bare pseudo-terminal for reading exactly the bytes gpumon writes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
+import struct
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from fcntl import ioctl
+from termios import TIOCSWINSZ
 
 import pytest
+
+
+@contextlib.contextmanager
+def gpumon_on_pty(env: dict[str, str], size: tuple[int, int], *args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m gpumon ARGS` on a pseudo-terminal of `size` (columns, rows): yields the process and
+    the terminal's master side. On leaving, `q` is typed and the process waited for (killed by its
+    pid when it does not quit)."""
+    master, slave = pty.openpty()
+    ioctl(slave, TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "gpumon", *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, start_new_session=True)
+    os.close(slave)
+    try:
+        yield proc, master
+    finally:
+        os.write(master, b"q")
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.close(master)
 
 
 class Tmux:

@@ -4,16 +4,11 @@ Textual loads, and the names (read on each card's lane) are drawn before Textual
 from __future__ import annotations
 
 import os
-import pty
 import select
-import struct
-import subprocess
-import sys
 import time
-from fcntl import ioctl
-from termios import TIOCSWINSZ
 
 from conftest import Card
+from terminal import gpumon_on_pty
 
 from gpumon.monitor.backends.nvml import NvmlBackend
 
@@ -44,26 +39,13 @@ def test_card_names_are_drawn_before_textual_starts_and_while_the_first_sample_h
     fake_driver.machine.cards = [Card("NVIDIA H100 80GB HBM3"), Card("NVIDIA H100 80GB HBM3")]
     fake_driver.machine.delays = {"nvmlDeviceGetUtilizationRates": 4000}
     fake_driver.write()
-    master, slave = pty.openpty()
-    ioctl(slave, TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "gpumon", "--interval", "1"], stdin=slave, stdout=slave,
-                            stderr=slave, env=dict(fake_driver.env, TERM="xterm-256color"), start_new_session=True)
-    os.close(slave)
     started, out, named = time.monotonic(), b"", None
-    try:
+    with gpumon_on_pty(dict(fake_driver.env, TERM="xterm-256color"), (120, 30), "--interval", "1") as (_, master):
         while time.monotonic() - started < 15 and TEXTUAL_STARTED not in out:
             if select.select([master], [], [], 0.1)[0]:
                 out += os.read(master, 65536)
                 if named is None and b"H100 80GB" in out:
                     named = time.monotonic() - started
-    finally:
-        os.write(master, b"q")
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        os.close(master)
     assert TEXTUAL_STARTED in out, out[-500:]
     # Before Textual has even switched on the mouse, the first frame names the cards...
     assert 0 <= out.find(b"H100 80GB") < out.find(TEXTUAL_STARTED), out[:500]

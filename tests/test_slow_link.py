@@ -4,18 +4,14 @@ that queues like sshd does (benchmarks/slowlink.py), and the bytes it writes on 
 from __future__ import annotations
 
 import os
-import pty
 import select
 import shlex
-import struct
-import subprocess
 import sys
 import time
-from fcntl import ioctl
 from pathlib import Path
-from termios import TIOCSWINSZ
 
 from conftest import GIB, Card
+from terminal import gpumon_on_pty
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOWLINK = ROOT / "benchmarks" / "slowlink.py"
@@ -66,15 +62,10 @@ def test_on_a_2kb_link_the_screen_keeps_up_and_q_quits(fake_driver, idle_process
 
 
 def _bytes_per_second(fake_driver, size: tuple[int, int], seconds: float) -> float:
-    master, slave = pty.openpty()
-    ioctl(slave, TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     env = dict(fake_driver.env, TERM="xterm-256color")
     env.pop("COLORTERM", None)
-    proc = subprocess.Popen([sys.executable, "-m", "gpumon", "--interval", "1"], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, start_new_session=True)
-    os.close(slave)
     counted, start = 0, time.monotonic()
-    try:
+    with gpumon_on_pty(env, size, "--interval", "1") as (_, master):
         while time.monotonic() - start < 6 + seconds:
             ready, _, _ = select.select([master], [], [], 0.1)
             if ready:
@@ -83,14 +74,6 @@ def _bytes_per_second(fake_driver, size: tuple[int, int], seconds: float) -> flo
                     os.write(master, b"\x1b[1;1R")
                 if time.monotonic() - start >= 6:  # past start-up
                     counted += len(data)
-    finally:
-        os.write(master, b"q")
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        os.close(master)
     return counted / seconds
 
 
