@@ -19,15 +19,14 @@ from collections.abc import Callable, Sequence
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from textual.binding import Binding
-from textual.events import Click, Key, Resize
-from textual.geometry import Region, Size
+from textual.events import Key
+from textual.geometry import Region
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpumon.model import HostStatus
 from gpumon.tui.widgets.host_row import HostRow, host_row, time_dependent
+from gpumon.tui.widgets.line_table import LineTable
 
 SORTS = ("listed", "free", "load", "name")  # the order `o` cycles through
 SORT_LABELS = {"listed": "as listed", "free": "by free cards", "load": "by load", "name": "by name"}
@@ -70,16 +69,8 @@ def _sort_value(row: HostRow, key: str):
     return row.name.lower()
 
 
-class HostTable(ScrollView, can_focus=True):
+class HostTable(LineTable):
     COMPONENT_CLASSES = {f"host-table--{tone}" for tone in TONES}
-    BINDINGS = [
-        Binding("up", "cursor(-1)", show=False),
-        Binding("down", "cursor(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("home", "cursor_to(0)", show=False),
-        Binding("end", "cursor_to(-1)", show=False),
-    ]
 
     class Jumped(Message):
         """Typed text moved the cursor (or found no host: `found` False)."""
@@ -100,7 +91,6 @@ class HostTable(ScrollView, can_focus=True):
         self.rows: dict[str, HostRow] = {}
         self.order: list[str] = list(self.listed)
         self.index_of = {name: i for i, name in enumerate(self.order)}
-        self.cursor = 0
         self.sort_key = "listed"
         self.sort_reverse = False
         self.filter_text = ""
@@ -110,7 +100,6 @@ class HostTable(ScrollView, can_focus=True):
         self._sorted_at = 0.0
         self._jump = ""
         self._jump_at = 0.0
-        self._strips: dict[str, tuple[tuple, Strip]] = {}
         self._styles: dict[str, Style] = {}
         self._styles_theme: str | None = None
 
@@ -217,18 +206,6 @@ class HostTable(ScrollView, can_focus=True):
         top = self.scroll_offset.y
         return range(top, min(len(self.order), top + max(0, self.size.height - 1)))
 
-    def _set_virtual_height(self) -> None:
-        size = Size(self.scrollable_content_region.width, len(self.order) + 1)
-        if size != self.virtual_size:
-            self.virtual_size = size
-
-    def on_resize(self, event: Resize) -> None:
-        self._set_virtual_height()
-        self._strips.clear()
-
-    def on_mount(self) -> None:
-        self._set_virtual_height()
-
     # -- drawing --
 
     def _style(self, tone: str) -> Style:
@@ -296,15 +273,6 @@ class HostTable(ScrollView, can_focus=True):
         self._strips[name] = (signature, strip)
         return strip
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        if y == 0:
-            return self._header(width)
-        index = y - 1 + self.scroll_offset.y
-        if 0 <= index < len(self.order):
-            return self._row_strip(index, width)
-        return Strip.blank(width, self.rich_style)
-
     def _refresh_changed(self, index: int, old: HostRow | None, new: HostRow) -> None:
         """Repaint the span of the row's cells that changed, if the row is on screen."""
         y = index - self.scroll_offset.y + 1
@@ -324,53 +292,17 @@ class HostTable(ScrollView, can_focus=True):
         end = max(end, x[changed[-1]] + cell_len(before[changed[-1]][0]))
         self.refresh(Region(start, y, max(1, end - start), 1))
 
-    def _refresh_row(self, index: int) -> None:
-        y = index - self.scroll_offset.y + 1
-        if 1 <= y < self.size.height:
-            self.refresh(Region(0, y, self.size.width, 1))
-
     # -- cursor, keys and jumps --
 
     @property
     def selected(self) -> str | None:
         return self.order[self.cursor] if self.order else None
 
-    def move_cursor(self, index: int) -> None:
-        if not self.order:
-            return
-        old, self.cursor = self.cursor, max(0, min(index, len(self.order) - 1))
-        if old != self.cursor:
-            self._refresh_row(old)
-            self._refresh_row(self.cursor)
-        self._scroll_to_cursor()
-
-    def _scroll_to_cursor(self) -> None:
-        top = self.scroll_offset.y
-        rows = max(1, self.size.height - 1)
-        if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False)
-        elif self.cursor >= top + rows:
-            self.scroll_to(y=self.cursor - rows + 1, animate=False)
-
     def select_host(self, name: str) -> bool:
         index = self.index_of.get(name)
         if index is not None:
             self.move_cursor(index)
         return index is not None
-
-    def action_cursor(self, delta: int) -> None:
-        self.move_cursor(self.cursor + delta)
-
-    def action_page(self, direction: int) -> None:
-        self.move_cursor(self.cursor + direction * max(1, self.size.height - 2))
-
-    def action_cursor_to(self, index: int) -> None:
-        self.move_cursor(index if index >= 0 else len(self.order) - 1)
-
-    def on_click(self, event: Click) -> None:
-        offset = event.get_content_offset(self)
-        if offset is not None and offset.y >= 1:
-            self.move_cursor(offset.y - 1 + self.scroll_offset.y)
 
     def on_key(self, event: Key) -> None:
         char = event.character

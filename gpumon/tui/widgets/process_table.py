@@ -16,13 +16,12 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.events import Click, Resize
-from textual.geometry import Region, Size
+from textual.geometry import Region
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gpumon.model import ProcessSample, Snapshot
+from gpumon.tui.widgets.line_table import LineTable
 from gpumon.units import format_bytes
 
 COLUMNS = [("gpu", "GPU"), ("pid", "PID"), ("user", "USER"), ("type", "T"), ("gpu_mem", "GPU MEM"),
@@ -105,18 +104,14 @@ def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
 Cells = tuple[str, ...]
 
 
-class ProcessTable(ScrollView, can_focus=True):
+class ProcessTable(LineTable):
     COMPONENT_CLASSES = {"process-table--header", "process-table--cursor", "process-table--own",
                          "process-table--muted", "process-table--job"}
     BINDINGS = [
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
-        Binding("up,k", "cursor(-1)", show=False),
-        Binding("down,j", "cursor(1)", show=False),
-        Binding("pageup", "page(-1)", show=False),
-        Binding("pagedown", "page(1)", show=False),
-        Binding("home", "cursor_to(0)", show=False),
-        Binding("end", "cursor_to(-1)", show=False),
+        Binding("k", "cursor(-1)", show=False),
+        Binding("j", "cursor(1)", show=False),
     ]
 
     class SortChanged(Message):
@@ -128,12 +123,9 @@ class ProcessTable(ScrollView, can_focus=True):
         self.invisible_reason = invisible_reason
         self.sort_key = "gpu_mem"
         self.sort_reverse = SORTS["gpu_mem"]
-        self.order: list[str] = []
         self.rows_by_key: dict[str, Row] = {}
         self._cells: dict[str, Cells] = {}
         self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
-        self.cursor = 0
-        self._strips: dict[str, tuple[tuple, Strip]] = {}
         self._style_cache: dict[str, Style] | None = None
         self._combined: dict[tuple[Style, Style, int], Style] = {}  # a cell's style, by row, cell and column
 
@@ -275,25 +267,6 @@ class ProcessTable(ScrollView, can_focus=True):
         self._strips[key] = (signature, strip)
         return strip
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        if y == 0:
-            return self._header(width)
-        index = y - 1 + self.scroll_offset.y
-        if 0 <= index < len(self.order):
-            return self._row_strip(index, width)
-        return Strip.blank(width, self.rich_style)
-
-    def _set_virtual_height(self) -> None:
-        # As wide as the view (no horizontal scrolling: the command is cut at the edge).
-        size = Size(self.scrollable_content_region.width, len(self.order) + 1)
-        if size != self.virtual_size:
-            self.virtual_size = size
-
-    def on_resize(self, event: Resize) -> None:
-        self._set_virtual_height()
-        self._strips.clear()
-
     def on_focus(self) -> None:
         self._refresh_row(self.cursor)
 
@@ -319,38 +292,9 @@ class ProcessTable(ScrollView, can_focus=True):
         label = dict(COLUMNS)[column]
         return label + ("▼" if self.sort_reverse else "▲") if column == self.sort_key else label
 
-    def move_cursor(self, index: int) -> None:
-        if not self.order:
-            return
-        old, self.cursor = self.cursor, max(0, min(index, len(self.order) - 1))
-        if old != self.cursor:
-            self._refresh_row(old)
-            self._refresh_row(self.cursor)
-        top = self.scroll_offset.y
-        visible_rows = max(1, self.size.height - 1)
-        if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False)
-        elif self.cursor >= top + visible_rows:
-            self.scroll_to(y=self.cursor - visible_rows + 1, animate=False)
-
-    def action_cursor(self, delta: int) -> None:
-        self.move_cursor(self.cursor + delta)
-
-    def action_page(self, direction: int) -> None:
-        self.move_cursor(self.cursor + direction * max(1, self.size.height - 2))
-
-    def action_cursor_to(self, index: int) -> None:
-        self.move_cursor(index if index >= 0 else len(self.order) - 1)
-
-    def on_click(self, event: Click) -> None:
-        offset = event.get_content_offset(self)
-        if offset is None:  # on the border
-            return
-        if offset.y >= 1:
-            self.move_cursor(offset.y - 1 + self.scroll_offset.y)
-            return
-        # A click on a sortable header sorts by it; a second click reverses.
-        column = next((KEYS[i] for i in reversed(range(len(KEYS))) if offset.x >= self._x(i)), None)
+    def header_clicked(self, x: int) -> None:
+        """A click on a sortable header sorts by it; a second click reverses."""
+        column = next((KEYS[i] for i in reversed(range(len(KEYS))) if x >= self._x(i)), None)
         if column in SORTS:
             if column == self.sort_key:
                 self.sort_reverse = not self.sort_reverse
