@@ -41,6 +41,17 @@ def test_modules_stay_small():
     assert not big, f"split these modules by concern: {big}"
 
 
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages (the themes folder is mapped in): a new subpackage left out
+    of the list would work in the editable install the tests use and be missing from `pip install .`."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_the_parser_knows_the_demo_scenarios():
     assert DEMO_SCENARIOS == tuple(SCENARIOS)
 
