@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GIB, Card, require_tool
+from conftest import GIB, Card
 from terminal import Tmux
 
 from gpumon.jobs import records
@@ -19,17 +19,8 @@ READY = "echo job-is-ready; exec sleep 60"
 
 
 @pytest.fixture
-def terminal():
-    sessions: list[Tmux] = []
-
-    def make(width: int = 120, height: int = 40) -> Tmux:
-        session = Tmux(require_tool("tmux"), width, height)
-        sessions.append(session)
-        return session
-
-    yield make
-    for session in sessions:
-        session.kill()
+def terminal(tmux_session):
+    yield lambda width=120, height=40: tmux_session(width, height)
     for job in records.list_jobs():  # a failed test may leave its job behind
         if job.state in ("running", "queued"):
             records.stop(job)

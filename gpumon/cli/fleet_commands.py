@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gpumon.cli import fleet
-from gpumon.cli.common import fleet_requested, load_settings
+from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across
@@ -46,13 +46,7 @@ def fleet_text(doc: FleetSnapshot) -> str:
 
 def snapshot_hosts(args: argparse.Namespace) -> int:
     config = load_settings(args)
-    doc = fleet.collect(args, config, fleet.host_list(args, config))
-    if args.json:
-        json.dump(doc.to_dict(), sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(fleet_text(doc))
-    return EXIT_OK
+    return print_document(args, fleet.collect(args, config, fleet.host_list(args, config)), fleet_text)
 
 
 def select_hosts(args: argparse.Namespace) -> int:
