@@ -143,13 +143,19 @@ class Prometheus:
         return wait_until(enough, timeout, f"{count} series of {promql}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            end(self.proc)
+
+
+def end(proc: subprocess.Popen) -> None:
+    """End a process this lab started (by its pid): politely, then for certain."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Exporter:
@@ -188,13 +194,7 @@ class Exporter:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end(self.proc)
         self.proc.stderr.close()
         return self.proc.returncode
 
