@@ -4,6 +4,8 @@ tmux test."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +129,42 @@ def test_a_terminal_that_never_answers_is_not_taken_for_a_slow_link():
     pacer.answered(0.5)
     pacer.probe(1.0)
     assert pacer.behind(4.0) == 3.0  # it answers: waiting 3 s for this one means 3 s behind
+
+
+def test_compositor_updates_drawn_as_cells_match_textuals_own_string():
+    """The direct path (wire/updates.py) leaves the same wanted screen, and sends the same bytes,
+    as parsing the string Textual would have written for each update of the real dashboard."""
+    from rich.color import ColorSystem
+    from rich.console import Console
+    from textual._compositor import ChopsUpdate, LayoutUpdate
+
+    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+    from gpumon.tui.wire import updates
+
+    app = create_app(DemoBackend(), interval=0.1)
+    seen = []
+    original = app._display
+    app._display = lambda screen, renderable: (seen.append(renderable), original(screen, renderable))
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.6)
+            seen.append(app.screen._compositor.render_update(full=True))
+            await pilot.press("down", "s")
+            await pilot.pause(0.3)
+
+    asyncio.run(scenario())
+    kinds = {type(u) for u in seen if updates.drawable(u)}
+    assert kinds == {ChopsUpdate, LayoutUpdate}
+    console = Console(color_system="256", force_terminal=True, width=120)
+    by_string, by_cells = ScreenDiff(120, 40), ScreenDiff(120, 40)
+    sent_string, sent_cells = [], []
+    for update in filter(updates.drawable, seen):
+        by_string.feed(update.render_segments(console))
+        updates.draw(by_cells, update, ColorSystem.EIGHT_BIT)
+        assert visible(by_cells) == visible(by_string)
+        sent_string.append(by_string.render())
+        sent_cells.append(by_cells.render())
+    assert sent_cells == sent_string
+    assert sum(map(len, sent_cells)) > 120 * 40  # a full screen and changes went through

@@ -15,8 +15,11 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
+from rich.color import ColorSystem
+from rich.console import RenderableType
 from textual.app import App
 from textual.binding import Binding
+from textual.screen import Screen
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
@@ -29,6 +32,7 @@ from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
+from gpumon.tui.wire import updates
 from gpumon.tui.wire.driver import LinkLag, WireDriver
 
 log = logging.getLogger(__name__)
@@ -156,6 +160,27 @@ class GpumonApp(App[int]):
             self.main_screen.alerts = self.engine.firing()
         if self.main_screen.is_attached and self._redraw_due():
             self.main_screen.show_snapshot(snapshot)
+
+    def _display(self, screen: Screen, renderable: RenderableType | None) -> None:
+        """Compositor updates go to the output layer as cells; Textual would make them one string
+        of escape sequences that the output layer parses straight back (see wire/updates.py)."""
+        driver = self._driver
+        if not (isinstance(driver, WireDriver) and updates.drawable(renderable) and not self._batch_count
+                and self._running and not self._closed and not driver.is_inline):
+            super()._display(screen, renderable)
+            return
+        try:
+            self._begin_update()
+            try:
+                cursor = self.screen.outer_size.clamp_offset(self.cursor_position)
+                driver.draw(renderable, cursor, self.console._color_system or ColorSystem.TRUECOLOR)
+            except Exception as error:  # as Textual does with a frame that fails to render
+                self._handle_exception(error)
+            finally:
+                self._end_update()
+            driver.flush()
+        finally:
+            self.post_display_hook()
 
     def _redraw_due(self) -> bool:
         """Every sample; in low-bandwidth mode, every LOW_BANDWIDTH_REDRAW_S. (Until then the

@@ -13,9 +13,12 @@ import threading
 import time
 
 from textual import events
+from textual._compositor import CompositorUpdate
 from textual.drivers.linux_driver import LinuxDriver
+from textual.geometry import Offset
 from textual.message import Message
 
+from gpumon.tui.wire import updates
 from gpumon.tui.wire.pacing import Pacer
 from gpumon.tui.wire.screen import ScreenDiff
 
@@ -61,10 +64,21 @@ class WireDriver(LinuxDriver):
 
     def write(self, data: str) -> None:
         with self._lock:
-            if self._new_size is not None:
-                self._diff.resize(*self._new_size)
-                self._new_size = None
+            self._take_new_size()
             self._diff.feed(data)
+
+    def draw(self, update: CompositorUpdate, cursor: Offset, color_system) -> None:
+        """A compositor update as cells (see updates.py), then the cursor where Textual puts it:
+        what `write` would make of Textual's string for it, without the string."""
+        with self._lock:
+            self._take_new_size()
+            updates.draw(self._diff, update, color_system)
+            self._diff.place_cursor(cursor.y, cursor.x)
+
+    def _take_new_size(self) -> None:
+        if self._new_size is not None:
+            self._diff.resize(*self._new_size)
+            self._new_size = None
 
     def flush(self) -> None:
         self._send()

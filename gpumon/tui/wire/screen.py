@@ -17,6 +17,7 @@ Textual writes whole escape sequences per write, which this relies on.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from rich.cells import cell_len, get_character_cell_size
 
@@ -100,6 +101,18 @@ class ScreenDiff:
                 self._barrier(match.group(0))
             else:  # strings (titles, queries) and charset selections: no cell changes
                 self._outbox.append(match.group(0))
+
+    def place_cursor(self, y: int, x: int) -> None:
+        """Where Textual leaves the cursor after a frame (shown there when it is visible)."""
+        self._y, self._x = y, x
+
+    def put(self, y: int, x: int, runs: Iterable[tuple[str, sgr.State]]) -> None:
+        """Pieces of text from (y, x) on, each in its attributes: a line of a compositor update
+        handed over as cells (see updates.py) rather than as escape sequences."""
+        self._y, self._x = y, x
+        for text, state in runs:
+            self._style = state
+            self._write(text)
 
     def _write(self, text: str) -> None:
         y, x = self._y, self._x

@@ -1,0 +1,61 @@
+"""Textual's compositor updates written into the wanted screen as cells, not as escape sequences.
+
+Textual turns each update into one string of cursor moves and `ESC[…m` attributes around every
+segment, and the output layer would parse that string straight back into cells: half the cost of
+a frame for nothing. Here the update's segments go into `ScreenDiff` directly, with each Rich style
+read once into attributes (cached on the style by Textual, and by `sgr.apply`). The result is the
+same wanted screen as feeding Textual's string (a test compares both), except hyperlinks (OSC 8
+around text), which are dropped: gpumon draws none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.style import Style
+from textual._compositor import ChopsUpdate, CompositorUpdate, LayoutUpdate
+from textual.strip import Strip
+
+from gpumon.tui.wire import sgr
+from gpumon.tui.wire.screen import ScreenDiff
+
+
+def drawable(update: object) -> bool:
+    """Can `draw` take this update? (anything else goes the string way)"""
+    return isinstance(update, (ChopsUpdate, LayoutUpdate))
+
+
+def draw(diff: ScreenDiff, update: CompositorUpdate, color_system) -> None:
+    if isinstance(update, ChopsUpdate):
+        _draw_chops(diff, update, color_system)
+    elif isinstance(update, LayoutUpdate):
+        for y, line in enumerate(update.strips, update.region.y):
+            x = update.region.x
+            for strip in line:
+                diff.put(y, x, _runs(strip, color_system))
+                x += strip.cell_length
+
+
+def _draw_chops(diff: ScreenDiff, update: ChopsUpdate, color_system) -> None:
+    """As ChopsUpdate.render_segments: each line's chops within its changed span."""
+    for y, x1, x2 in update.spans:
+        for end, (x, strip) in zip(update.chop_ends[y], update.chops[y].items()):
+            if strip is None or x > x2 or end <= x1:
+                continue
+            if not (x2 > x >= x1 and end <= x2):
+                strip = strip.crop(0, min(end, x2) - x)
+            diff.put(y, x, _runs(strip, color_system))
+
+
+def _runs(strip: Strip, color_system) -> Iterable[tuple[str, sgr.State]]:
+    state_of = _state
+    for text, style, control in strip:
+        if not control:
+            yield text, (sgr.DEFAULT if style is None else state_of(style, color_system))
+
+
+def _state(style: Style, color_system) -> sgr.State:
+    ansi = style._ansi
+    if ansi is None:
+        ansi = Strip.render_ansi(style, color_system)
+    return sgr.apply(sgr.DEFAULT, ansi)
