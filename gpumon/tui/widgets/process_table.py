@@ -34,9 +34,6 @@ GAP = 2
 SPACING = " " * GAP
 LAST = len(COLUMNS) - 1
 RIGHT_ALIGNED = [key in RIGHT for key, _ in COLUMNS]
-# Every other cell carries an explicit `conceal=False`: it renders exactly like no attribute, but
-# compares unequal, so Textual does not merge neighbouring cells into one segment.
-CELL_SEPARATOR = [Style(conceal=False) if i % 2 else Style() for i in range(len(COLUMNS))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,26 +216,33 @@ class ProcessTable(LineTable):
         super().notify_style_update()
 
     def _line(self, texts: list[tuple[str, Style]], width: int, base: Style) -> Strip:
-        segments = [Segment(" ", base)]
+        # Neighbouring cells in the same style make one segment: fewer segments for Textual to cut,
+        # and the output layer sends only the cells that changed whatever the segments are.
+        segments: list[Segment] = []
+        run, run_style = [" "], base
         combined, widths = self._combined, self.widths
         used = 1
         for i, (text, style) in enumerate(texts):
-            # Each cell keeps its own segment, so a repaint of one cell sends that cell, not the row.
-            cell_style = combined.get((base, style, i))
+            cell_style = combined.get((base, style))
             if cell_style is None:
-                cell_style = combined[base, style, i] = base + style + CELL_SEPARATOR[i]
+                cell_style = combined[base, style] = base + style
+            if cell_style != run_style:
+                segments.append(Segment("".join(run), run_style))
+                run, run_style = [], cell_style
             if i < LAST:
                 cells = len(text) if text.isascii() else cell_len(text)
                 pad = " " * (widths[i] - cells)
-                segments.append(Segment((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING, cell_style))
+                run.append((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING)
                 used += widths[i] + GAP
             else:  # the command takes what is left
                 room = max(0, width - used)
                 text = text[:room] if text.isascii() else set_cell_size(text, min(room, cell_len(text)))
-                segments.append(Segment(text, cell_style))
+                run.append(text)
                 rest = room - (len(text) if text.isascii() else cell_len(text))
                 if rest > 0:
-                    segments.append(Segment(" " * rest, base))
+                    segments.append(Segment("".join(run), run_style))
+                    run, run_style = [" " * rest], base
+        segments.append(Segment("".join(run), run_style))
         if used > width:  # a narrow view: cut the fixed columns too
             return Strip(segments).crop_extend(0, width, base)
         return Strip(segments, width)
