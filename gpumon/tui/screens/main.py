@@ -80,16 +80,19 @@ class MainScreen(CardActions, Screen):
         self._applied_at = 0.0  # monotonic time of the last update on screen
 
     def compose(self) -> ComposeResult:
-        yield StatusBar(self.interval, self.waiting, id="status")
-        with Horizontal(id="top"):
-            yield CardList(id="cards")
-            with Vertical(id="charts"):  # hidden (CSS) until the layout says there is room
-                for metric in CHART_METRICS:
-                    yield HistoryChart(metric, id=f"chart-{metric}")
+        # Kept as attributes: every sample updates them, and a DOM query each time costs more than the update.
+        self.status_bar = StatusBar(self.interval, self.waiting, id="status")
+        self.cards = CardList(id="cards")
+        self.charts = [HistoryChart(metric, id=f"chart-{metric}") for metric in CHART_METRICS]
+        self.table = ProcessTable(invisible_reason(), id="processes")
+        self.table.border_subtitle = "a: all/one card  s: sort  /: filter"
+        yield self.status_bar
+        with Horizontal(id="top") as self.top:
+            yield self.cards
+            with Vertical(id="charts") as self.chart_box:  # hidden (CSS) until the layout says there is room
+                yield from self.charts
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
-        table = ProcessTable(invisible_reason(), id="processes")
-        table.border_subtitle = "a: all/one card  s: sort  /: filter"
-        yield table
+        yield self.table
         yield Footer()
 
     def on_mount(self) -> None:
@@ -150,7 +153,7 @@ class MainScreen(CardActions, Screen):
     def selected_gpu(self):
         if not self.snapshot or not self.snapshot.gpus:
             return None
-        cards = self.query_one(CardList)
+        cards = self.cards
         return self.snapshot.gpus[min(cards.selected, len(self.snapshot.gpus) - 1)]
 
     def _ordinals_of(self, snapshot: Snapshot) -> dict[int, str] | None:
@@ -163,14 +166,14 @@ class MainScreen(CardActions, Screen):
     def _apply(self) -> None:
         snap = self.snapshot
         assert snap is not None
-        if not self.is_attached or not self.children or not self.query(StatusBar):  # the app is closing
+        if not self.is_attached or not self.children or not self.status_bar.is_attached:  # the app is closing
             return
         self._applied_at = time.monotonic()
         with self.app.batch_update():
             self._layout(len(snap.gpus))
             firing = sum(len(a) for a in self.alerts.values())
-            self.query_one(StatusBar).show(snap, alerts=firing, extra=self.status_extra())
-            cards = self.query_one(CardList)
+            self.status_bar.show(snap, alerts=firing, extra=self.status_extra())
+            cards = self.cards
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
             for panel, gpu in zip(cards.panels, snap.gpus):
@@ -193,12 +196,12 @@ class MainScreen(CardActions, Screen):
         self._layout_key = key
         room = max(3, height - 2)  # less status line and footer
         compact = count == 0 or FULL_PANEL_LINES * count + 2 > 0.6 * room
-        self.query_one(CardList).set_count(count, compact)
-        self.query_one("#charts").display = width >= WIDE and not compact
+        self.cards.set_count(count, compact)
+        self.chart_box.display = width >= WIDE and not compact
 
     def _fit_cards(self) -> None:
         """Give the cards the lines their panels need, up to a share of the screen."""
-        cards = self.query_one(CardList)
+        cards = self.cards
         room = max(3, self.size.height - 2)
         if not cards.panels or cards.panels[0].compact:
             needed, cap = len(cards.panels) + 2, int(room * 0.5)
@@ -207,29 +210,29 @@ class MainScreen(CardActions, Screen):
             # Lines of each panel, a blank line between panels, and the border.
             needed = sum(len(p.shown if p.shown is not None else p.lines(width)) + 1 for p in cards.panels) + 1
             cap = int(room * 0.6)
-            if self.query_one("#charts").display:  # tall screens: room for all four charts
+            if self.chart_box.display:  # tall screens: room for all four charts
                 needed = max(needed, len(CHART_METRICS) * CHART_MIN_HEIGHT + 2)
         top = max(3, min(needed, cap))
         if top != self._top_height:  # setting a style triggers a layout pass: only on change
             self._top_height = top
-            self.query_one("#top").styles.height = top
+            self.top.styles.height = top
         fitting = max(1, top // CHART_MIN_HEIGHT)
-        for i, metric in enumerate(CHART_METRICS):
-            self.query_one(f"#chart-{metric}").display = i < fitting
+        for i, chart in enumerate(self.charts):
+            chart.display = i < fitting
 
     def _update_charts(self) -> None:
-        if not self.query_one("#charts").display:
+        if not self.chart_box.display:
             return
         gpu = self.selected_gpu
         if gpu is None:
             return
-        for chart in self.query(HistoryChart):
+        for chart in self.charts:
             if chart.display:
                 _, values = self.history.series(gpu.key, chart.metric, self.window)
                 chart.show(values, max(2, int(self.window / self.interval)), self.window, f"GPU {gpu.index}")
 
     def _update_table(self) -> None:
-        table = self.query_one(ProcessTable)
+        table = self.table
         gpu = self.selected_gpu
         only = gpu.index if self.only_selected and gpu is not None else None
         rows = rows_from(self.snapshot, only, self.filter_text, self.job_of_pid)
