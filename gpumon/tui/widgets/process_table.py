@@ -124,7 +124,7 @@ class ProcessTable(LineTable):
         self._cells: dict[str, Cells] = {}
         self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
         self._style_cache: dict[str, Style] | None = None
-        self._combined: dict[tuple[Style, Style, int], Style] = {}  # a cell's style, by row, cell and column
+        self._combined: dict[tuple[Style, Style], Style] = {}  # a cell's style, by row style and cell style
 
     # -- data in --
 
