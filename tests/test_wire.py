@@ -168,3 +168,25 @@ def test_compositor_updates_drawn_as_cells_match_textuals_own_string():
         sent_cells.append(by_cells.render())
     assert sent_cells == sent_string
     assert sum(map(len, sent_cells)) > 120 * 40  # a full screen and changes went through
+
+
+def test_a_change_that_starts_inside_a_wide_character_draws_it_whole():
+    """A changed span may start on the right half of a wide character: the direct path must not
+    cut the character in two (Textual's own string writes the chop from its left edge)."""
+    from rich.color import ColorSystem
+    from rich.console import Console
+    from rich.segment import Segment
+    from textual._compositor import ChopsUpdate
+    from textual.strip import Strip
+
+    from gpumon.tui.wire import updates
+
+    first = ChopsUpdate([{0: Strip([Segment("ab漢cd  ")])}], [(0, 0, 8)], [[8]])
+    second = ChopsUpdate([{0: Strip([Segment("ab漢xy  ")])}], [(0, 3, 6)], [[8]])
+    console = Console(color_system="256", force_terminal=True, width=8)
+    by_string, by_cells = ScreenDiff(8, 1), ScreenDiff(8, 1)
+    for update in (first, second):
+        by_string.feed(update.render_segments(console))
+        updates.draw(by_cells, update, ColorSystem.EIGHT_BIT)
+    assert visible(by_cells) == visible(by_string)
+    assert "".join(by_cells._want_text[0]) == "ab漢xy  "

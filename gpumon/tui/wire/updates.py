@@ -37,14 +37,22 @@ def draw(diff: ScreenDiff, update: CompositorUpdate, color_system) -> None:
 
 
 def _draw_chops(diff: ScreenDiff, update: ChopsUpdate, color_system) -> None:
-    """As ChopsUpdate.render_segments: each line's chops within its changed span."""
+    """As ChopsUpdate.render_segments: each line's chops within its changed span. Textual writes a
+    chop from its left edge even when the change starts further right (a cell in the middle of a
+    table row); here the chop is cut at the span's start too, where no wide character straddles it."""
     for y, x1, x2 in update.spans:
         for end, (x, strip) in zip(update.chop_ends[y], update.chops[y].items()):
             if strip is None or x > x2 or end <= x1:
                 continue
             if not (x2 > x >= x1 and end <= x2):
-                strip = strip.crop(0, min(end, x2) - x)
+                left = x1 if x < x1 and _single_width(strip) else x
+                strip = strip.crop(left - x, min(end, x2) - x)
+                x = left
             diff.put(y, x, _runs(strip, color_system))
+
+
+def _single_width(strip: Strip) -> bool:
+    return sum(len(text) for text, _, _ in strip) == strip.cell_length
 
 
 def _runs(strip: Strip, color_system) -> Iterable[tuple[str, sgr.State]]:
