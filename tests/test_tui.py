@@ -12,6 +12,8 @@ import time
 
 import pytest
 from conftest import GIB, Card
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.monitor.backends.nvml import NvmlBackend
@@ -590,3 +592,37 @@ def test_clicking_a_header_sorts_by_it():
             assert table_pids(screen) == sorted(table_pids(screen), reverse=True)
 
     run(go())
+
+
+def _per_cell(text) -> list[tuple[str, frozenset]]:
+    cells = [(char, set()) for char in text.plain]
+    for span in text.spans:
+        for i in range(span.start, min(span.end, len(cells))):
+            cells[i][1].add(span.style)
+    return [(char, frozenset(styles)) for char, styles in cells]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab 9%█", max_size=12), st.text(alphabet="ab 9%█", max_size=12),
+       st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12), st.sampled_from(["bold", "red", "dim"])),
+                max_size=3),
+       st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12), st.sampled_from(["bold", "red", "dim"])),
+                max_size=3))
+def test_changed_span_covers_every_cell_that_changed(a, b, spans_a, spans_b):
+    """Whatever changes between two lines (characters, styles, lengths), every cell whose
+    character or styles differ lies inside the span that is repainted."""
+    from rich.text import Text
+
+    from gpumon.tui.widgets.partial import changed_span
+
+    old, new = Text(a), Text(b)
+    for text, spans in ((old, spans_a), (new, spans_b)):
+        for start, end, style in spans:
+            text.stylize(style, start, end)
+    before, after = _per_cell(old), _per_cell(new)
+    differing = [i for i in range(max(len(before), len(after)))
+                 if i >= len(before) or i >= len(after) or before[i] != after[i]]
+    span = changed_span(old, new)
+    if not differing:
+        return
+    assert span is not None and span[0] <= min(differing) and max(differing) < span[1]

@@ -13,36 +13,33 @@ from textual.geometry import Region
 from textual.widget import Widget
 
 
-def _styles_per_cell(text: Text) -> list[tuple]:
-    styles: list[tuple] = [() for _ in range(len(text.plain))]
-    for span in text.spans:
-        for i in range(span.start, min(span.end, len(styles))):
-            styles[i] += (span.style,)
-    return styles
-
-
 def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
-    """First and one-past-last cell that differ between two lines; None if equal. Cells, not
+    """First and one-past-last cell that may differ between two lines; None if equal. Cells, not
     characters: a CJK name or an emoji before the change takes two cells each.
 
-    One span per line: Textual sends each span from the start of the segment it begins in, so
-    several spans on a line would resend shared segments.
+    From the characters that differ and the style spans that are in one line but not the other: a
+    span that moved covers both places. One span per line: Textual renders the whole line anyway,
+    and the output layer sends only the cells that really changed.
     """
-    if old.plain == new.plain and old.spans == new.spans and old.style == new.style:
-        return None
     a, b = old.plain, new.plain
-    length = max(len(a), len(b))
     if old.style != new.style:
-        return 0, max(cell_len(a), cell_len(b))
-    sa, sb = _styles_per_cell(old), _styles_per_cell(new)
-
-    def same(i: int) -> bool:
-        return i < len(a) and i < len(b) and a[i] == b[i] and sa[i] == sb[i]
-
-    start = next((i for i in range(length) if not same(i)), None)
-    if start is None:
+        return (0, max(cell_len(a), cell_len(b))) if a or b else None
+    starts, ends = [], []
+    if a != b:
+        shorter = min(len(a), len(b))
+        starts.append(next((i for i in range(shorter) if a[i] != b[i]), shorter))
+        if len(a) == len(b):
+            ends.append(next(i for i in range(len(a), 0, -1) if a[i - 1] != b[i - 1]))
+        else:
+            ends.append(max(len(a), len(b)))
+    if old.spans != new.spans:
+        for span in set(old.spans).symmetric_difference(new.spans):
+            if span.start < span.end:
+                starts.append(span.start)
+                ends.append(span.end)
+    if not starts:
         return None
-    end = next(i for i in range(length, start, -1) if not same(i - 1))
+    start, end = min(starts), max(ends)
     return min(cell_len(a[:start]), cell_len(b[:start])), max(cell_len(a[:end]), cell_len(b[:end]))
 
 
