@@ -59,7 +59,7 @@ def test_keys_select_cards_and_scope_the_process_table():
             table = screen.query_one(ProcessTable)
             gpus = {int(table.cell_text(i, "gpu")) for i in range(table.row_count)}
             assert gpus == {2} and table.row_count == 2
-            assert "GPU 2" in table.border_title
+            assert "GPU 2" in screen.table_frame.border_title
             await pilot.press("a")
             await pilot.pause(0.3)
             assert table.row_count == 4
@@ -106,7 +106,7 @@ def test_filter_by_text_and_escape_clears():
             await pilot.press("slash", *"vllm")
             await pilot.pause(0.3)
             assert table_pids(screen) == [52904]
-            assert "vllm" in screen.query_one(ProcessTable).border_title
+            assert "vllm" in screen.table_frame.border_title
             await pilot.press("escape")
             await pilot.pause(0.3)
             assert len(table_pids(screen)) == 4
@@ -584,9 +584,9 @@ def test_clicking_a_header_sorts_by_it():
             screen = await started(pilot)
             table = screen.query_one(ProcessTable)
             pid_x = table._x(1) + 1
-            await pilot.click("#processes", offset=(pid_x + 1, 1))  # +1: the table's border
+            await pilot.click("#processes", offset=(pid_x, 0))  # the header: the table's first line
             assert table.sort_key == "pid" and table.sort_reverse is False
-            await pilot.click("#processes", offset=(pid_x + 1, 1))
+            await pilot.click("#processes", offset=(pid_x, 0))
             assert table.sort_reverse is True
             await pilot.pause(0.3)
             assert table_pids(screen) == sorted(table_pids(screen), reverse=True)

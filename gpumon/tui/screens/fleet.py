@@ -27,6 +27,7 @@ from gpumon.model import HOST_STATES, HostStatus
 from gpumon.monitor.fleet import Fleet
 from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
+from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.partial import PartialRefresh
 
 FRAME_S = 0.25  # how often the hosts that changed are drawn
@@ -73,10 +74,10 @@ class FleetScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield FleetStatusLine(id="fleet-status")
-        table = self.table
-        table.border_title = f"Hosts · {len(self.fleet.names)}"
-        table.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
-        yield table
+        with TableFrame(id="host-frame") as frame:
+            frame.border_title = f"Hosts · {len(self.fleet.names)}"
+            frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
+            yield self.table
         yield Input(placeholder="filter hosts: name, state, note (Esc clears)", id="fleet-filter")
         yield Static(Text(LEGEND), id="fleet-legend")
         yield Footer()

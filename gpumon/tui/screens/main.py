@@ -29,6 +29,7 @@ from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.gpu_panel import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
+from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
 from gpumon.tui.widgets.status_bar import StatusBar
 
@@ -85,14 +86,16 @@ class MainScreen(CardActions, Screen):
         self.cards = CardList(id="cards")
         self.charts = [HistoryChart(metric, id=f"chart-{metric}") for metric in CHART_METRICS]
         self.table = ProcessTable(invisible_reason(), id="processes")
-        self.table.border_subtitle = "a: all/one card  s: sort  /: filter"
+        self.table_frame = TableFrame(id="process-frame")
+        self.table_frame.border_subtitle = "a: all/one card  s: sort  /: filter"
         yield self.status_bar
         with Horizontal(id="top") as self.top:
             yield self.cards
             with Vertical(id="charts") as self.chart_box:  # hidden (CSS) until the layout says there is room
                 yield from self.charts
         yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
-        yield self.table
+        with self.table_frame:
+            yield self.table
         yield Footer()
 
     def on_mount(self) -> None:
@@ -241,8 +244,8 @@ class MainScreen(CardActions, Screen):
         title = f"Processes · {scope} · {len(rows)}"
         if self.filter_text:
             title += f" · filter “{self.filter_text}”"
-        if table.border_title != title:  # setting it repaints the whole table, border included
-            table.border_title = title
+        if self.table_frame.border_title != title:  # setting it repaints the whole frame
+            self.table_frame.border_title = title
 
     # -- selection and keys --
 
