@@ -54,6 +54,16 @@ def test_from_dict_rejects_other_schema_versions():
         Snapshot.from_dict(doc)
 
 
+def test_host_info_keeps_every_other_field():
+    """with_host_info builds the sample field by field (for speed): it must equal replace(), so a
+    field added to ProcessSample and not passed through fails here."""
+    import dataclasses
+
+    sample = ProcessSample(**{f.name: f"x-{f.name}" for f in dataclasses.fields(ProcessSample)})
+    info = dict(user="u", command="c", cpu_percent=1.5, rss=2, started=3.0, uid=4, container="k")
+    assert sample.with_host_info(**info) == dataclasses.replace(sample, **info)
+
+
 def test_throttle_names():
     assert throttle_names(0) == ()
     assert throttle_names(0x1 | 0x40 | 0x80) == ("gpu_idle", "hw_thermal", "hw_power_brake")

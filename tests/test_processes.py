@@ -105,3 +105,51 @@ def test_command_lines_are_not_read_every_sample(fake_driver, idle_processes, mo
     finally:
         backend.close()
     assert reads == [child.pid]
+
+
+ODD_NAME = """
+import time
+open("/proc/self/comm", "w").write("we) ird (name")  # a name with the stat file's own delimiters
+x = bytearray(64 << 20)  # resident memory worth checking
+for i in range(len(x) // 4096):
+    x[i * 4096] = 1
+time.sleep(600)
+"""
+
+
+def test_the_stat_file_says_what_psutil_says(idle_processes):
+    """The per-sample reading (one read of /proc/PID/stat) agrees with psutil's own calls."""
+    import os
+
+    import psutil
+
+    child = idle_processes(sys.executable, "-c", ODD_NAME)
+    proc = psutil.Process(child.pid)
+    deadline = time.monotonic() + 10
+    while proc.name() != "we) ird (name" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    stat = procinfo._read_stat(child.pid)
+    times, rss = proc.cpu_times(), proc.memory_info().rss
+    assert stat.name == proc.name() == "we) ird (name"
+    assert abs(stat.cpu_s - (times.user + times.system)) < 0.05
+    assert abs(stat.rss - rss) < (1 << 20) and stat.rss > 64 << 20
+    started = psutil.boot_time() + stat.start_ticks / os.sysconf("SC_CLK_TCK")
+    assert abs(started - proc.create_time()) < 0.05
+    child.kill()
+    child.wait()
+    assert procinfo._read_stat(child.pid) is None
+
+
+def test_a_reused_pid_is_read_as_a_new_process(idle_processes):
+    """Another process under a known pid (its start differs): user, command and start are read
+    afresh, and its CPU % is unknown until its second reading."""
+    enricher = procinfo.ProcessEnricher()
+    child = idle_processes()
+    first = enricher._read(child.pid)
+    assert first is not None and first.cpu_percent is None
+    assert enricher._read(child.pid).cpu_percent is not None
+    enricher._known[child.pid].start_ticks -= 1  # as if an older process had had this pid
+    enricher._known[child.pid].command = "the old process"
+    again = enricher._read(child.pid)
+    assert again.cpu_percent is None and "sleep" in again.known.command
