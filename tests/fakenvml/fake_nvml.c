@@ -1189,10 +1189,14 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
             return rc;
         }
         double elapsed = now_mono() - init_time;
+        double next_due = 0.5; /* a new configuration is noticed within this */
         for (int i = 0; i < C.nxids; i++) {
             struct xid *x = &C.xids[i];
-            if (x->delivered || x->at > elapsed || x->gpu >= C.ngpus) continue;
-            if (!(set->registered[x->gpu] & 0x8)) continue;
+            if (x->delivered || x->gpu >= C.ngpus || !(set->registered[x->gpu] & 0x8)) continue;
+            if (x->at > elapsed) {
+                if (x->at - elapsed < next_due) next_due = x->at - elapsed;
+                continue;
+            }
             x->delivered = 1;
             memset(data, 0, sizeof *data);
             data->device = &C.gpus[x->gpu];
@@ -1206,8 +1210,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         double left = deadline - now_mono();
         if (left <= 0) return E_TIMEOUT;
         /* The real driver blocks in the kernel until an event or the timeout, costing nothing;
-           this wakes up only to notice a new configuration or an XID that has come due. */
-        usleep((useconds_t)(1e6 * (left < 0.1 ? left : 0.1)));
+           this wakes up only when an XID comes due, or to notice a new configuration. */
+        usleep((useconds_t)(1e6 * (left < next_due ? left : next_due)));
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
