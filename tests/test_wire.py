@@ -65,6 +65,23 @@ def test_an_unchanged_frame_sends_nothing_and_a_changed_digit_sends_little():
     assert out.endswith("2") and len(out) < 12, repr(out)  # a cursor move and one digit
 
 
+def test_a_changed_column_goes_down_the_column():
+    """A table whose every row changes in the same two columns (CPU % and age ticking) is sent a
+    column at a time, one short step down between cells, not an absolute move per row."""
+    rows = [[(y, 0, "", f"pid{y:02d} "), (y, 6, "", "10"), (y, 9, "", "  cmd   "), (y, 17, "", "5")]
+            for y in range(10)]
+    diff, terminal = ScreenDiff(20, 10), ScreenDiff(20, 10)
+    diff.feed(frame([cell for row in rows for cell in row]))
+    terminal.feed(diff.render())
+    changed = [[(y, 6, "", "37"), (y, 17, "", "6")] for y in range(10)]
+    diff.feed(frame([cell for row in changed for cell in row]))
+    out = diff.render()
+    terminal.feed(out)
+    assert visible(terminal) == visible(diff)
+    # Row by row it would be an absolute move, two digits, a jump and a digit: 14 bytes a row.
+    assert out.count("H") == 1 and len(out) <= 12 * 10 + 5, repr(out)
+
+
 def test_only_changed_attributes_are_sent():
     old = sgr.apply(sgr.DEFAULT, "1;38;5;251;48;5;234")
     new = sgr.apply(sgr.DEFAULT, "1;38;5;77;48;5;234")

@@ -235,21 +235,51 @@ class ScreenDiff:
 
     def _render_screen(self) -> str:
         out: list[str] = []
+        runs: list[tuple[int, int, int]] = []
         for y in sorted(self._dirty):
             x1, x2 = self._dirty[y]
             want_text, want_style = self._want_text[y], self._want_style[y]
             have_text, have_style = self._have_text[y], self._have_style[y]
             if want_text[x1:x2] == have_text[x1:x2] and want_style[x1:x2] == have_style[x1:x2]:
                 continue
-            for start, end in self._runs(y, x1, x2):
-                out.append(self._move(y, start))
-                self._draw(out, want_text, want_style, start, end)
-                have_text[start:end] = want_text[start:end]
-                have_style[start:end] = want_style[start:end]
+            runs.extend((y, start, end) for start, end in self._runs(y, x1, x2))
+        for y, start, end in self._drawing_order(runs):
+            want_text, want_style = self._want_text[y], self._want_style[y]
+            out.append(self._move(y, start))
+            self._draw(out, want_text, want_style, start, end)
+            self._have_text[y][start:end] = want_text[start:end]
+            self._have_style[y][start:end] = want_style[start:end]
         self._dirty.clear()
         if out and self.cursor_visible:
             out.append(self._move(self._y, self._x))
         return "".join(out)
+
+    def _drawing_order(self, runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Top to bottom, except that a change with another in the same column on the next line goes
+        on down that column when the way down is shorter than the way to the next change on the line:
+        a table's changed column is sent as one column (`\b\b ESC[B` between cells, not a jump to
+        the next cell of the line and an absolute move to the next line)."""
+        at = {(y, start): i for i, (y, start, _) in enumerate(runs)}
+        done = [False] * len(runs)
+        order: list[tuple[int, int, int]] = []
+        following = 0  # the first run, top to bottom, not yet drawn
+        current: tuple[int, int, int] | None = None
+        while len(order) < len(runs):
+            while done[following]:
+                following += 1
+            choice = following
+            if current is not None:
+                below = at.get((current[0] + 1, current[1]))
+                if below is not None and not done[below] and below != following:
+                    end = current[2] if current[2] < self.width else None
+                    by_line = _move_cost(current[0], end, runs[following][0], runs[following][1])
+                    by_column = _move_cost(current[0], end, runs[below][0], runs[below][1])
+                    if by_column < by_line:
+                        choice = below
+            done[choice] = True
+            current = runs[choice]
+            order.append(current)
+        return order
 
     def _runs(self, y: int, x1: int, x2: int) -> list[tuple[int, int]]:
         """Spans of cells that differ, joined across short unchanged gaps, never splitting a wide
@@ -294,18 +324,38 @@ class ScreenDiff:
         """The shortest cursor movement from where the terminal's cursor is to (y, x)."""
         ty, tx = self._term_y, self._term_x
         self._term_y, self._term_x = y, x
-        absolute = f"\x1b[{y + 1};{x + 1}H" if x else f"\x1b[{y + 1}H"
-        if ty is None or tx is None:
-            return absolute
-        if (ty, tx) == (y, x):
-            return ""
-        if ty == y:
-            if x == 0:
-                return "\r"
-            step = f"\x1b[{x - tx}C" if x > tx else f"\x1b[{tx - x}D"
-            column = f"\x1b[{x + 1}G"
-            return min(step, column, absolute, key=len)
-        if tx == x:
-            step = f"\x1b[{y - ty}B" if y > ty else f"\x1b[{ty - y}A"
-            return min(step, absolute, key=len)
+        return _movement(ty, tx, y, x)
+
+
+def _horizontal(tx: int, x: int) -> list[str]:
+    """Ways along a line from column tx to x (0-based)."""
+    if tx == x:
+        return [""]
+    ways = [f"\x1b[{x + 1}G"]  # CHA
+    if x == 0:
+        ways.append("\r")
+    if x > tx:
+        ways.append(f"\x1b[{x - tx}C" if x - tx > 1 else "\x1b[C")
+    else:
+        ways.append(f"\x1b[{tx - x}D" if tx - x > 1 else "\x1b[D")
+        if tx - x <= 4:
+            ways.append("\b" * (tx - x))  # backspace moves left without erasing
+    return ways
+
+
+def _movement(ty: int | None, tx: int | None, y: int, x: int) -> str:
+    """The shortest way from (ty, tx) to (y, x); unknown: the absolute position. Downwards the
+    cursor never scrolls (CUD stops at the last line) and never wraps."""
+    absolute = f"\x1b[{y + 1};{x + 1}H" if x else f"\x1b[{y + 1}H"
+    if ty is None or tx is None:
         return absolute
+    if ty == y:
+        return min(_horizontal(tx, x), key=len)
+    vertical = f"\x1b[{y - ty}B" if y > ty else f"\x1b[{ty - y}A"
+    if abs(y - ty) == 1:
+        vertical = vertical.replace("1", "", 1)
+    return min([absolute, *(vertical + way for way in _horizontal(tx, x))], key=len)
+
+
+def _move_cost(ty: int, tx: int | None, y: int, x: int) -> int:
+    return len(_movement(ty, tx, y, x))
