@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 from rich.cells import cell_len, get_character_cell_size
 
@@ -343,6 +344,7 @@ def _horizontal(tx: int, x: int) -> list[str]:
     return ways
 
 
+@lru_cache(maxsize=8192)  # the same moves come back every frame (a table's cells, the clock)
 def _movement(ty: int | None, tx: int | None, y: int, x: int) -> str:
     """The shortest way from (ty, tx) to (y, x); unknown: the absolute position. Downwards the
     cursor never scrolls (CUD stops at the last line) and never wraps."""
