@@ -626,3 +626,36 @@ def test_changed_span_covers_every_cell_that_changed(a, b, spans_a, spans_b):
     if not differing:
         return
     assert span is not None and span[0] <= min(differing) and max(differing) < span[1]
+
+
+def _cells(strip) -> list[tuple[str, object]]:
+    return [(char, segment.style) for segment in strip for char in segment.text]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet="ab %█°", max_size=6), st.sampled_from(["", "bold", "red", "on blue"])),
+                max_size=6),
+       st.sampled_from(["", "italic", "green"]),
+       st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20), st.sampled_from(["bold", "reverse"])), max_size=2),
+       st.integers(1, 30))
+def test_a_line_is_drawn_as_rich_draws_it(pieces, own, overlaps, width):
+    """line_strip cuts appended lines straight from their spans; the cells must be Rich's own,
+    overlapping styles (stylize) included."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from rich.text import Text
+    from textual.strip import Strip
+
+    from gpumon.tui.widgets.partial import line_strip
+
+    console = Console()
+    line = Text(style=own)
+    for text, style in pieces:
+        line.append(text, style=Style.parse(style) if style and len(text) % 2 else style)
+    for start, end, style in overlaps:
+        line.stylize(style, start, end)
+    base = Style.parse("white on black")
+    own_style = base + console.get_style(own)
+    expected = Strip(list(Segment.apply_style(line.render(console, end=""), own_style))).crop_extend(0, width, base)
+    assert _cells(line_strip(line, width, base, console)) == _cells(expected)

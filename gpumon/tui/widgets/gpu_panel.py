@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
@@ -22,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gpumon.model import GpuSample
-from gpumon.tui.widgets.partial import PartialRefresh
+from gpumon.tui.widgets.partial import PartialRefresh, line_strip
 from gpumon.units import format_bytes
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -135,11 +134,7 @@ class GpuPanel(PartialRefresh, Widget):
         base = self.visual_style.rich_style
         if y >= len(lines):
             return Strip.blank(width, base)
-        line = lines[y]
-        # Rich applies a Text's own style only to texts with spans: under every segment, then.
-        own = line.style if isinstance(line.style, Style) else self.app.console.get_style(line.style)
-        segments = Segment.apply_style(line.render(self.app.console, end=""), base + own)
-        return Strip(segments).crop_extend(0, width, base)
+        return line_strip(lines[y], width, base, self.app.console)
 
     # -- building the lines --
 

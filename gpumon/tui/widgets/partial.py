@@ -8,8 +8,12 @@ terminal receives a handful of characters instead of whole lines every second.
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
+from textual.strip import Strip
 from textual.widget import Widget
 
 
@@ -41,6 +45,35 @@ def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
         return None
     start, end = min(starts), max(ends)
     return min(cell_len(a[:start]), cell_len(b[:start])), max(cell_len(a[:end]), cell_len(b[:end]))
+
+
+def line_strip(line: Text, width: int, base: Style, console: Console) -> Strip:
+    """One line of Rich Text as a Strip over `base`, `width` cells wide. A line built by appending
+    (styled pieces one after another, as the panels are) is cut straight from its spans: Rich's
+    general renderer, which stacks overlapping styles, is most of what a panel costs a sample."""
+    own = base + (line.style if isinstance(line.style, Style) else console.get_style(line.style))
+    segments = _appended_segments(line, own, console)
+    if segments is None:  # overlapping styles (stylize): Rich's way
+        segments = list(Segment.apply_style(line.render(console, end=""), own))
+    return Strip(segments).crop_extend(0, width, base)
+
+
+def _appended_segments(line: Text, own: Style, console: Console) -> list[Segment] | None:
+    plain, segments, at = line.plain, [], 0
+    for start, end, style in line.spans:
+        end = min(end, len(plain))
+        if start < at:
+            return None
+        if start >= end:
+            continue
+        if start > at:
+            segments.append(Segment(plain[at:start], own))
+        piece = style if isinstance(style, Style) else console.get_style(style)
+        segments.append(Segment(plain[start:end], own + piece))
+        at = end
+    if at < len(plain):
+        segments.append(Segment(plain[at:], own))
+    return segments
 
 
 class PartialRefresh:

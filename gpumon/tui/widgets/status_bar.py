@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
+from textual.strip import Strip
 from textual.widget import Widget
 
 from gpumon.model import Snapshot
-from gpumon.tui.widgets.partial import PartialRefresh
+from gpumon.tui.widgets.partial import PartialRefresh, line_strip
 
 
 class StatusBar(PartialRefresh, Widget):
@@ -46,6 +47,13 @@ class StatusBar(PartialRefresh, Widget):
         if self.shown is not None and self._shown_width == self.size.width:
             return self.shown[0]
         return self._text()
+
+    def render_line(self, y: int) -> Strip:
+        """The line straight from its Text: the clock changes every second."""
+        width, base = self.size.width, self.visual_style.rich_style
+        if y:
+            return Strip.blank(width, base)
+        return line_strip(self.render(), width, base, self.app.console)
 
     def _text(self) -> Text:
         snap = self.snapshot
