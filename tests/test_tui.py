@@ -632,15 +632,34 @@ def _cells(strip) -> list[tuple[str, object]]:
     return [(char, segment.style) for segment in strip for char in segment.text]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.text(alphabet="ab %█°", max_size=6), st.sampled_from(["", "bold", "red", "on blue"])),
-                max_size=6),
-       st.sampled_from(["", "italic", "green"]),
+STYLES = ["", "bold", "red", "on blue"]
+pieces = st.recursive(
+    st.tuples(st.text(alphabet="ab %█°", max_size=6), st.sampled_from(STYLES)),
+    lambda inner: st.tuples(st.sampled_from(STYLES), st.lists(inner, max_size=4)),  # a Text appended whole
+    max_leaves=10)
+
+
+def _build(line, piece) -> None:
+    from rich.style import Style
+    from rich.text import Text
+
+    if isinstance(piece[1], list):  # (own style, pieces): built apart, then appended with append_text
+        inner = Text(style=piece[0])
+        for part in piece[1]:
+            _build(inner, part)
+        line.append_text(inner)
+    else:
+        text, style = piece
+        line.append(text, style=Style.parse(style) if style and len(text) % 2 else style)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(pieces, max_size=5), st.sampled_from(["", "italic", "green"]),
        st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20), st.sampled_from(["bold", "reverse"])), max_size=2),
        st.integers(1, 30))
-def test_a_line_is_drawn_as_rich_draws_it(pieces, own, overlaps, width):
-    """line_strip cuts appended lines straight from their spans; the cells must be Rich's own,
-    overlapping styles (stylize) included."""
+def test_a_line_is_drawn_as_rich_draws_it(parts, own, overlaps, width):
+    """line_strip cuts appended lines (texts appended into texts too) straight from their spans;
+    the cells must be Rich's own, overlapping styles (stylize) included."""
     from rich.console import Console
     from rich.segment import Segment
     from rich.style import Style
@@ -651,8 +670,8 @@ def test_a_line_is_drawn_as_rich_draws_it(pieces, own, overlaps, width):
 
     console = Console()
     line = Text(style=own)
-    for text, style in pieces:
-        line.append(text, style=Style.parse(style) if style and len(text) % 2 else style)
+    for part in parts:
+        _build(line, part)
     for start, end, style in overlaps:
         line.stylize(style, start, end)
     base = Style.parse("white on black")

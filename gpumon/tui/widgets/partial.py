@@ -49,30 +49,44 @@ def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
 
 def line_strip(line: Text, width: int, base: Style, console: Console) -> Strip:
     """One line of Rich Text as a Strip over `base`, `width` cells wide. A line built by appending
-    (styled pieces one after another, as the panels are) is cut straight from its spans: Rich's
-    general renderer, which stacks overlapping styles, is most of what a panel costs a sample."""
+    (styled pieces one after another, texts appended into texts, as the panels are) is cut straight
+    from its spans: Rich's general renderer, which re-combines the stack of styles at every span
+    boundary, was most of what a panel cost each sample."""
     own = base + (line.style if isinstance(line.style, Style) else console.get_style(line.style))
-    segments = _appended_segments(line, own, console)
-    if segments is None:  # overlapping styles (stylize): Rich's way
+    segments = _nested_segments(line, own, console)
+    if segments is None:  # styles that overlap without one containing the other (stylize): Rich's way
         segments = list(Segment.apply_style(line.render(console, end=""), own))
     return Strip(segments).crop_extend(0, width, base)
 
 
-def _appended_segments(line: Text, own: Style, console: Console) -> list[Segment] | None:
-    plain, segments, at = line.plain, [], 0
+def _nested_segments(line: Text, own: Style, console: Console) -> list[Segment] | None:
+    """Segments for spans that nest (each one inside or after the ones before it); None otherwise.
+    A stack holds the open spans' ends and combined styles, innermost last."""
+    plain = line.plain
+    segments: list[Segment] = []
+    stack: list[tuple[int, Style]] = [(len(plain), own)]
+    at = 0
     for start, end, style in line.spans:
         end = min(end, len(plain))
-        if start < at:
-            return None
         if start >= end:
             continue
+        while stack[-1][0] <= start:  # close the spans that end before this one starts
+            closing, closing_style = stack.pop()
+            if closing > at:
+                segments.append(Segment(plain[at:closing], closing_style))
+                at = closing
+        outer_end, outer_style = stack[-1]
+        if end > outer_end or start < at:  # straddles an open span's end, or out of order: not nested
+            return None
         if start > at:
-            segments.append(Segment(plain[at:start], own))
-        piece = style if isinstance(style, Style) else console.get_style(style)
-        segments.append(Segment(plain[start:end], own + piece))
-        at = end
-    if at < len(plain):
-        segments.append(Segment(plain[at:], own))
+            segments.append(Segment(plain[at:start], outer_style))
+            at = start
+        stack.append((end, outer_style + (style if isinstance(style, Style) else console.get_style(style))))
+    while stack:
+        closing, closing_style = stack.pop()
+        if closing > at:
+            segments.append(Segment(plain[at:closing], closing_style))
+            at = closing
     return segments
 
 
