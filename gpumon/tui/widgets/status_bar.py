@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
@@ -25,6 +26,7 @@ class StatusBar(PartialRefresh, Widget):
         self.extra = ""
         self._shown: tuple | None = None
         self._identity_only = False  # the snapshot holds names only (see show_identity)
+        self._styles: dict[str, Style] = {}
 
     def show(self, snapshot: Snapshot, alerts: int = 0, extra: str = "") -> None:
         key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.backend, alerts, extra)
@@ -55,12 +57,23 @@ class StatusBar(PartialRefresh, Widget):
             return Strip.blank(width, base)
         return line_strip(self.render(), width, base, self.app.console)
 
+    def _style(self, name: str) -> Style:
+        # Textual drops its own cache of these at every refresh; they change only with the CSS.
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"status-bar--{name}")
+        return style
+
+    def notify_style_update(self) -> None:
+        self._styles.clear()
+        super().notify_style_update()
+
     def _text(self) -> Text:
         snap = self.snapshot
         text = Text(" gpumon ", style="bold")
         if snap is None:
-            return text.append(self.waiting, style=self.get_component_rich_style("status-bar--muted"))
-        muted = self.get_component_rich_style("status-bar--muted")
+            return text.append(self.waiting, style=self._style("muted"))
+        muted = self._style("muted")
         text.append(snap.host, style="bold")
         text.append(f"  driver {snap.driver_version or 'N/A'}  CUDA {snap.cuda_driver_version or 'N/A'}", style=muted)
         text.append(f"  every {self.interval:g}s  ", style=muted)
@@ -69,11 +82,11 @@ class StatusBar(PartialRefresh, Widget):
         text.append(time.strftime("%H:%M:%S", time.localtime(snap.time)))
         if snap.backend != "nvml":
             text.append("  ")
-            text.append(f" {snap.backend.upper()} ", style=self.get_component_rich_style("status-bar--badge"))
+            text.append(f" {snap.backend.upper()} ", style=self._style("badge"))
         if self.alerts:
             text.append("  ")
             text.append(f" {self.alerts} ALERT{'S' if self.alerts > 1 else ''} ",
-                        style=self.get_component_rich_style("status-bar--alert"))
+                        style=self._style("alert"))
         if self.extra:
             text.append(f"  {self.extra}", style=muted)
         return text
