@@ -152,6 +152,26 @@ def test_theme_key_cycles_and_no_color_is_monochrome(monkeypatch):
     run(go())
 
 
+def test_a_new_theme_reaches_the_panels_and_the_status_line():
+    """Panels and the status line keep their component styles between samples: a theme change must
+    still reach them (the styles they draw with are the new theme's)."""
+    from gpumon.tui.widgets.status_bar import StatusBar
+
+    async def go():
+        async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            panel, bar = screen.query(GpuPanel).first(), screen.query_one(StatusBar)
+            before = (panel._style("title"), bar._style("muted"))
+            await pilot.press("c")
+            await pilot.pause(0.3)
+            after = (panel._style("title"), bar._style("muted"))
+            assert after != before
+            assert after == (panel.get_component_rich_style("gpu-panel--title"),
+                             bar.get_component_rich_style("status-bar--muted"))
+
+    run(go())
+
+
 def test_broken_user_theme_is_a_notification_not_a_crash(tmp_path):
     theme_dir = tmp_path / "config" / "gpumon" / "themes"
     theme_dir.mkdir(parents=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -21,7 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gpumon.model import GpuSample
-from gpumon.tui.widgets.partial import PartialRefresh, line_strip
+from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_strip
 from gpumon.units import format_bytes
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -57,7 +56,8 @@ def level(value: float | None, warn: float, crit: float) -> str:
     return "warn" if value < crit else "crit"
 
 
-class GpuPanel(PartialRefresh, Widget):
+class GpuPanel(CachedStyles, PartialRefresh, Widget):
+    STYLE_PREFIX = "gpu-panel--"
     COMPONENT_CLASSES = {
         "gpu-panel--title", "gpu-panel--label", "gpu-panel--muted", "gpu-panel--bar",
         "gpu-panel--empty", "gpu-panel--ok", "gpu-panel--warn", "gpu-panel--crit", "gpu-panel--lost",
@@ -79,7 +79,6 @@ class GpuPanel(PartialRefresh, Widget):
         self._shown: tuple | None = None
         self._height = 0
         self.waiting = False  # names only, before the card's first sample
-        self._styles: dict[str, Style] = {}
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
              xids: tuple[str, ...] = ()) -> None:
@@ -137,17 +136,6 @@ class GpuPanel(PartialRefresh, Widget):
         return line_strip(lines[y], width, base, self.app.console)
 
     # -- building the lines --
-
-    def _style(self, name: str) -> Style:
-        # Textual drops its own cache of these at every refresh; they change only with the CSS.
-        style = self._styles.get(name)
-        if style is None:
-            style = self._styles[name] = self.get_component_rich_style(f"gpu-panel--{name}")
-        return style
-
-    def notify_style_update(self) -> None:
-        self._styles.clear()  # a new theme, or selected: the styles are read again
-        super().notify_style_update()
 
     def _bar(self, label: str, fraction: float | None, width: int, tone: str, value: str) -> Text:
         filled, empty = bar(fraction, width)

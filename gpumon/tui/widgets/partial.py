@@ -107,3 +107,25 @@ class PartialRefresh:
                    if (span := changed_span(before, after)) is not None]
         if regions:  # one refresh call: each costs Textual more than the line itself
             self.refresh(*regions)
+
+
+class CachedStyles:
+    """Mixin for a Widget: `_style(name)` is the component style STYLE_PREFIX + name, read once until
+    the CSS changes (a new theme, a class toggled). Textual drops its own cache of them at every
+    refresh, and the lines are built from them every sample."""
+
+    STYLE_PREFIX = ""
+    _cached_styles: dict[str, Style] | None = None
+
+    def _style(self: Widget, name: str) -> Style:
+        if self._cached_styles is None:
+            self._cached_styles = {}
+        style = self._cached_styles.get(name)
+        if style is None:
+            style = self._cached_styles[name] = self.get_component_rich_style(self.STYLE_PREFIX + name)
+        return style
+
+    def notify_style_update(self: Widget) -> None:
+        self._cached_styles = None
+        super().notify_style_update()
+

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import time
 
-from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
 from gpumon.model import Snapshot
-from gpumon.tui.widgets.partial import PartialRefresh, line_strip
+from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_strip
 
 
-class StatusBar(PartialRefresh, Widget):
+class StatusBar(CachedStyles, PartialRefresh, Widget):
+    STYLE_PREFIX = "status-bar--"
     COMPONENT_CLASSES = {"status-bar--badge", "status-bar--stale", "status-bar--muted", "status-bar--alert"}
 
     def __init__(self, interval: float, waiting: str = "starting…", **kwargs) -> None:
@@ -26,7 +26,6 @@ class StatusBar(PartialRefresh, Widget):
         self.extra = ""
         self._shown: tuple | None = None
         self._identity_only = False  # the snapshot holds names only (see show_identity)
-        self._styles: dict[str, Style] = {}
 
     def show(self, snapshot: Snapshot, alerts: int = 0, extra: str = "") -> None:
         key = (snapshot.host, snapshot.driver_version, int(snapshot.time), snapshot.backend, alerts, extra)
@@ -56,17 +55,6 @@ class StatusBar(PartialRefresh, Widget):
         if y:
             return Strip.blank(width, base)
         return line_strip(self.render(), width, base, self.app.console)
-
-    def _style(self, name: str) -> Style:
-        # Textual drops its own cache of these at every refresh; they change only with the CSS.
-        style = self._styles.get(name)
-        if style is None:
-            style = self._styles[name] = self.get_component_rich_style(f"status-bar--{name}")
-        return style
-
-    def notify_style_update(self) -> None:
-        self._styles.clear()
-        super().notify_style_update()
 
     def _text(self) -> Text:
         snap = self.snapshot
