@@ -50,7 +50,7 @@ def test_keys_select_cards_and_scope_the_process_table():
             assert cards.selected == 0 and len(cards.panels) == 4
             await pilot.press("j", "j")
             assert cards.selected == 2
-            assert cards.panels[2].has_class("-selected") and not cards.panels[0].has_class("-selected")
+            assert cards.panels[2].selected and not cards.panels[0].selected
             await pilot.press("k")
             assert cards.selected == 1
             await pilot.press("down")
@@ -73,6 +73,34 @@ def test_click_selects_a_card():
             screen = await started(pilot)
             await pilot.click("#gpu-3")
             assert screen.query_one(CardList).selected == 3
+
+    run(go())
+
+
+def test_moving_the_selection_marks_the_card_without_a_layout_pass(monkeypatch):
+    """↑/↓ repaint two panels: restyling them through CSS classes laid the whole screen out again,
+    which was most of the time a key took to show."""
+    from textual.screen import Screen
+
+    layouts = []
+    refresh_layout = Screen._refresh_layout
+    monkeypatch.setattr(Screen, "_refresh_layout", lambda self, *a, **k: (layouts.append(1),
+                                                                           refresh_layout(self, *a, **k))[1])
+
+    def first_column(screen, panel) -> list[str]:
+        region = panel.region
+        return [screen._compositor.render_strips()[y].text[region.x] for y in range(region.y, region.bottom)]
+
+    async def go():
+        async with create_app(DemoBackend(), interval=10).run_test(size=(120, 40)) as pilot:
+            screen = await started(pilot)
+            panels = screen.query_one(CardList).panels
+            assert set(first_column(screen, panels[0])) == {"▌"}
+            layouts.clear()
+            await pilot.press("j")
+            await pilot.pause(0.1)
+            assert set(first_column(screen, panels[1])) == {"▌"} and set(first_column(screen, panels[0])) == {" "}
+            assert layouts == []
 
     run(go())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rich.segment import Segment
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -26,6 +27,8 @@ from gpumon.units import format_bytes
 EIGHTHS = " ▏▎▍▌▋▊▉"
 NA = "N/A"
 MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop the identifiers instead
+MARGIN = 1  # cells each side of a panel's text; the left one carries the selection mark
+SELECTION_MARK = "▌"
 FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
                 "failed": "fabric failed", "degraded": "fabric degraded"}
 
@@ -58,9 +61,11 @@ def level(value: float | None, warn: float, crit: float) -> str:
 
 class GpuPanel(CachedStyles, PartialRefresh, Widget):
     STYLE_PREFIX = "gpu-panel--"
+    TEXT_X = MARGIN
     COMPONENT_CLASSES = {
         "gpu-panel--title", "gpu-panel--label", "gpu-panel--muted", "gpu-panel--bar",
         "gpu-panel--empty", "gpu-panel--ok", "gpu-panel--warn", "gpu-panel--crit", "gpu-panel--lost",
+        "gpu-panel--selected", "gpu-panel--mark",
     }
 
     class Clicked(Message):
@@ -79,6 +84,15 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         self._shown: tuple | None = None
         self._height = 0
         self.waiting = False  # names only, before the card's first sample
+        self.selected = False
+
+    def set_selected(self, selected: bool) -> None:
+        """The panel draws its selection itself (a mark in its margin, a lighter background): a CSS
+        class toggled would restyle the panel and lay the screen out again, which is most of what
+        answering ↑/↓ cost."""
+        if selected != self.selected:
+            self.selected = selected
+            self.refresh()
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
              xids: tuple[str, ...] = ()) -> None:
@@ -89,7 +103,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         self._shown = key
         self.waiting = False
         self.gpu, self.stale, self.ordinal, self.alerts, self.xids = gpu, stale, ordinal, alerts, xids
-        width = self.content_region.width
+        width = self._text_width()
         if width:
             self.show_lines(self.lines(width), width)  # repaints only the characters that changed
         else:
@@ -112,10 +126,13 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return len(self.lines(width))
+        return len(self.lines(width - 2 * MARGIN))
+
+    def _text_width(self) -> int:
+        return max(0, (self.content_region.width or self.size.width) - 2 * MARGIN)
 
     def _current_lines(self) -> list[Text]:
-        width = self.content_region.width or self.size.width
+        width = self._text_width()
         lines = self.shown if self.shown is not None and width == self._shown_width else self.lines(width)
         if len(lines) != self._height:
             self._height = len(lines)
@@ -129,11 +146,12 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         """One line, straight from its Text (Textual's way renders the whole panel for any change:
         ~1 ms a panel, every sample)."""
         lines = self._current_lines()
-        width = self.content_region.width or self.size.width
-        base = self.visual_style.rich_style
-        if y >= len(lines):
-            return Strip.blank(width, base)
-        return line_strip(lines[y], width, base, self.app.console)
+        outer = self.visual_style.rich_style
+        base = outer + self._style("selected") if self.selected else outer
+        left = Segment(SELECTION_MARK, outer + self._style("mark")) if self.selected else Segment(" " * MARGIN, base)
+        text = (line_strip(lines[y], self._text_width(), base, self.app.console) if y < len(lines)
+                else Strip.blank(self._text_width(), base))
+        return Strip([left, *text, Segment(" " * MARGIN, base)])
 
     # -- building the lines --
 
@@ -379,7 +397,7 @@ class CardList(VerticalScroll, can_focus=True):
     def _mark_selected(self) -> None:
         self.selected = min(self.selected, max(0, len(self.panels) - 1))
         for panel in self.panels:
-            panel.set_class(panel.position == self.selected, "-selected")
+            panel.set_selected(panel.position == self.selected)
 
     def select(self, position: int) -> None:
         if not self.panels:

@@ -93,6 +93,7 @@ def _nested_segments(line: Text, own: Style, console: Console) -> list[Segment] 
 class PartialRefresh:
     """Mixin for a Widget: call `show_lines(lines)`; return `self.shown` from render()."""
 
+    TEXT_X = 0  # the column the lines start at, where the widget draws a margin of its own
     shown: list[Text] | None = None
     _shown_width = -1
 
@@ -103,7 +104,8 @@ class PartialRefresh:
             self._shown_width = width
             self.refresh(layout=old is None or len(old) != len(lines))
             return
-        regions = [Region(span[0], y, span[1] - span[0], 1) for y, (before, after) in enumerate(zip(old, lines))
+        x = self.TEXT_X
+        regions = [Region(x + span[0], y, span[1] - span[0], 1) for y, (before, after) in enumerate(zip(old, lines))
                    if (span := changed_span(before, after)) is not None]
         if regions:  # one refresh call: each costs Textual more than the line itself
             self.refresh(*regions)
