@@ -88,8 +88,8 @@ def test_moving_the_selection_marks_the_card_without_a_layout_pass(monkeypatch):
                                                                            refresh_layout(self, *a, **k))[1])
 
     def first_column(screen, panel) -> list[str]:
-        region = panel.region
-        return [screen._compositor.render_strips()[y].text[region.x] for y in range(region.y, region.bottom)]
+        region, strips = panel.region, screen._compositor.render_strips()
+        return [strips[y].text[region.x] for y in range(region.y, region.bottom)]
 
     async def go():
         async with create_app(DemoBackend(), interval=10).run_test(size=(120, 40)) as pilot:

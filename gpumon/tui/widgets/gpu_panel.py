@@ -146,12 +146,12 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         """One line, straight from its Text (Textual's way renders the whole panel for any change:
         ~1 ms a panel, every sample)."""
         lines = self._current_lines()
+        width = self._text_width()
         outer = self.visual_style.rich_style
         base = outer + self._style("selected") if self.selected else outer
         left = Segment(SELECTION_MARK, outer + self._style("mark")) if self.selected else Segment(" " * MARGIN, base)
-        text = (line_strip(lines[y], self._text_width(), base, self.app.console) if y < len(lines)
-                else Strip.blank(self._text_width(), base))
-        return Strip([left, *text, Segment(" " * MARGIN, base)])
+        text = line_strip(lines[y], width, base, self.app.console) if y < len(lines) else Strip.blank(width, base)
+        return Strip([left, *text, Segment(" " * MARGIN, base)], width + 2 * MARGIN)
 
     # -- building the lines --
 
