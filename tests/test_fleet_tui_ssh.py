@@ -190,7 +190,9 @@ def test_a_host_read_through_nvidia_smi_says_why_it_cannot_launch_and_hostile_te
     tmux.keys("Down", "Enter")  # evil's own view: its card name as the escapes it is made of
     screen = tmux.wait_for(lambda s: "\\x1b]0;pwned" in s, what="escapes shown as text")
     assert "pwned" not in tmux("display-message", "-p", "#{pane_title}")
-    tmux.keys("Escape", "Down", "r")
+    tmux.keys("Escape")  # sent apart from the next key: ESC then ESC [ B in one read can be one Alt+Down
+    tmux.wait_for(lambda s: "Hosts · 3" in s, what="back on the overview")
+    tmux.keys("Down", "r")
     tmux.wait_for(lambda s: "bare is read through nvidia-smi: launching" in s, what="why r cannot launch there")
     tmux.keys("Enter")  # its view: cards and the process nvidia-smi lists, but no signals from here
     tmux.wait_for(lambda s: "RTX 3090" in s and "4242" in s, what="bare's cards and its process")
