@@ -726,3 +726,46 @@ def test_a_line_is_drawn_as_rich_draws_it(parts, own, overlaps, width):
     own_style = base + console.get_style(own)
     expected = Strip(list(Segment.apply_style(line.render(console, end=""), own_style))).crop_extend(0, width, base)
     assert _cells(line_strip(line, width, base, console)) == _cells(expected)
+
+
+@pytest.mark.parametrize("size", [(200, 50), (100, 30), (70, 16)])
+def test_widgets_drawing_whole_lines_look_as_textuals_own_way_draws_them(size):
+    """The card panels, the process table and the status line skip Textual's boxing of each line
+    (whole_lines.py). The screen must be, cell for cell, what Textual's own way draws: with a
+    scrollbar beside the table, the cursor on it, and with padding a theme gives it."""
+    from textual._styles_cache import StylesCache
+
+    from gpumon.tui.widgets.whole_lines import WholeLinesCache
+
+    def cells(screen) -> list[list[tuple]]:
+        return [[(char, segment.style) for segment in strip for char in segment.text]
+                for strip in screen._compositor.render_strips()]
+
+    def as_textual_draws(screen) -> list[list[tuple]]:
+        widgets = [w for w in screen.walk_children() if isinstance(w._styles_cache, WholeLinesCache)]
+        ours = [w._styles_cache for w in widgets]
+        for widget in widgets:
+            widget._styles_cache = StylesCache()
+        try:
+            return cells(screen)
+        finally:
+            for widget, cache in zip(widgets, ours):
+                widget._styles_cache = cache
+
+    async def go():
+        async with create_app(DemoBackend(cards=6), interval=0.2).run_test(size=size) as pilot:
+            screen = await started(pilot)
+            table = screen.query_one(ProcessTable)
+            drawn_whole = (table, screen.status_bar, *screen.cards.panels)
+            assert {type(w._styles_cache) for w in drawn_whole} == {WholeLinesCache}
+            await pilot.press("j", "tab", "down")
+            await pilot.pause(0.5)
+            assert cells(screen) == as_textual_draws(screen)
+            if size[1] < 20:
+                assert table.show_vertical_scrollbar
+            table.styles.padding = (0, 1)
+            table.refresh()
+            await pilot.pause(0.3)
+            assert cells(screen) == as_textual_draws(screen)
+
+    run(go())

@@ -22,6 +22,7 @@ from textual.widgets import Static
 
 from gpumon.model import GpuSample
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_strip
+from gpumon.tui.widgets.whole_lines import draw_whole_lines
 from gpumon.units import format_bytes
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -75,6 +76,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
 
     def __init__(self, position: int) -> None:
         super().__init__(id=f"gpu-{position}")
+        draw_whole_lines(self)
         self.position = position  # place in the list (not necessarily the NVML index)
         self.gpu: GpuSample | None = None
         self.stale = False
