@@ -21,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gpumon.model import GpuSample
-from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_strip
+from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_segments
 from gpumon.tui.widgets.whole_lines import draw_whole_lines
 from gpumon.units import format_bytes
 
@@ -152,7 +152,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         outer = self.visual_style.rich_style
         base = outer + self._style("selected") if self.selected else outer
         left = Segment(SELECTION_MARK, outer + self._style("mark")) if self.selected else Segment(" " * MARGIN, base)
-        text = line_strip(lines[y], width, base, self.app.console) if y < len(lines) else Strip.blank(width, base)
+        text = line_segments(lines[y] if y < len(lines) else Text(), width, base, self.app.console)
         return Strip([left, *text, Segment(" " * MARGIN, base)], width + 2 * MARGIN)
 
     # -- building the lines --

@@ -48,15 +48,33 @@ def changed_span(old: Text, new: Text) -> tuple[int, int] | None:
 
 
 def line_strip(line: Text, width: int, base: Style, console: Console) -> Strip:
-    """One line of Rich Text as a Strip over `base`, `width` cells wide. A line built by appending
-    (styled pieces one after another, texts appended into texts, as the panels are) is cut straight
-    from its spans: Rich's general renderer, which re-combines the stack of styles at every span
-    boundary, was most of what a panel cost each sample."""
-    own = base + (line.style if isinstance(line.style, Style) else console.get_style(line.style))
+    """One line of Rich Text as a Strip over `base`, `width` cells wide."""
+    return Strip(line_segments(line, width, base, console), width)
+
+
+def line_segments(line: Text, width: int, base: Style, console: Console) -> list[Segment]:
+    """One line of Rich Text as segments over `base`, padded or cut to `width` cells. A line built by
+    appending (styled pieces one after another, texts appended into texts, as the panels are) is
+    cut straight from its spans: Rich's general renderer, which re-combines the stack of styles at
+    every span boundary, was most of what a panel cost each sample."""
+    own = _combined(base, line.style if isinstance(line.style, Style) else console.get_style(line.style))
     segments = _nested_segments(line, own, console)
     if segments is None:  # styles that overlap without one containing the other (stylize): Rich's way
         segments = list(Segment.apply_style(line.render(console, end=""), own))
-    return Strip(segments).crop_extend(0, width, base)
+    return Segment.adjust_line_length(segments, width, base)
+
+
+_COMBINED: dict[tuple[Style, Style], Style] = {}
+
+
+def _combined(outer: Style, inner: Style) -> Style:
+    """outer + inner, remembered: the same few theme styles are combined for every span of every line."""
+    style = _COMBINED.get((outer, inner))
+    if style is None:
+        if len(_COMBINED) > 4096:  # styles of themes no longer in use
+            _COMBINED.clear()
+        style = _COMBINED[outer, inner] = outer + inner
+    return style
 
 
 def _nested_segments(line: Text, own: Style, console: Console) -> list[Segment] | None:
@@ -81,7 +99,7 @@ def _nested_segments(line: Text, own: Style, console: Console) -> list[Segment] 
         if start > at:
             segments.append(Segment(plain[at:start], outer_style))
             at = start
-        stack.append((end, outer_style + (style if isinstance(style, Style) else console.get_style(style))))
+        stack.append((end, _combined(outer_style, style if isinstance(style, Style) else console.get_style(style))))
     while stack:
         closing, closing_style = stack.pop()
         if closing > at:
