@@ -115,10 +115,14 @@ def _process_sm_util(card: Card) -> dict[int, int] | None:
             return {}
         return card.failed("proc_util", exc)
     latest: dict[int, tuple[int, int]] = {}
+    newest = card.proc_util_ts
     for s in samples:
-        if s.timeStamp > latest.get(s.pid, (-1, 0))[0]:
-            latest[s.pid] = (s.timeStamp, s.smUtil)
-        card.proc_util_ts = max(card.proc_util_ts, s.timeStamp)
+        # Each field read once: the bindings' structs run Python code on every attribute read.
+        stamp, pid = s.timeStamp, s.pid
+        if stamp > latest.get(pid, (-1, 0))[0]:
+            latest[pid] = (stamp, s.smUtil)
+        newest = max(newest, stamp)
+    card.proc_util_ts = newest
     return {pid: util for pid, (_, util) in latest.items()}
 
 
