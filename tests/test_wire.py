@@ -207,3 +207,96 @@ def test_a_change_that_starts_inside_a_wide_character_draws_it_whole():
         updates.draw(by_cells, update, ColorSystem.EIGHT_BIT)
     assert visible(by_cells) == visible(by_string)
     assert "".join(by_cells._want_text[0]) == "ab漢xy  "
+
+
+def test_the_lean_compositor_leaves_the_screen_textuals_own_would():
+    """Every partial update of the running dashboard (samples, keys, a toast and a dialog over it,
+    the filter, a resize), rendered by LeanCompositor and by Textual's Compositor from the same
+    changed regions, leaves the same screen; after all of them the screen equals a full render."""
+    from rich.color import ColorSystem
+    from textual._compositor import Compositor
+
+    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+    from gpumon.tui.wire import compositor, updates
+
+    screens = {"lean": ScreenDiff(120, 40), "textual": ScreenDiff(120, 40)}
+    compared = []
+
+    class Both(compositor.LeanCompositor):
+        def render_full_update(self, simplify=False):
+            update = super().render_full_update(simplify=simplify)
+            for screen in screens.values():
+                screen.resize(*self.size)
+                updates.draw(screen, update, ColorSystem.EIGHT_BIT)
+            return update
+
+        def render_partial_update(self):
+            changed = set(self._dirty_regions)
+            lean = super().render_partial_update()
+            self._dirty_regions.update(changed)
+            textual = Compositor.render_partial_update(self)
+            for name, update in (("lean", lean), ("textual", textual)):
+                if update is not None:
+                    updates.draw(screens[name], update, ColorSystem.EIGHT_BIT)
+            compared.append(visible(screens["lean"]) == visible(screens["textual"]))
+            return lean
+
+    app = create_app(DemoBackend(cards=6), interval=0.1)
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert isinstance(app.screen._compositor, compositor.LeanCompositor)
+            app.screen._compositor.__class__ = Both
+            await pilot.pause(0.5)
+            await pilot.press("down", "down", "s", "tab", "down")
+            await pilot.pause(0.3)
+            app.notify("a toast over the table and the panels")
+            await pilot.pause(0.5)
+            await pilot.press("slash", "d", "escape", "question_mark")
+            await pilot.pause(0.3)
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            await pilot.resize_terminal(100, 30)
+            await pilot.pause(0.5)
+            app.screen._compositor.__class__ = compositor.LeanCompositor
+            final = ScreenDiff(*app.screen._compositor.size)
+            updates.draw(final, app.screen._compositor.render_full_update(), ColorSystem.EIGHT_BIT)
+            return final
+
+    final = asyncio.run(scenario())
+    assert len(compared) > 10 and all(compared)
+    assert visible(screens["lean"]) == visible(final)
+
+
+def test_changed_table_rows_render_the_table_not_the_frame_and_screen_behind_it():
+    """Textual renders, and cuts up, every widget under a changed line; only the frontmost is drawn."""
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+
+    app = create_app(DemoBackend(), interval=60)
+    rendered: list[str] = []
+    original = Widget.render_lines
+
+    def render_lines(widget, crop):
+        rendered.append(type(widget).__name__)
+        return original(widget, crop)
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            screen = app.screen
+            Widget.render_lines = render_lines
+            try:
+                rendered.clear()
+                screen.status_bar.refresh(Region(0, 0, 8, 1))
+                screen.table.refresh(Region(0, 1, 8, 1), Region(0, 2, 8, 1))
+                await pilot.pause(0.2)
+            finally:
+                Widget.render_lines = original
+
+    asyncio.run(scenario())
+    assert sorted(set(rendered)) == ["ProcessTable", "StatusBar"]

@@ -29,6 +29,7 @@ from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.partial import PartialRefresh
+from gpumon.tui.wire.compositor import use_lean_compositor
 
 FRAME_S = 0.25  # how often the hosts that changed are drawn
 BEHIND_OVERLAY_S = 5.0
@@ -61,6 +62,7 @@ class FleetScreen(Screen):
 
     def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
+        use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.fleet = fleet
         self.clock = clock
         self.states: Counter[str] = Counter()

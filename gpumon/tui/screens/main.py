@@ -32,6 +32,7 @@ from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
 from gpumon.tui.widgets.status_bar import StatusBar
+from gpumon.tui.wire.compositor import use_lean_compositor
 
 CHART_METRICS = ("util", "mem", "temp", "power")
 WIDE = 140  # columns from which history charts sit beside the cards
@@ -61,6 +62,7 @@ class MainScreen(CardActions, Screen):
                  env: Mapping[str, str] | None = None, waiting: str = "starting…",
                  identity: Snapshot | None = None) -> None:
         super().__init__()
+        use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.waiting = waiting  # the status line until the first sample
         self.identity = identity  # the cards' names, shown until the first sample
         self.history = history
