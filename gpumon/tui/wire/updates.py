@@ -42,13 +42,16 @@ def _draw_chops(diff: ScreenDiff, update: ChopsUpdate, color_system) -> None:
     table row); here the chop is cut at the span's start too, where no wide character straddles it."""
     for y, x1, x2 in update.spans:
         for end, (x, strip) in zip(update.chop_ends[y], update.chops[y].items()):
-            if strip is None or x > x2 or end <= x1:
+            if strip is None or x >= x2 or end <= x1:
                 continue
-            if not (x2 > x >= x1 and end <= x2):
-                left = x1 if x < x1 and _single_width(strip) else x
-                strip = strip.crop(left - x, min(end, x2) - x)
-                x = left
-            diff.put(y, x, _runs(strip, color_system))
+            if x2 > x >= x1 and end <= x2:
+                diff.put(y, x, _runs(strip, color_system))
+            elif _single_width(strip):  # cut by slicing the text: no Strip made for each cut chop
+                left = max(x, x1)
+                diff.put(y, left, _cut_runs(strip, left - x, min(end, x2) - x, color_system))
+            else:
+                strip = strip.crop(0, min(end, x2) - x)
+                diff.put(y, x, _runs(strip, color_system))
 
 
 def _single_width(strip: Strip) -> bool:
@@ -60,6 +63,21 @@ def _runs(strip: Strip, color_system) -> Iterable[tuple[str, sgr.State]]:
     for text, style, control in strip:
         if not control:
             yield text, (sgr.DEFAULT if style is None else state_of(style, color_system))
+
+
+def _cut_runs(strip: Strip, start: int, stop: int, color_system) -> Iterable[tuple[str, sgr.State]]:
+    """The runs of cells start..stop of a strip of single-width characters."""
+    state_of = _state
+    x = 0
+    for text, style, control in strip:
+        if control:
+            continue
+        after = x + len(text)
+        if after > start:
+            yield text[max(0, start - x):stop - x], (sgr.DEFAULT if style is None else state_of(style, color_system))
+        if after >= stop:
+            return
+        x = after
 
 
 def _state(style: Style, color_system) -> sgr.State:
