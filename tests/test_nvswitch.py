@@ -12,7 +12,7 @@ from test_topology import eight_cards
 
 from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 
 
 def hgx(machine, links: int = 18, name: str = "NVIDIA H100 80GB HBM3", **extra) -> None:

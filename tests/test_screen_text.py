@@ -16,7 +16,7 @@ from gpumon.model import GpuSample
 from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.sanitize import printable
 from gpumon.tui.app import create_app
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.partial import changed_span
 
 INVISIBLE = [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0x200B, 0x2010))]

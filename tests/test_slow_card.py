@@ -16,7 +16,7 @@ from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.monitor.sampler import Sampler
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.topology import TopologyScreen
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 
 
 def lanes() -> int:

@@ -21,7 +21,8 @@ from gpumon.tui.app import create_app
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.help import HelpScreen
-from gpumon.tui.widgets.gpu_panel import CardList, GpuPanel
+from gpumon.tui.widgets.card_list import CardList
+from gpumon.tui.widgets.gpu_panel import GpuPanel
 from gpumon.tui.widgets.process_table import ProcessTable
 
 

@@ -23,7 +23,7 @@ from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import MemLimitDialog, RunDialog
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.process_table import ProcessTable
 
 

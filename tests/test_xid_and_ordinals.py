@@ -14,7 +14,7 @@ from gpumon.monitor.backends.nvml import NvmlBackend
 from gpumon.monitor.cuda_order import cuda_ordinals
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.help import help_table
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 
 
 def test_the_tui_listens_for_xid_errors(fake_driver):

@@ -26,7 +26,7 @@ from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.topology import TopologyScreen
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.host_row import describe_state, time_dependent
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.tui.widgets.status_bar import StatusBar

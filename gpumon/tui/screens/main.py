@@ -27,7 +27,7 @@ from gpumon.monitor.sampler import History
 from gpumon.monitor.topology import unknown_links
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
-from gpumon.tui.widgets.gpu_panel import CardList
+from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
