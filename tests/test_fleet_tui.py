@@ -256,6 +256,66 @@ def test_enter_opens_the_hosts_own_view_and_escape_returns():
     run(go())
 
 
+def test_a_host_keeps_its_selected_card_when_its_view_is_opened_again():
+    fleet, report = a_lab()
+
+    async def go():
+        app = FleetApp(fleet)
+        async with app.run_test(size=(120, 40)) as pilot:
+            _, table = await overview(pilot)
+            report()
+            await drawn(pilot)
+            table.select_host("gpu02")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            await pilot.press("down", "down")
+            assert app.screen.selected_gpu.index == 2
+            await pilot.press("escape")
+            table.select_host("gpu01")  # another host's view in between keeps its own choice
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert app.screen.selected_gpu.index == 0
+            await pilot.press("down", "escape")
+            table.select_host("gpu02")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert app.screen.host == "gpu02" and app.screen.selected_gpu.index == 2
+            await pilot.press("r")  # r acts on the card picked before, not card 0
+            assert isinstance(app.screen, RunDialog) and app.screen.where.startswith("gpu02:2")
+            await pilot.press("escape", "escape")
+            table.select_host("gpu01")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert app.screen.selected_gpu.index == 1
+
+    run(go())
+
+
+def test_with_every_host_away_the_header_counts_the_cards_the_rows_show_and_says_they_are_old():
+    fleet, report = a_lab()
+
+    async def go():
+        app = FleetApp(fleet)
+        async with app.run_test(size=(160, 40)) as pilot:
+            screen, table = await overview(pilot)
+            report()
+            await drawn(pilot)
+            fleet.report("gpu01", "unreachable", error="connection refused")
+            await drawn(pilot)
+            await pilot.pause(1.2)  # the totals line follows once a second
+            status = screen.query_one(FleetStatusLine).shown[0].plain
+            assert "5/10 cards free (2 from old readings)" in status
+            for host in ("gpu02", "dgx-a", "old-box"):
+                fleet.report(host, "unreachable", error="connection refused")
+            await drawn(pilot)
+            await pilot.pause(1.2)
+            status = screen.query_one(FleetStatusLine).shown[0].plain
+            assert "5/10 cards free (all from old readings)" in status
+            assert "1/2" in row_of(table, "gpu01").split()  # the rows keep the same readings
+
+    run(go())
+
+
 def test_m_in_a_hosts_view_sets_that_cards_default_limit_named_host_and_card():
     from gpumon.jobs.launch import card_limits
     from gpumon.tui.screens.run_dialog import MemLimitDialog

@@ -44,6 +44,9 @@ class FleetApp(GpumonApp):
         self.local_real_pids = local_real_pids
         self.overview = FleetScreen(fleet, clock)
         self.host_screen: HostScreen | None = None
+        # Each host's selected card while gpumon runs: `r` after reopening a host targets the card
+        # picked a moment ago, not card 0.
+        self.card_choice: dict[str, int] = {}
         self._runner = None
 
     def on_mount(self, event: Mount) -> None:
@@ -66,13 +69,15 @@ class FleetApp(GpumonApp):
         if self.host_screen is not None and self.screen is self.host_screen:
             self.close_host(self.host_screen)
         real_pids = self.local_real_pids if self.fleet.specs[name].is_local else True
-        screen = HostScreen(self.fleet, name, real_pids, self.readonly, self.env)
+        screen = HostScreen(self.fleet, name, real_pids, self.readonly, self.env,
+                            selected=self.card_choice.get(name, 0))
         self.host_screen = screen
         self.push_screen(screen)
         if job_id:
             screen.call_after_refresh(screen.show_job, job_id)
 
     def close_host(self, screen: HostScreen) -> None:
+        self.card_choice[screen.host] = screen.cards.selected
         if self.screen is screen:
             self.pop_screen()
         if self.host_screen is screen:

@@ -66,8 +66,10 @@ class FleetScreen(Screen):
         self.fleet = fleet
         self.clock = clock
         self.states: Counter[str] = Counter()
-        self.free = self.cards = 0  # free and all cards of the hosts that are live
-        self._counted: dict[str, tuple[str, int, int]] = {}
+        # Free and all cards the rows show, and how many of those are a host's last reading (not live):
+        # with every host away the rows keep their old values, and so does the header, saying so.
+        self.free = self.cards = self.old_cards = 0
+        self._counted: dict[str, tuple[str, int, int, int]] = {}
         self._pending: dict[str, HostStatus] = {}
         self._flushed_at = 0.0
         self._jump: tuple[str, bool, float] | None = None
@@ -113,13 +115,15 @@ class FleetScreen(Screen):
             self.states[old[0]] -= 1
             self.free -= old[1]
             self.cards -= old[2]
+            self.old_cards -= old[3]
         changed = self.table.update_host(status)
         row = changed[1] if changed else self.table.rows[status.host]
-        new = (status.state, row.free or 0, row.total) if row.live else (status.state, 0, 0)
+        new = (status.state, row.free or 0, row.total, 0 if row.live else row.total)
         self._counted[status.host] = new
         self.states[new[0]] += 1
         self.free += new[1]
         self.cards += new[2]
+        self.old_cards += new[3]
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
@@ -156,6 +160,10 @@ class FleetScreen(Screen):
                 "fleet-status--jump"))
             text.append("  ·  ")
         text.append(f"{self.free}/{self.cards} cards free", style="bold")
+        if self.old_cards:
+            every = self.old_cards == self.cards
+            text.append(f" ({'all' if every else self.old_cards} from old readings)",
+                        style=line.get_component_rich_style("fleet-status--bad"))
         hosts = len(self.fleet.names)
         text.append(f" on {hosts} host{'s' if hosts != 1 else ''}: ")
         # Retrying is being unreachable still: one word for both keeps the line short.

@@ -42,7 +42,8 @@ class HostScreen(MainScreen):
     ]
 
     def __init__(self, fleet: Fleet, host: str, real_pids: bool, readonly: bool,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, selected: int = 0) -> None:
+        """`selected`: the card to select first (the one picked when the host was last open)."""
         self.fleet = fleet
         self.host = host
         self.status = fleet.status(host)
@@ -52,8 +53,10 @@ class HostScreen(MainScreen):
         self._jobs_at = -REMOTE_JOB_SCAN_S
         self._jobs_busy = False
         self._away: Static | None = None  # says why there is no reading yet
+        self._first_selected = selected
 
     def on_mount(self) -> None:  # MainScreen's on_mount runs too (Textual calls every class's handler)
+        self.cards.selected = self._first_selected  # kept (within the card count) when the panels come
         self.show_status(self.status)
         self.set_interval(1.0, self._tick)
 
