@@ -35,32 +35,42 @@ from gpumon.sanitize import printable
 MIB = 1 << 20
 BACKEND = "prometheus"  # a snapshot's "backend" when it was read through Prometheus
 
-# Metric -> (GpuSample field, factor to the schema's unit). Both names of the throttle bitmask:
-# dcgm-exporter renamed it with DCGM 3.3.
-FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu", 1),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory", 1),
-    "DCGM_FI_DEV_FB_USED": ("memory_used", MIB),
-    "DCGM_FI_DEV_FB_FREE": ("memory_free", MIB),
-    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved", MIB),  # counts towards the total
-    "DCGM_FI_DEV_GPU_TEMP": ("temperature", 1),
-    "DCGM_FI_DEV_FAN_SPEED": ("fan", 1),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_draw", 1),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1),
-    "DCGM_FI_DEV_SM_CLOCK": ("clock_sm", 1),
-    "DCGM_FI_DEV_MEM_CLOCK": ("clock_mem", 1),
-    "DCGM_FI_DEV_ENC_UTIL": ("encoder_util", 1),
-    "DCGM_FI_DEV_DEC_UTIL": ("decoder_util", 1),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_errors_uncorrected", 1),
-    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("pcie_tx", 1024),
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": ("pcie_rx", 1024),
-    "DCGM_FI_DEV_PSTATE": ("pstate", 1),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1),
-    "gpumon_gpu_lost": ("lost", 1),
+# DCGM's "blank" values (dcgm_structs.h) are no reading: the blank itself and the codes just above
+# it (+1 not found, +2 not supported, +3 not permissioned). dcgm-exporter prints them as numbers
+# (9223372036854775794 for a card without memory temperature); Prometheus holds them as float64,
+# which rounds the INT64 ones to 2**63. So a value from its field type's blank up is no reading.
+# A 32-bit reading (NVML's unsigned int: temperatures, clocks, utilisation...) blank-checks
+# against DCGM_INT32_BLANK, the value DCGM converts its blanks to for 32-bit quantities.
+INT32_BLANK = float(0x7FFFFFF0)
+INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
+FP64_BLANK = 140737488355328.0  # 2**47
+
+# Metric -> (GpuSample field, factor to the schema's unit, its blank). Both names of the throttle
+# bitmask: dcgm-exporter renamed it with DCGM 3.3.
+FIELDS: dict[str, tuple[str, float, float]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu", 1, INT32_BLANK),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory", 1, INT32_BLANK),
+    "DCGM_FI_DEV_FB_USED": ("memory_used", MIB, INT64_BLANK),
+    "DCGM_FI_DEV_FB_FREE": ("memory_free", MIB, INT64_BLANK),
+    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved", MIB, INT64_BLANK),  # counts towards the total
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature", 1, INT32_BLANK),
+    "DCGM_FI_DEV_FAN_SPEED": ("fan", 1, INT32_BLANK),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_draw", 1, FP64_BLANK),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1, FP64_BLANK),
+    "DCGM_FI_DEV_SM_CLOCK": ("clock_sm", 1, INT32_BLANK),
+    "DCGM_FI_DEV_MEM_CLOCK": ("clock_mem", 1, INT32_BLANK),
+    "DCGM_FI_DEV_ENC_UTIL": ("encoder_util", 1, INT32_BLANK),
+    "DCGM_FI_DEV_DEC_UTIL": ("decoder_util", 1, INT32_BLANK),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_errors_uncorrected", 1, INT64_BLANK),
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("pcie_tx", 1024, INT32_BLANK),
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": ("pcie_rx", 1024, INT32_BLANK),
+    "DCGM_FI_DEV_PSTATE": ("pstate", 1, INT32_BLANK),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1, INT64_BLANK),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1, INT64_BLANK),
+    "gpumon_gpu_lost": ("lost", 1, 2.0),
 }
 FLOAT_FIELDS = {"power_draw", "power_limit"}
-_CARD_FIELDS = tuple(dict.fromkeys(n for n, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
+_CARD_FIELDS = tuple(dict.fromkeys(n for n, _, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
 SAMPLE_AGE = "gpumon_sample_age_seconds"  # gpumon's exporter: seconds since its newest sample
 PROCESS_MEMORY = "gpumon_process_gpu_memory_bytes"  # gpumon's exporter with --prometheus-processes
 # Series every exporting card has: its freshness is read from the first of these it has (each one
@@ -330,7 +340,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
             continue
         spec = FIELDS.get(metric)  # type: ignore[arg-type]
         card = by_key.get(_raw_key(labels)) if spec is not None else None
-        if card is not None:
+        if card is not None and value < spec[2]:  # NaN is not less either
             card.values[spec[0]] = value * spec[1]
     _add_processes(hosts, processes)
     for name, host in hosts.items():

@@ -1,0 +1,140 @@
+"""What the Prometheus source trusts, and what it does not, read through a real Prometheus on
+loopback: two scrape targets that name the same host, DCGM's "blank" values, dcgm-exporter 2.x's
+bare labels, and credentials (a Prometheus that demands basic auth; the password from the
+environment, a file or ~/.netrc, never shown, never sent to another host on a redirect). The
+expositions are written in dcgm-exporter's format and served by a small static HTTP server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import require_tool
+from promlab import Prometheus, StaticServer
+
+MIB = 1 << 20
+USER, PASSWORD = "gpumon", "s3cret-Pa55"
+# bcrypt of PASSWORD at cost 4 (Prometheus checks it on every request), made once with crypt(3).
+PASSWORD_HASH = "$2b$04$.rDqK07Sg9BvI8S1VfITqOiHXdbNdghRhJf6rcpB5AaOVDnBnEvoK"
+
+# dcgm-exporter's HELP texts and types, as it prints them.
+METRICS = {
+    "DCGM_FI_DEV_SM_CLOCK": ("SM clock frequency (in MHz).", "gauge"),
+    "DCGM_FI_DEV_MEM_CLOCK": ("Memory clock frequency (in MHz).", "gauge"),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("Memory temperature (in C).", "gauge"),
+    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", "gauge"),
+    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", "gauge"),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("Power management limit (in W).", "gauge"),
+    "DCGM_FI_DEV_FAN_SPEED": ("Fan speed (in %).", "gauge"),
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("Total number of bytes transmitted through PCIe TX (in KB).", "counter"),
+    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", "gauge"),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("Memory utilization (in %).", "gauge"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("Total number of double-bit volatile ECC errors.", "counter"),
+    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", "gauge"),
+    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", "gauge"),
+}
+
+
+def card(gpu: int, uuid: str, host: str | None, model: str = "NVIDIA A100-SXM4-80GB", **values: str) -> dict:
+    """One card's series: dcgm-exporter 3.x's labels in its order, values by metric (without DCGM_FI_DEV_)."""
+    labels = {"gpu": str(gpu), "UUID": uuid, "pci_bus_id": f"00000000:{7 + gpu:02X}:00.0", "device": f"nvidia{gpu}",
+              "modelName": model}
+    if host is not None:
+        labels["Hostname"] = host
+    labels["DCGM_FI_DRIVER_VERSION"] = "535.129.03"
+    return {"labels": labels, "values": {f"DCGM_FI_DEV_{k}": v for k, v in values.items()}}
+
+
+def exposition(*cards: dict) -> str:
+    lines = []
+    for metric, (doc, kind) in METRICS.items():
+        series = [c for c in cards if metric in c["values"]]
+        if series:
+            lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} {kind}"]
+        for c in series:
+            labels = ",".join(f'{k}="{v}"' for k, v in c["labels"].items())
+            lines.append(f"{metric}{{{labels}}} {c['values'][metric]}")
+    return "\n".join(lines) + "\n"
+
+
+def target(static: StaticServer, path: str, instance: str) -> dict:
+    return {"targets": [f"127.0.0.1:{static.port}"], "labels": {"__metrics_path__": path, "instance": instance}}
+
+
+def gpumon(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpumon", *args], capture_output=True, text=True, timeout=90,
+                          env=env)
+
+
+def hosts_of(out: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    assert out.returncode == 0, out.stderr
+    return {h["host"]: h for h in json.loads(out.stdout)["hosts"]}
+
+
+@pytest.fixture
+def started():
+    """Everything a test starts, ended afterwards by pid (Prometheus) or closed (servers)."""
+    things: list = []
+    yield things
+    for thing in reversed(things):
+        (thing.stop if isinstance(thing, Prometheus) else thing.close)()
+
+
+# -- DCGM's blank values, and dcgm-exporter 2.x's bare labels --
+
+# dcgm_structs.h: DCGM_INT32_BLANK 0x7ffffff0, DCGM_INT64_BLANK 0x7ffffffffffffff0, DCGM_FP64_BLANK
+# 2**47; +1 not found, +2 not supported, +3 not permissioned. dcgm-exporter prints them as they are
+# (its README: DCGM_FI_DEV_MEMORY_TEMP{...} 9223372036854775794).
+INT32_BLANK, INT64_BLANK = 0x7FFFFFF0, 0x7FFFFFFFFFFFFFF0
+
+
+def test_dcgm_blank_values_are_no_reading(tmp_path, started):
+    prometheus = require_tool("prometheus")
+    static = StaticServer()
+    started.append(static)
+    blank = card(1, "GPU-dddddddd-0000-4000-8000-000000000001", "node-d",
+                 GPU_TEMP=str(INT64_BLANK + 2), MEMORY_TEMP=str(INT64_BLANK + 2), FAN_SPEED=str(INT64_BLANK),
+                 POWER_USAGE="140737488355328.000000", POWER_MGMT_LIMIT="140737488355330.000000",
+                 SM_CLOCK=str(INT32_BLANK + 2), MEM_CLOCK=str(INT32_BLANK + 3), GPU_UTIL=str(INT32_BLANK),
+                 MEM_COPY_UTIL=str(INT64_BLANK + 1), PCIE_TX_THROUGHPUT=str(INT32_BLANK + 1),
+                 ECC_DBE_VOL_TOTAL=str(INT64_BLANK + 3), FB_USED="1024", FB_FREE=str(INT64_BLANK + 1))
+    real = card(0, "GPU-dddddddd-0000-4000-8000-000000000000", "node-d", GPU_TEMP="64", MEMORY_TEMP="70",
+                FAN_SPEED="35", POWER_USAGE="250.125000", POWER_MGMT_LIMIT="400.000000", SM_CLOCK="1410",
+                MEM_CLOCK="1593", GPU_UTIL="93", MEM_COPY_UTIL="40", PCIE_TX_THROUGHPUT="2048",
+                ECC_DBE_VOL_TOTAL="0", FB_USED="4096", FB_FREE="77824")
+    static.page("/d", exposition(real, blank))
+    # dcgm-exporter 2.0's series carry only gpu and UUID (its README's example, spaces included).
+    uuid = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+    static.page("/old", "".join(f'# HELP {m} {METRICS[m][0]}\n# TYPE {m} gauge\n{m}{{gpu="0", UUID="{uuid}"}} {v}\n'
+                                for m, v in [("DCGM_FI_DEV_SM_CLOCK", "139"), ("DCGM_FI_DEV_GPU_TEMP", "40"),
+                                             ("DCGM_FI_DEV_FB_FREE", "15079"), ("DCGM_FI_DEV_FB_USED", "0")]))
+    server = Prometheus(prometheus, tmp_path, [{"job_name": "dcgm", "static_configs": [
+        target(static, "/d", "10.0.0.4:9400"), target(static, "/old", "old-node:9400")]}])
+    started.append(server.start())
+    server.wait_for_series("DCGM_FI_DEV_GPU_TEMP", 3)
+
+    hosts = hosts_of(gpumon("snapshot", "--json", "--prometheus-url", server.url))
+    assert set(hosts) == {"node-d", "old-node:9400"}
+    ok, none = hosts["node-d"]["snapshot"]["gpus"]
+    assert (ok["temperature"], ok["fan"], ok["power_draw"], ok["power_limit"], ok["clock_sm"], ok["clock_mem"],
+            ok["utilization_gpu"], ok["utilization_memory"], ok["pcie_tx"], ok["ecc_errors_uncorrected"],
+            ok["memory_used"], ok["memory_free"], ok["memory_total"]) == (
+        64, 35, 250.125, 400.0, 1410, 1593, 93, 40, 2048 * 1024, 0, 4096 * MIB, 77824 * MIB, 81920 * MIB)
+    readings = ("temperature", "fan", "power_draw", "power_limit", "clock_sm", "clock_mem", "utilization_gpu",
+                "utilization_memory", "pcie_tx", "ecc_errors_uncorrected", "memory_free", "memory_total")
+    assert {k: none[k] for k in readings} == dict.fromkeys(readings)
+    assert none["memory_used"] == 1024 * MIB and none["state"] == "ok"
+    (old,) = hosts["old-node:9400"]["snapshot"]["gpus"]
+    assert (old["index"], old["uuid"], old["name"], old["pci_bus_id"]) == (0, uuid, "?", None)
+    assert (old["temperature"], old["clock_sm"], old["memory_total"]) == (40, 139, 15079 * MIB)
+
+    text = gpumon("snapshot", "--prometheus-url", server.url)
+    assert text.returncode == 0, text.stderr
+    assert "92233720" not in text.stdout and "140737488" not in text.stdout and "2147483" not in text.stdout
+    # No alert fires on a blank: it is no reading at all.
+    watched = gpumon("watch", "--prometheus-url", server.url, "--interval", "0.5", "--count", "3",
+                     "--alert", "temp > 85", "--alert", "power > 500", "--alert", "fan > 90")
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == ""
