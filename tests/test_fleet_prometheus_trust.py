@@ -6,13 +6,18 @@ expositions are written in dcgm-exporter's format and served by a small static H
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import require_tool
 from promlab import Prometheus, StaticServer
+
+from gpumon.model import HostStatus
+from gpumon.monitor.fleet import Fleet, PrometheusSource
 
 MIB = 1 << 20
 USER, PASSWORD = "gpumon", "s3cret-Pa55"
@@ -80,6 +85,70 @@ def started():
     yield things
     for thing in reversed(things):
         (thing.stop if isinstance(thing, Prometheus) else thing.close)()
+
+
+# -- two scrape targets that name the same host --
+
+A0, A1 = "GPU-aaaaaaaa-0000-4000-8000-000000000000", "GPU-aaaaaaaa-0000-4000-8000-000000000001"
+B0, C0 = "GPU-bbbbbbbb-0000-4000-8000-000000000000", "GPU-cccccccc-0000-4000-8000-000000000000"
+
+
+def test_two_targets_naming_one_host_with_different_cards_are_two_hosts(tmp_path, started):
+    prometheus = require_tool("prometheus")
+    static = StaticServer()
+    started.append(static)
+    # One container image on two nodes: both exporters say Hostname "gpu-node", each of its own cards.
+    static.page("/a", exposition(card(0, A0, "gpu-node", GPU_TEMP="41", FB_USED="100", FB_FREE="900"),
+                                 card(1, A1, "gpu-node", GPU_TEMP="42", FB_USED="200", FB_FREE="800")))
+    static.page("/b", exposition(card(0, B0, "gpu-node", GPU_TEMP="51", FB_USED="300", FB_FREE="700")))
+    # One node scraped under two names (by IP and by DNS name): the same card, one host.
+    static.page("/c", exposition(card(0, C0, "node-c", GPU_TEMP="61", FB_USED="400", FB_FREE="600")))
+    server = Prometheus(prometheus, tmp_path, [{"job_name": "dcgm", "static_configs": [
+        target(static, "/a", "10.0.0.1:9400"), target(static, "/b", "10.0.0.2:9400"),
+        target(static, "/c", "10.0.0.3:9400"), target(static, "/c", "node-c:9400")]}])
+    started.append(server.start())
+    server.wait_for_series("DCGM_FI_DEV_GPU_TEMP", 5)
+
+    hosts = hosts_of(gpumon("snapshot", "--json", "--prometheus-url", server.url))
+    assert set(hosts) == {"gpu-node (10.0.0.1:9400)", "gpu-node (10.0.0.2:9400)", "node-c"}
+
+    def cards(name: str) -> list[tuple]:
+        return [(g["index"], g["uuid"], g["temperature"], g["memory_used"] // MIB)
+                for g in hosts[name]["snapshot"]["gpus"]]
+
+    assert cards("gpu-node (10.0.0.1:9400)") == [(0, A0, 41, 100), (1, A1, 42, 200)]
+    assert cards("gpu-node (10.0.0.2:9400)") == [(0, B0, 51, 300)]
+    assert cards("node-c") == [(0, C0, 61, 400)]
+
+    # One of the two stops: it goes stale under its own name; the other keeps its name.
+    asyncio.run(_one_of_two_stops(server, static))
+
+
+async def _one_of_two_stops(server: Prometheus, static: StaticServer) -> None:
+    source = PrometheusSource(server.url, interval=0.5, timeout=3)
+    fleet = Fleet([], [source], 0.5)
+    heard: dict[str, HostStatus] = {}
+    fleet.subscribe(lambda status: heard.__setitem__(status.host, status))
+    runner = asyncio.create_task(fleet.run())
+    a, b = "gpu-node (10.0.0.1:9400)", "gpu-node (10.0.0.2:9400)"
+
+    async def until(check, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {fleet.statuses()}"
+            await asyncio.sleep(0.1)
+
+    try:
+        await until(lambda: {heard.get(n, HostStatus(n)).state for n in (a, b)} == {"live"}, "both live")
+        static.page("/b", "gone\n", status=404)
+        await until(lambda: heard[b].state == "stale", f"{b} stale")
+        assert "its exporter is down (10.0.0.2:9400 (job dcgm))" in heard[b].error
+        await asyncio.sleep(2)  # a few more refreshes: no host of the bare name appears
+        assert heard[a].state == "live" and set(fleet.names) == {a, b, "node-c"}
+        assert [g.uuid for g in heard[a].snapshot.gpus] == [A0, A1]
+    finally:
+        fleet.stop()
+        await runner
 
 
 # -- DCGM's blank values, and dcgm-exporter 2.x's bare labels --

@@ -56,6 +56,7 @@ class PrometheusSource:
         self._foreign: set[str] = set()  # names another source of the fleet reads
         self._instances: dict[str, set[str]] = {}  # host -> the scrape targets it came from
         self._jobs: set[str] = set()  # scrape jobs GPU series came from
+        self._split: set[str] = set()  # host names two machines report (dcgm.host_names)
         self._newest: dict[str, float] = {}  # host -> time of its newest sample seen
         self._gap: dict[str, float] = {}  # host -> shortest time between two new samples seen
         self._readings: dict[str, tuple] = {}  # host -> (which samples, its snapshot): reused until new ones
@@ -76,7 +77,8 @@ class PrometheusSource:
         by_name = dict(zip(questions, answers, strict=True))
         when = next((t for t, _, _ in answers if t is not None), None) or time.time()
         return await in_daemon_thread(partial(read_cluster, when, by_name["cards"][1], by_name["values"][1],
-                                              by_name["processes"][1], by_name["targets"][1], self._readings))
+                                              by_name["processes"][1], by_name["targets"][1], self._readings,
+                                              frozenset(self._split)))
 
     async def run(self, fleet) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +108,7 @@ class PrometheusSource:
     def publish(self, fleet, cluster: Cluster) -> None:
         """Report what one refresh found: every host's state and reading."""
         self._jobs |= cluster.jobs
+        self._split |= cluster.split
         for name, host in cluster.hosts.items():
             if name in self._foreign or not self._known(fleet, name):
                 continue
