@@ -7,14 +7,21 @@ expositions are written in dcgm-exporter's format and served by a small static H
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import require_tool
 from promlab import Prometheus, StaticServer
+from test_cli import assert_one_line_error
 
 from gpumon.model import HostStatus
 from gpumon.monitor.fleet import Fleet, PrometheusSource
@@ -207,3 +214,171 @@ def test_dcgm_blank_values_are_no_reading(tmp_path, started):
                      "--alert", "temp > 85", "--alert", "power > 500", "--alert", "fan > 90")
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout == ""
+
+
+# -- credentials --
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """gpumon's environment with a HOME of the test's own (its ~/.netrc) and no password unless given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUMON_PROMETHEUS_PASSWORD", "GPUMON_CONFIG", "NETRC")}
+    home.mkdir(exist_ok=True)
+    return env | {"HOME": str(home)} | extra
+
+
+@pytest.fixture
+def guarded(tmp_path, started) -> Prometheus:
+    """A real Prometheus that demands basic auth (USER, PASSWORD), scraping one dcgm-exporter."""
+    prometheus = require_tool("prometheus")
+    static = StaticServer()
+    started.append(static)
+    static.page("/metrics", exposition(card(0, A0, "node-a", GPU_TEMP="55", FB_USED="10", FB_FREE="90")))
+    server = Prometheus(prometheus, tmp_path, [{"job_name": "dcgm", "static_configs": [
+        target(static, "/metrics", "10.0.0.1:9400")]}], users={USER: PASSWORD_HASH}, auth=(USER, PASSWORD))
+    started.append(server.start())
+    server.wait_for_series("DCGM_FI_DEV_GPU_TEMP", 1)
+    with pytest.raises(urllib.error.HTTPError, match="401"):  # it does demand a login
+        urllib.request.urlopen(f"{server.url}/api/v1/query?query=up", timeout=10)
+    return server
+
+
+def without_secrets(out: subprocess.CompletedProcess[str], *secrets: str) -> subprocess.CompletedProcess[str]:
+    for secret in secrets:
+        assert secret not in out.stdout and secret not in out.stderr, (secret, out.stdout, out.stderr)
+    return out
+
+
+def test_basic_auth_with_the_password_from_the_environment_a_file_or_netrc(guarded, tmp_path):
+    port = guarded.port
+    plain = f"http://127.0.0.1:{port}"
+    home = tmp_path / "home"
+    env = clean_env(home)
+
+    assert_one_line_error(gpumon("snapshot", "--prometheus-url", plain, env=env), 2, "HTTP 401: not allowed")
+    # The user in the URL, the password in the environment (never on the command line).
+    with_user = f"http://{USER}@127.0.0.1:{port}"
+    assert set(hosts_of(gpumon("snapshot", "--json", "--prometheus-url", with_user,
+                               env=clean_env(home, GPUMON_PROMETHEUS_PASSWORD=PASSWORD)))) == {"node-a"}
+    wrong = gpumon("snapshot", "--prometheus-url", with_user, env=clean_env(home, GPUMON_PROMETHEUS_PASSWORD="nope-42"))
+    assert_one_line_error(without_secrets(wrong, "nope-42"), 2, "HTTP 401: not allowed")
+    # The user and a password file in the config (relative to the config's folder).
+    config = tmp_path / "gpumon.toml"
+    (tmp_path / "prometheus-password").write_text(PASSWORD + "\n")
+    config.write_text(f'[fleet]\nprometheus_user = "{USER}"\nprometheus_password_file = "prometheus-password"\n')
+    assert set(hosts_of(gpumon("snapshot", "--json", "--prometheus-url", plain,
+                               env=clean_env(home, GPUMON_CONFIG=str(config))))) == {"node-a"}
+    config.write_text(f'[fleet]\nprometheus_user = "{USER}"\nprometheus_password_file = "missing"\n')
+    assert_one_line_error(gpumon("snapshot", "--prometheus-url", plain, env=clean_env(home, GPUMON_CONFIG=str(config))),
+                          2, "prometheus_password_file")
+    # A password with no user to go with it says so.
+    assert_one_line_error(gpumon("snapshot", "--prometheus-url", plain,
+                                 env=clean_env(home, GPUMON_PROMETHEUS_PASSWORD=PASSWORD)), 2, "no user")
+    # ~/.netrc, as curl reads it: the machine is the host name.
+    netrc = home / ".netrc"
+    netrc.write_text(f"machine 127.0.0.1\n  login {USER}\n  password {PASSWORD}\n")
+    netrc.chmod(0o600)
+    assert set(hosts_of(gpumon("snapshot", "--json", "--prometheus-url", plain, env=env))) == {"node-a"}
+    netrc.chmod(0o644)  # readable by others: refused, as curl's library and Python's netrc do
+    assert_one_line_error(without_secrets(gpumon("snapshot", "--prometheus-url", plain, env=env), PASSWORD), 2,
+                          ".netrc")
+    netrc.unlink()
+
+
+def test_the_password_is_never_shown(guarded, tmp_path):
+    env = clean_env(tmp_path / "home")
+    debug = env | {"GPUMON_LOG": "debug"}  # every log line too
+    url = f"http://{USER}:{PASSWORD}@127.0.0.1:{guarded.port}"
+    shown = f"http://127.0.0.1:{guarded.port}"
+    out = without_secrets(gpumon("select", "--verbose", "--prometheus-url", url, env=debug), PASSWORD)
+    assert out.returncode == 0 and out.stdout.startswith("node-a\t"), out.stderr
+    bad_password = f"http://{USER}:wr0ng-pa55@127.0.0.1:{guarded.port}"
+    for command in (["snapshot"], ["select", "--verbose"]):
+        out = without_secrets(gpumon(*command, "--prometheus-url", bad_password, env=env), "wr0ng-pa55")
+        assert_one_line_error(out, 2, f"Prometheus at {shown}: HTTP 401")
+        without_secrets(gpumon(*command, "--prometheus-url", bad_password, env=debug), "wr0ng-pa55")
+    for bad in (f"http://{USER}:{PASSWORD}@prom:99999", f"ftp://{USER}:{PASSWORD}@prom:9090"):
+        out = without_secrets(gpumon("snapshot", "--prometheus-url", bad, env=env), PASSWORD)
+        assert_one_line_error(out, 2, "expected the Prometheus server's address")
+        assert f"{USER}:***@prom" in out.stderr
+    config = tmp_path / "gpumon.toml"
+    config.write_text(f'[fleet]\nprometheus_url = "http://{USER}:{PASSWORD}@prom:99999"\n')
+    from gpumon.cli.fleet import prometheus_url
+    from gpumon.cli.parser import build_parser
+    from gpumon.config import load_config
+    from gpumon.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        prometheus_url(build_parser().parse_args([]), load_config(str(config)), use_config=True)
+    assert PASSWORD not in str(caught.value) and "prometheus_url" in str(caught.value)
+    # A server that echoes what it was asked, credentials and all, in its error: gpumon does not repeat them.
+    echo = StaticServer()
+    try:
+        echo.page("/p/api/v1/query", json.dumps({"status": "error", "error": f"bad login {USER}:{PASSWORD}"}),
+                  status=400, kind="application/json")
+        out = gpumon("snapshot", "--prometheus-url", f"http://{USER}:{PASSWORD}@127.0.0.1:{echo.port}/p", env=env)
+        assert_one_line_error(without_secrets(out, PASSWORD), 2, "HTTP 400")
+    finally:
+        echo.close()
+
+
+class Redirector:
+    """A web server on 127.0.0.2 in front of the Prometheus on 127.0.0.1: /other/... redirects there
+    (another host), /same/... redirects to its own /proxy/..., which forwards to Prometheus with the
+    Authorization it was sent. It notes the Authorization of every request it gets, by path."""
+
+    def __init__(self, upstream: str) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+        me = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                first, _, rest = self.path.lstrip("/").partition("/")
+                me.seen.append((first, self.headers.get("Authorization")))
+                if first in ("other", "same"):
+                    where = f"{upstream}/{rest}" if first == "other" else f"{me.url}/proxy/{rest}"
+                    self.send_response(307)
+                    self.send_header("Location", where)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                ask = urllib.request.Request(f"{upstream}/{rest}")
+                if self.headers.get("Authorization"):
+                    ask.add_header("Authorization", self.headers["Authorization"])
+                try:
+                    with urllib.request.urlopen(ask, timeout=10) as answer:
+                        status, body = answer.status, answer.read()
+                except urllib.error.HTTPError as exc:
+                    status, body = exc.code, exc.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.2:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_credentials_are_not_sent_to_another_host_on_a_redirect(guarded, tmp_path, started):
+    redirector = Redirector(guarded.url)
+    started.append(redirector)
+    env = clean_env(tmp_path / "home", GPUMON_PROMETHEUS_PASSWORD=PASSWORD)
+    login = f"http://{USER}@127.0.0.2:{redirector.port}"
+
+    # To its own host the login follows the redirect (and through the proxy reaches Prometheus).
+    assert set(hosts_of(gpumon("snapshot", "--json", "--prometheus-url", login + "/same", env=env))) == {"node-a"}
+    assert {first for first, auth in redirector.seen if auth} == {"same", "proxy"}
+    # To another host (the Prometheus on 127.0.0.1 itself) it does not: Prometheus says 401.
+    redirector.seen.clear()
+    out = gpumon("snapshot", "--prometheus-url", login + "/other", env=env)
+    assert_one_line_error(out, 2, "HTTP 401: not allowed")
+    assert redirector.seen and all(first == "other" and auth for first, auth in redirector.seen)

@@ -26,7 +26,8 @@ import time
 from functools import partial
 
 from gpumon.monitor.fleet.dcgm import Cluster, queries, read_cluster
-from gpumon.monitor.fleet.prometheus_api import REQUEST_TIMEOUT_S, ApiError, parse_url, query, shown_url
+from gpumon.monitor.fleet.prometheus_api import REQUEST_TIMEOUT_S, ApiError, parse_url, query
+from gpumon.monitor.fleet.prometheus_login import login
 from gpumon.monitor.sampler import _run_in_daemon_thread as in_daemon_thread
 from gpumon.sanitize import printable
 
@@ -46,9 +47,12 @@ class PrometheusSource:
     kind = "prometheus"
     finds_hosts = True
 
-    def __init__(self, url: str, interval: float = DEFAULT_INTERVAL_S, timeout: float = REQUEST_TIMEOUT_S) -> None:
-        self.url = parse_url(url)
-        self.label = f"Prometheus at {shown_url(self.url)}"
+    def __init__(self, url: str, interval: float = DEFAULT_INTERVAL_S, timeout: float = REQUEST_TIMEOUT_S,
+                 user: str | None = None, password_file: str | None = None) -> None:
+        """`user`, `password_file`: the config's, for a server that demands a login (prometheus_login)."""
+        self.server = login(parse_url(url), user, password_file)
+        self.url = self.server.url  # without the login
+        self.label = f"Prometheus at {self.url}"
         self.interval = interval
         self.timeout = timeout
         self.hosts: list[str] = []  # found so far, in the order found
@@ -66,7 +70,7 @@ class PrometheusSource:
     async def read(self) -> Cluster:
         """One refresh: the queries at once, each in a daemon thread; ApiError says why it failed."""
         questions = queries(self._jobs)
-        asked = [in_daemon_thread(partial(query, self.url, promql, self.timeout)) for promql in questions.values()]
+        asked = [in_daemon_thread(partial(query, self.server, promql, self.timeout)) for promql in questions.values()]
         try:
             answers = await asyncio.gather(*asked)
         except BaseException:
