@@ -18,6 +18,8 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     ssh = "ssh -F ~/.ssh/lab_config"
     remote = "~/.local/bin/gpumon"
     prometheus_url = "http://prometheus:9090"   # the TUI reads this cluster when no --hosts is given
+    prometheus_user = "gpumon"                  # a Prometheus that demands a login: the user,
+    prometheus_password_file = "~/.config/gpumon/prometheus-password"   # and the password's file
 
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
@@ -42,7 +44,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
     "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
-    "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,)},
+    "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
+              "prometheus_user": (str,), "prometheus_password_file": (str,)},
 }
 
 
@@ -65,6 +68,8 @@ class Config:
     fleet_remote: str | None = None
     fleet_groups: dict[str, list[str]] = field(default_factory=dict)
     fleet_prometheus_url: str | None = None
+    fleet_prometheus_user: str | None = None
+    fleet_prometheus_password_file: str | None = None  # ~ expanded; relative to the config file's folder
 
 
 def default_path() -> Path:
@@ -139,4 +144,7 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_remote = fleet.get("remote")
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
     config.fleet_prometheus_url = fleet.get("prometheus_url")
+    config.fleet_prometheus_user = fleet.get("prometheus_user") or None
+    if fleet.get("prometheus_password_file"):
+        config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
     return config

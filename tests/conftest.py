@@ -37,7 +37,8 @@ def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     home = tmp_path_factory.mktemp("home")
     for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data")):
         monkeypatch.setenv(var, str(home / sub))
-    for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR"):
+    for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR",
+                "GPUMON_PROMETHEUS_PASSWORD"):
         monkeypatch.delenv(var, raising=False)
     # Clocks on screen are in local time; pin it so screens compare equal anywhere.
     monkeypatch.setenv("TZ", "UTC")

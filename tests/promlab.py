@@ -7,6 +7,7 @@ by its pid; every wait is bounded. Imported by the Prometheus fleet tests and by
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import shutil
@@ -91,10 +92,13 @@ def prometheus_binary() -> str | None:
 
 
 class Prometheus:
-    """A real Prometheus server (Debian's `prometheus`) with its own config and data directory."""
+    """A real Prometheus server (Debian's `prometheus`) with its own config and data directory.
+    `users`: {user: bcrypt hash}: it demands basic auth (`--web.config.file`); `auth` is how this
+    lab logs in itself."""
 
     def __init__(self, binary: str, workdir: Path, scrape_configs: list[dict[str, Any]],
-                 scrape_interval: str = "1s") -> None:
+                 scrape_interval: str = "1s", users: dict[str, str] | None = None,
+                 auth: tuple[str, str] | None = None) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
@@ -105,21 +109,29 @@ class Prometheus:
                        "scrape_timeout": scrape_interval},
             "scrape_configs": scrape_configs,
         }))
+        self.web_config: Path | None = None
+        if users:
+            self.web_config = workdir / "web.yml"
+            self.web_config.write_text(json.dumps({"basic_auth_users": users}))
+        self.headers = {"Authorization": "Basic " + base64.b64encode(":".join(auth).encode()).decode()} if auth \
+            else {}
         self.log = workdir / "prometheus.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> Prometheus:
+        argv = [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        if self.web_config is not None:
+            argv.append(f"--web.config.file={self.web_config}")
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"prometheus exited: {self.log.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer:
+                ready = urllib.request.Request(f"{self.url}/-/ready", headers=self.headers)
+                with urllib.request.urlopen(ready, timeout=2) as answer:
                     return answer.status == 200
             except OSError:
                 return False
@@ -129,7 +141,7 @@ class Prometheus:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=10) as answer:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=self.headers), timeout=10) as answer:
             return json.loads(answer.read())["data"]["result"]
 
     def wait_for_series(self, promql: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:

@@ -183,3 +183,50 @@ def test_port_in_use_is_a_usage_error(fake_driver):
         busy.listen()
         out = fake_driver.run("watch", "--prometheus", str(busy.getsockname()[1]), "--count", "1")
     assert out.returncode == 2 and "cannot serve Prometheus metrics" in out.stderr
+
+
+def test_the_exported_mem_rule_means_what_gpumons_own_mem_rule_does(tmp_path):
+    """gpumon's mem is used / total; in dcgm-exporter's terms the total is used + free + reserved
+    (FB_RESERVED, where the exporter has it). The exported rule, evaluated by promtool, fires on
+    exactly the cards where gpumon's own rule fires on the same values as gpumon reads them."""
+    from gpumon.alerting.rules import AlertEngine
+    from gpumon.monitor.fleet.dcgm import read_cluster
+
+    promtool = require_tool("promtool")
+    rules = parse_rules(["mem > 86", "mem >= 75%", "mem < 50"])
+    (tmp_path / "rules.yml").write_text(prometheus_rules(rules))
+    # MiB used, free, reserved (None: dcgm-exporter 3.x has no FB_RESERVED). Used / (used + free)
+    # would put cards 0, 2 and 3 on the other side of a threshold.
+    cards = {0: (70000, 11000, 559), 1: (61440, 19715, None), 2: (60000, 19000, 1500), 3: (40000, 39000, 2000)}
+
+    def labels(gpu: int) -> dict[str, str]:
+        return {"gpu": str(gpu), "UUID": f"GPU-{gpu}", "device": f"nvidia{gpu}", "modelName": "NVIDIA H100",
+                "Hostname": "node1", "pci_bus_id": f"00000000:{gpu + 17:02X}:00.0"}
+
+    readings = [({**labels(gpu), "__name__": f"DCGM_FI_DEV_FB_{name}"}, float(mib))
+                for gpu, values in cards.items() for name, mib in zip(("USED", "FREE", "RESERVED"), values, strict=True)
+                if mib is not None]
+    cluster = read_cluster(0.0, [(labels(gpu), 0.0) for gpu in cards], readings, [], [])
+    engine = AlertEngine(rules)
+    engine.evaluate(cluster.hosts["node1"].snapshot())
+    gpumon_fires = engine.firing()  # card -> rule texts
+    assert gpumon_fires == {0: ("mem >= 75%",), 1: ("mem >= 75%",), 3: ("mem < 50",)}
+
+    def expected(i: int, rule) -> dict:
+        firing = [gpu for gpu in cards if rule.text in gpumon_fires.get(gpu, ())]
+        return {"eval_time": "15s", "alertname": f"GpumonMem{i + 1}", "exp_alerts": [
+            {"exp_labels": {**labels(gpu), "severity": "warning"},
+             "exp_annotations": {"summary": f"gpumon rule {rule.text!r} on GPU {gpu} (NVIDIA H100)", "rule": rule.text}}
+            for gpu in firing]}
+
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": "{__name__=\"%s\",%s}" % (lab["__name__"], ",".join(
+            f'{k}="{v}"' for k, v in lab.items() if k != "__name__")), "values": f"{value:g}x4"}
+            for lab, value in readings],
+        "alert_rule_test": [expected(i, rule) for i, rule in enumerate(rules)],
+    }]}
+    (tmp_path / "test.yml").write_text(json.dumps(test))
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -154,9 +154,12 @@ def registry_for(collector: GpumonCollector) -> CollectorRegistry:
 
 # -- Prometheus alerting rules --
 
+# gpumon's mem is used / total. dcgm-exporter has no total: it is used + free + reserved (FB_RESERVED,
+# which older dcgm-exporters lack: 0 then, by `or` with free * 0 of the same card).
 _PROMQL: dict[str, str] = {
     "util": "DCGM_FI_DEV_GPU_UTIL{sel}",
-    "mem": "(DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}) * 100)",
+    "mem": "(DCGM_FI_DEV_FB_USED{sel} / (DCGM_FI_DEV_FB_USED{sel} + DCGM_FI_DEV_FB_FREE{sel}"
+           " + (DCGM_FI_DEV_FB_RESERVED{sel} or DCGM_FI_DEV_FB_FREE{sel} * 0)) * 100)",
     "mem_used": "(DCGM_FI_DEV_FB_USED{sel} * 1048576)",
     "temp": "DCGM_FI_DEV_GPU_TEMP{sel}",
     "power": "DCGM_FI_DEV_POWER_USAGE{sel}",

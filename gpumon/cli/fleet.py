@@ -64,7 +64,8 @@ def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec], url: 
         raise UsageError("--replay and --record read or write one machine: not with --hosts")
     url = url or getattr(args, "prometheus_url", None)
     given = getattr(args, "interval_given", False)
-    extra = [PrometheusSource(url, args.interval if given else DEFAULT_INTERVAL_S)] if url else []
+    extra = [PrometheusSource(url, args.interval if given else DEFAULT_INTERVAL_S, user=config.fleet_prometheus_user,
+                              password_file=config.fleet_prometheus_password_file)] if url else []
     # The fleet's own tick (watch's clock for `unreachable for …`): its ssh hosts', else Prometheus'.
     interval = args.interval if hosts or given or not url else DEFAULT_INTERVAL_S
     remote = any(not h.is_local for h in hosts)

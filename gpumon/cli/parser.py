@@ -164,7 +164,8 @@ def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     _add_ssh_options(g, suppress)
     g.add_argument("--prometheus-url", type=_prometheus_url, default=_default(None, suppress), metavar="URL",
                    help="read every GPU host this Prometheus server scrapes (dcgm-exporter or gpumon watch "
-                        "--prometheus), read-only; every 5 s unless --interval is given")
+                        "--prometheus), read-only; every 5 s unless --interval is given. A login: http://user@host "
+                        "and the password in $GPUMON_PROMETHEUS_PASSWORD (or the config, or ~/.netrc)")
 
 
 def _add_timeout_option(parser: argparse.ArgumentParser) -> None:

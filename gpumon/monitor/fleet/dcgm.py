@@ -4,8 +4,9 @@ The metric names are dcgm-exporter's (`DCGM_FI_DEV_*`, framebuffer sizes in MiB,
 so are the labels: `gpu`, `UUID`, `modelName`, `pci_bus_id`, `DCGM_FI_DRIVER_VERSION`, MIG's
 `GPU_I_ID`/`GPU_I_PROFILE`, and the host in `Hostname` (dcgm-exporter 3.x and gpumon's own
 exporter) or `hostname` (newer dcgm-exporter), else the `exported_` form of either, else the
-scrape target's `instance`. `gpumon watch --prometheus` exports the same names plus `gpumon_*`
-ones (lost cards, processes, the age of its newest sample).
+scrape target's `instance` (dcgm_hosts; two machines that report one name are two hosts). A card
+is known by its UUID within its host. `gpumon watch --prometheus` exports the same names plus
+`gpumon_*` ones (lost cards, processes, the age of its newest sample).
 
 The card's owner: with Kubernetes mapping dcgm-exporter names the pod that holds a card in `pod`,
 `namespace`, `container`. When the scrape target carries labels of those names itself (a
@@ -15,8 +16,8 @@ unless they name the exporter's own pod (the pod on its `up` series). It is show
 "namespace/pod (container)", several joined by ", " (a shared card).
 
 Total memory is used + free (+ reserved, when exported). Everything in a query's answer is
-untrusted: strings are made printable and cut, numbers must be finite, and the numbers of hosts,
-cards and processes are bounded.
+untrusted: strings are made printable and cut, numbers must be finite and below DCGM's "blank"
+values (no reading), and the numbers of hosts, cards and processes are bounded.
 """
 
 from __future__ import annotations
@@ -27,47 +28,56 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, throttle_names
+from gpumon.monitor.fleet.dcgm_hosts import HOST_LABELS, host_names, host_of, text
 from gpumon.monitor.fleet.hosts import MAX_HOSTS
 from gpumon.monitor.fleet.prometheus_api import Series
 from gpumon.monitor.fleet.schema import MAX_CARDS, MAX_PROCESSES
-from gpumon.sanitize import printable
 
 MIB = 1 << 20
 BACKEND = "prometheus"  # a snapshot's "backend" when it was read through Prometheus
 
-# Metric -> (GpuSample field, factor to the schema's unit). Both names of the throttle bitmask:
-# dcgm-exporter renamed it with DCGM 3.3.
-FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu", 1),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory", 1),
-    "DCGM_FI_DEV_FB_USED": ("memory_used", MIB),
-    "DCGM_FI_DEV_FB_FREE": ("memory_free", MIB),
-    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved", MIB),  # counts towards the total
-    "DCGM_FI_DEV_GPU_TEMP": ("temperature", 1),
-    "DCGM_FI_DEV_FAN_SPEED": ("fan", 1),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_draw", 1),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1),
-    "DCGM_FI_DEV_SM_CLOCK": ("clock_sm", 1),
-    "DCGM_FI_DEV_MEM_CLOCK": ("clock_mem", 1),
-    "DCGM_FI_DEV_ENC_UTIL": ("encoder_util", 1),
-    "DCGM_FI_DEV_DEC_UTIL": ("decoder_util", 1),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_errors_uncorrected", 1),
-    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("pcie_tx", 1024),
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": ("pcie_rx", 1024),
-    "DCGM_FI_DEV_PSTATE": ("pstate", 1),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1),
-    "gpumon_gpu_lost": ("lost", 1),
+# DCGM's "blank" values (dcgm_structs.h) are no reading: the blank itself and the codes just above
+# it (+1 not found, +2 not supported, +3 not permissioned). dcgm-exporter prints them as numbers
+# (9223372036854775794 for a card without memory temperature); Prometheus holds them as float64,
+# which rounds the INT64 ones to 2**63. So a value from its field type's blank up is no reading.
+# A 32-bit reading (NVML's unsigned int: temperatures, clocks, utilisation...) blank-checks
+# against DCGM_INT32_BLANK, the value DCGM converts its blanks to for 32-bit quantities.
+INT32_BLANK = float(0x7FFFFFF0)
+INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
+FP64_BLANK = 140737488355328.0  # 2**47
+
+# Metric -> (GpuSample field, factor to the schema's unit, its blank). Both names of the throttle
+# bitmask: dcgm-exporter renamed it with DCGM 3.3.
+FIELDS: dict[str, tuple[str, float, float]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu", 1, INT32_BLANK),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory", 1, INT32_BLANK),
+    "DCGM_FI_DEV_FB_USED": ("memory_used", MIB, INT64_BLANK),
+    "DCGM_FI_DEV_FB_FREE": ("memory_free", MIB, INT64_BLANK),
+    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved", MIB, INT64_BLANK),  # counts towards the total
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature", 1, INT32_BLANK),
+    "DCGM_FI_DEV_FAN_SPEED": ("fan", 1, INT32_BLANK),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_draw", 1, FP64_BLANK),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1, FP64_BLANK),
+    "DCGM_FI_DEV_SM_CLOCK": ("clock_sm", 1, INT32_BLANK),
+    "DCGM_FI_DEV_MEM_CLOCK": ("clock_mem", 1, INT32_BLANK),
+    "DCGM_FI_DEV_ENC_UTIL": ("encoder_util", 1, INT32_BLANK),
+    "DCGM_FI_DEV_DEC_UTIL": ("decoder_util", 1, INT32_BLANK),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_errors_uncorrected", 1, INT64_BLANK),
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("pcie_tx", 1024, INT32_BLANK),
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": ("pcie_rx", 1024, INT32_BLANK),
+    "DCGM_FI_DEV_PSTATE": ("pstate", 1, INT32_BLANK),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1, INT64_BLANK),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1, INT64_BLANK),
+    "gpumon_gpu_lost": ("lost", 1, 2.0),
 }
 FLOAT_FIELDS = {"power_draw", "power_limit"}
-_CARD_FIELDS = tuple(dict.fromkeys(n for n, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
+_CARD_FIELDS = tuple(dict.fromkeys(n for n, _, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
 SAMPLE_AGE = "gpumon_sample_age_seconds"  # gpumon's exporter: seconds since its newest sample
 PROCESS_MEMORY = "gpumon_process_gpu_memory_bytes"  # gpumon's exporter with --prometheus-processes
 # Series every exporting card has: its freshness is read from the first of these it has (each one
 # more costs Prometheus about 40 ms at 2048 cards). gpumon exports only the last for a lost card.
 CARD_METRICS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "gpumon_gpu_lost")
 
-HOST_LABELS = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
 KEY_LABELS = (*HOST_LABELS, "instance", "gpu", "GPU_I_ID")
 INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "GPU_I_PROFILE",
                "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container")
@@ -106,16 +116,6 @@ def queries(jobs: Iterable[str] = ()) -> dict[str, str]:
         out["targets"] = f'up{{job=~"{"|".join(_regex_literal(j) for j in known)}"}}'
     return out
 
-MAX_TEXT = 256
-
-
-def text(labels: Mapping[str, Any], key: str, limit: int = MAX_TEXT) -> str | None:
-    value = labels.get(key)
-    if not isinstance(value, str) or not value:
-        return None
-    return printable(value[:limit])
-
-
 def number(value: Any) -> float | None:
     """A sample's value ("45", "NaN", "+Inf") -> a finite float, or None."""
     try:
@@ -123,14 +123,6 @@ def number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return out if math.isfinite(out) and abs(out) <= 1e18 else None
-
-
-def host_of(labels: Mapping[str, Any]) -> str | None:
-    for key in (*HOST_LABELS, "instance"):
-        name = text(labels, key)
-        if name is not None:
-            return name
-    return None
 
 
 def _index(labels: Mapping[str, Any]) -> int | None:
@@ -168,7 +160,7 @@ class CardData:
 @dataclass
 class HostData:
     name: str
-    cards: dict[int, CardData] = field(default_factory=dict)
+    cards: dict[str, CardData] = field(default_factory=dict)  # by UUID (by "#index" only without one)
     instances: set[str] = field(default_factory=set)  # the scrape targets it comes from
     sample_age: float | None = None  # gpumon's exporter: seconds since its newest sample
     processes: int = 0
@@ -179,13 +171,13 @@ class HostData:
         return max((c.newest for c in self.cards.values()), default=0.0)
 
     @property
-    def scrape(self) -> tuple[tuple[int, float], ...]:
+    def scrape(self) -> tuple[tuple[str, float], ...]:
         """Which samples it was made of: when no card has a newer sample, nothing has changed."""
-        return tuple((i, c.newest) for i, c in self.cards.items())
+        return tuple((key, c.newest) for key, c in self.cards.items())
 
     def snapshot(self) -> Snapshot:
         driver = next((d for c in self.cards.values() if (d := text(c.labels, "DCGM_FI_DRIVER_VERSION", 64))), None)
-        gpus = tuple(_gpu(self.cards[i]) for i in sorted(self.cards))
+        gpus = tuple(_gpu(self.cards[k]) for k in sorted(self.cards, key=lambda k: (self.cards[k].index, k)))
         return Snapshot(time=self.newest, host=self.name, backend=BACKEND, driver_version=driver,
                         cuda_driver_version=None, gpus=gpus)
 
@@ -199,6 +191,7 @@ class Cluster:
     down: dict[str, str]  # instance -> job of targets whose last scrape failed (up == 0)
     jobs: set[str] = field(default_factory=set)  # the scrape jobs GPU series came from
     dropped_hosts: int = 0
+    split: set[str] = field(default_factory=set)  # names two machines report: shown as "name (instance)"
 
 
 def _value(values: Mapping[str, float], name: str) -> int | float | str | tuple[str, ...] | None:
@@ -251,11 +244,14 @@ def _card(host: HostData, labels: Mapping[str, Any], create: bool) -> CardData |
     index = _index(labels)
     if index is None:
         return None
-    card = host.cards.get(index)
+    key = text(labels, "UUID", 128) or f"#{index}"
+    card = host.cards.get(key)
+    if card is None and not create:  # a series without the UUID (an older gpumon's process): by index
+        card = next((c for c in host.cards.values() if c.index == index), None)
     if card is None:
         if not create or len(host.cards) >= MAX_CARDS:
             return None
-        card = host.cards[index] = CardData(index)
+        card = host.cards[key] = CardData(index)
     gi = text(labels, "GPU_I_ID", 16)
     if gi is None:
         return card
@@ -272,11 +268,15 @@ def _raw_key(labels: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series], processes: Iterable[Series],
-                 targets: Iterable[Series], before: Mapping[str, tuple[Any, Snapshot]] | None = None) -> Cluster:
+                 targets: Iterable[Series], before: Mapping[str, tuple[Any, Snapshot]] | None = None,
+                 split: Iterable[str] = ()) -> Cluster:
     """The answers of QUERIES -> every host with its cards. A reading of a card that `cards` did
     not name (it appeared between the queries) waits for the next refresh. `before`: host ->
     (scrape, snapshot) of the last refresh; a host with no new sample since keeps that snapshot
-    (Prometheus scrapes less often than gpumon asks: most hosts have not changed)."""
+    (Prometheus scrapes less often than gpumon asks: most hosts have not changed). `split`: the
+    names shown split before (host_names)."""
+    cards = list(cards)
+    names, split_now = host_names(cards, split)
     target_labels: dict[tuple[Any, Any], Mapping[str, Any]] = {}
     down: dict[str, str] = {}
     for labels, up in targets:
@@ -289,7 +289,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
     dropped: set[str] = set()
     jobs: set[str] = set()
     for labels, newest in cards:
-        name = host_of(labels)
+        name = names.get((host_of(labels), labels.get("instance")))
         if name is None:
             continue
         host = hosts.get(name)
@@ -330,22 +330,24 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
             continue
         spec = FIELDS.get(metric)  # type: ignore[arg-type]
         card = by_key.get(_raw_key(labels)) if spec is not None else None
-        if card is not None:
+        if card is not None and value < spec[2]:  # NaN is not less either
             card.values[spec[0]] = value * spec[1]
-    _add_processes(hosts, processes)
+    _add_processes(hosts, names, processes)
     for name, host in hosts.items():
         last = before.get(name) if before else None
         host.reading = last[1] if last is not None and last[0] == host.scrape else host.snapshot()
-    return Cluster(when, hosts, down, jobs, len(dropped))
+    return Cluster(when, hosts, down, jobs, len(dropped), split_now)
 
 
-def _add_processes(hosts: dict[str, HostData], processes: Iterable[Series]) -> None:
+def _add_processes(hosts: dict[str, HostData], names: Mapping[tuple[str | None, Any], str],
+                   processes: Iterable[Series]) -> None:
     by_uuid = {c.labels.get("UUID"): (h, c) for h in hosts.values() for c in h.cards.values() if c.labels.get("UUID")}
     for labels, memory in processes:
         pid = labels.get("pid")
         if not (isinstance(pid, str) and pid.isascii() and pid.isdigit() and 0 < len(pid) < 11):
             continue
-        host = hosts.get(host_of(labels) or "") if any(labels.get(k) for k in HOST_LABELS) else None
+        named = any(labels.get(k) for k in HOST_LABELS)
+        host = hosts.get(names.get((host_of(labels), labels.get("instance")), "")) if named else None
         card = _card(host, labels, create=False) if host is not None else None
         if card is None and labels.get("UUID") in by_uuid:  # an older gpumon exporter: no host label
             host, card = by_uuid[labels["UUID"]]

@@ -26,7 +26,8 @@ import time
 from functools import partial
 
 from gpumon.monitor.fleet.dcgm import Cluster, queries, read_cluster
-from gpumon.monitor.fleet.prometheus_api import REQUEST_TIMEOUT_S, ApiError, parse_url, query, shown_url
+from gpumon.monitor.fleet.prometheus_api import REQUEST_TIMEOUT_S, ApiError, parse_url, query
+from gpumon.monitor.fleet.prometheus_login import login
 from gpumon.monitor.sampler import _run_in_daemon_thread as in_daemon_thread
 from gpumon.sanitize import printable
 
@@ -46,9 +47,12 @@ class PrometheusSource:
     kind = "prometheus"
     finds_hosts = True
 
-    def __init__(self, url: str, interval: float = DEFAULT_INTERVAL_S, timeout: float = REQUEST_TIMEOUT_S) -> None:
-        self.url = parse_url(url)
-        self.label = f"Prometheus at {shown_url(self.url)}"
+    def __init__(self, url: str, interval: float = DEFAULT_INTERVAL_S, timeout: float = REQUEST_TIMEOUT_S,
+                 user: str | None = None, password_file: str | None = None) -> None:
+        """`user`, `password_file`: the config's, for a server that demands a login (prometheus_login)."""
+        self.server = login(parse_url(url), user, password_file)
+        self.url = self.server.url  # without the login
+        self.label = f"Prometheus at {self.url}"
         self.interval = interval
         self.timeout = timeout
         self.hosts: list[str] = []  # found so far, in the order found
@@ -56,6 +60,7 @@ class PrometheusSource:
         self._foreign: set[str] = set()  # names another source of the fleet reads
         self._instances: dict[str, set[str]] = {}  # host -> the scrape targets it came from
         self._jobs: set[str] = set()  # scrape jobs GPU series came from
+        self._split: set[str] = set()  # host names two machines report (dcgm.host_names)
         self._newest: dict[str, float] = {}  # host -> time of its newest sample seen
         self._gap: dict[str, float] = {}  # host -> shortest time between two new samples seen
         self._readings: dict[str, tuple] = {}  # host -> (which samples, its snapshot): reused until new ones
@@ -65,7 +70,7 @@ class PrometheusSource:
     async def read(self) -> Cluster:
         """One refresh: the queries at once, each in a daemon thread; ApiError says why it failed."""
         questions = queries(self._jobs)
-        asked = [in_daemon_thread(partial(query, self.url, promql, self.timeout)) for promql in questions.values()]
+        asked = [in_daemon_thread(partial(query, self.server, promql, self.timeout)) for promql in questions.values()]
         try:
             answers = await asyncio.gather(*asked)
         except BaseException:
@@ -76,7 +81,8 @@ class PrometheusSource:
         by_name = dict(zip(questions, answers, strict=True))
         when = next((t for t, _, _ in answers if t is not None), None) or time.time()
         return await in_daemon_thread(partial(read_cluster, when, by_name["cards"][1], by_name["values"][1],
-                                              by_name["processes"][1], by_name["targets"][1], self._readings))
+                                              by_name["processes"][1], by_name["targets"][1], self._readings,
+                                              frozenset(self._split)))
 
     async def run(self, fleet) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +112,7 @@ class PrometheusSource:
     def publish(self, fleet, cluster: Cluster) -> None:
         """Report what one refresh found: every host's state and reading."""
         self._jobs |= cluster.jobs
+        self._split |= cluster.split
         for name, host in cluster.hosts.items():
             if name in self._foreign or not self._known(fleet, name):
                 continue

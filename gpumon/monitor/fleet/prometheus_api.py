@@ -1,9 +1,10 @@
 """Prometheus' HTTP API, as gpumon reads it: one instant query (`GET /api/v1/query`) at a time,
 blocking (callers run it in a daemon thread), bounded in time (REQUEST_TIMEOUT_S for the whole
-answer, not per read) and in size, asking for gzip. `http://user:password@host` logs in with basic
-auth; the password never appears in messages. Every failure is an ApiError that says why in words:
-connection refused, name not resolved, timeout, an HTTP status with Prometheus' own reason, an
-answer that is not Prometheus' JSON.
+answer, not per read) and in size, asking for gzip. An `Endpoint` is the server and its basic-auth
+login (prometheus_login finds the password); the login goes to that server alone, never to
+another one it redirects to, and no message shows the password (`redact`). Every failure is an
+ApiError that says why in words: connection refused, name not resolved, timeout, an HTTP status
+with Prometheus' own reason, an answer that is not Prometheus' JSON.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import gzip
 import http.client
 import io
 import json
+import re
 import socket
 import ssl
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
@@ -27,6 +30,7 @@ from gpumon.errors import UsageError
 from gpumon.sanitize import printable
 
 REQUEST_TIMEOUT_S = 10.0
+PASSWORD_ENV = "GPUMON_PROMETHEUS_PASSWORD"
 MAX_ANSWER = 256 << 20  # 256 hosts x 8 cards answer about 5 MB
 MAX_SERIES = 1_000_000
 
@@ -37,10 +41,40 @@ class ApiError(Exception):
     """Prometheus could not be read; the message says why, in words."""
 
 
+# user:password@ in a URL (everything up to the last @ of the word: a password may hold one).
+_CREDENTIALS = re.compile(r"(//|^|(?<=[\s'\"(]))([^\s:@/'\"]*):(?!//)\S*@")
+
+
+def redact(text: str, password: str | None = None) -> str:
+    """`text` fit for a message or a log: user:***@ for user:password@ in any URL, and `password`
+    nowhere (a server may quote what it was sent)."""
+    text = _CREDENTIALS.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", text)
+    return text.replace(password, "***") if password else text
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A Prometheus server: its base URL, without credentials, and the basic-auth login for it."""
+
+    url: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, url: str) -> Endpoint:
+        """http://user:password@host -> the server and that login."""
+        parts = urlsplit(url)
+        bare = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
+        user = None if parts.username is None else unquote(parts.username)
+        password = None if parts.password is None else unquote(parts.password)
+        return cls(bare, user, password)
+
+
 def parse_url(text: str) -> str:
-    """`--prometheus-url`: the server's base URL (http[s]://host[:port][/prefix]), checked."""
-    bad = UsageError(f"bad --prometheus-url {printable(text)[:200]!r}: expected the Prometheus server's address, "
-                     "e.g. http://prometheus:9090")
+    """`--prometheus-url`: the server's base URL (http[s]://[user[:password]@]host[:port][/prefix]),
+    checked; the login stays in it (Endpoint.of takes it out)."""
+    bad = UsageError(f"bad --prometheus-url {redact(printable(text)[:200])!r}: expected the Prometheus server's "
+                     "address, e.g. http://prometheus:9090")
     try:
         url = urlsplit(text.strip())
         url.port  # noqa: B018 - raises ValueError for a bad port
@@ -52,13 +86,6 @@ def parse_url(text: str) -> str:
     for suffix in ("/api/v1/query", "/graph"):  # pasted from a browser or an API call
         path = path.removesuffix(suffix)
     return urlunsplit((url.scheme, url.netloc, path, "", ""))
-
-
-def shown_url(url: str) -> str:
-    """The URL without a password, for messages."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _words(exc: BaseException, timeout: float) -> str:
@@ -103,26 +130,55 @@ def _read_body(response: Any, deadline: float, timeout: float) -> bytes:
     return bytes(data)
 
 
-def _request(url: str) -> urllib.request.Request:
+def _origin(url: str) -> tuple[str, str | None, int | None]:
     parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _LoginStaysHome(urllib.request.HTTPRedirectHandler):
+    """Redirects keep the login only to the same scheme, host and port (as curl does without
+    --location-trusted). urllib itself would copy a Request's Authorization header to any host;
+    it is an "unredirected" header here, which urllib never copies, and is put back by this."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        login = req.unredirected_hdrs.get("Authorization")
+        if new is not None and login is not None and _origin(new.full_url) == _origin(req.full_url):
+            new.add_unredirected_header("Authorization", login)
+        return new
+
+
+_OPENER = urllib.request.build_opener(_LoginStaysHome)
+
+
+def _request(server: Endpoint, url: str) -> urllib.request.Request:
     headers = {"Accept": "application/json", "Accept-Encoding": "gzip", "User-Agent": f"gpumon/{__version__}"}
-    if parts.username is not None:  # http://user:password@host: basic auth, never sent in the URL
-        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(secret).decode()
-        url = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, ""))
-    return urllib.request.Request(url, headers=headers)
+    request = urllib.request.Request(url, headers=headers)
+    if server.user is not None:  # basic auth, never in the URL
+        secret = f"{server.user}:{server.password or ''}".encode()
+        request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(secret).decode())
+    return request
 
 
-def query(base: str, promql: str, timeout: float = REQUEST_TIMEOUT_S) -> tuple[float | None, list[Series], int]:
+def query(server: Endpoint | str, promql: str, timeout: float = REQUEST_TIMEOUT_S) \
+        -> tuple[float | None, list[Series], int]:
     """One instant query (blocking) -> (Prometheus' time, [(labels, value)], bytes received).
-    ApiError says why it failed."""
-    deadline = time.monotonic() + timeout
-    request = _request(f"{base}/api/v1/query?{urlencode({'query': promql}, quote_via=quote)}")
+    ApiError says why it failed, without the password."""
+    server = Endpoint.of(server) if isinstance(server, str) else server
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        return _query(server, promql, timeout)
+    except ApiError as exc:
+        raise ApiError(redact(str(exc), server.password)) from None
+
+
+def _query(server: Endpoint, promql: str, timeout: float) -> tuple[float | None, list[Series], int]:
+    deadline = time.monotonic() + timeout
+    request = _request(server, f"{server.url}/api/v1/query?{urlencode({'query': promql}, quote_via=quote)}")
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
             body = _read_body(response, deadline, timeout)
     except urllib.error.HTTPError as exc:
-        raise ApiError(_http_error(exc)) from None
+        raise ApiError(_http_error(exc, server)) from None
     except ApiError:
         raise
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
@@ -135,15 +191,21 @@ def query(base: str, promql: str, timeout: float = REQUEST_TIMEOUT_S) -> tuple[f
     return (*_vector(doc), len(body))
 
 
-def _http_error(exc: urllib.error.HTTPError) -> str:
+def _http_error(exc: urllib.error.HTTPError, server: Endpoint) -> str:
     try:  # Prometheus says what was wrong in a JSON body
         detail = json.loads(exc.read(1 << 16)).get("error")
     except Exception:  # noqa: BLE001 - any body at all: the status alone then
         detail = None
     if exc.code == 404 and not detail:
         return "HTTP 404: no Prometheus API here: is this the Prometheus server's address?"
+    if exc.code in (401, 403) and server.user is None:
+        return (f"HTTP {exc.code}: not allowed (it needs a login: the user in the URL, http://user@host, or "
+                f"[fleet] prometheus_user; the password in ${PASSWORD_ENV}, [fleet] prometheus_password_file "
+                "or ~/.netrc)")
     if exc.code in (401, 403):
-        return f"HTTP {exc.code}: not allowed (give user:password@ in the URL if it needs a login)"
+        return f"HTTP {exc.code}: not allowed as user {printable(server.user)[:64]!r}" + (
+            "" if server.password else f" (no password given: ${PASSWORD_ENV}, [fleet] prometheus_password_file "
+            "or ~/.netrc)")
     return f"HTTP {exc.code}" + (f": {printable(str(detail))[:200]}" if detail else f" {exc.reason}")
 
 
