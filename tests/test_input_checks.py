@@ -1,0 +1,133 @@
+"""Input that cannot be right is refused in its own words, through the real program: alert rules
+naming cards that do not exist, memory limits above the card's memory or below zero, unknown demo
+scenarios, job ids given by a part of them; and what is allowed but worth a word: a busy card
+chosen by hand. Also: a job is named after the program it runs, not after inline code."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import GIB, Card
+
+from gpumon.jobs import records
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def eight_cards(fake_driver, busy_pid: int | None = None) -> None:
+    """An 8-card 80G machine; card 0 97 % busy with 69G taken (by `busy_pid`, when given)."""
+    fake_driver.machine.cards = [
+        Card("NVIDIA A100-SXM4-80GB", mem_total=80 * GIB,
+             extra=dict(util=97, mem_used=69 * GIB) if i == 0 else dict(util=0, mem_used=GIB // 2))
+        for i in range(8)
+    ]
+    if busy_pid is not None:
+        fake_driver.machine.procs = [dict(gpu=0, pid=busy_pid, mem=68 * GIB, sm=97)]
+    fake_driver.write()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def stop_jobs():
+    """Jobs a test started are stopped when it ends, even when it failed half-way."""
+    yield
+    for job in records.list_jobs():
+        if job.state in ("running", "queued"):
+            records.stop(job)
+
+
+# -- alert rules on cards that do not exist ------------------------------------------------------
+
+def test_watch_refuses_a_rule_on_a_card_that_does_not_exist(fake_driver, tmp_path):
+    eight_cards(fake_driver)
+    line = assert_one_line_error(fake_driver.run("watch", "--interval", "0.2", "--count", "3",
+                                                 "--alert", "temp > 85 on 12"), "on 12", "GPU 12", "0-7")
+    assert "alert rule" in line
+    # The config's rules too, and every missing card is named.
+    config = tmp_path / "config.toml"
+    config.write_text('[watch]\nrules = ["util > 50 on 3,9,10"]\n')
+    assert_one_line_error(fake_driver.run("watch", "--config", str(config), "--interval", "0.2", "--count", "3"),
+                          "GPUs 9, 10", "0-7")
+    # A card that exists is fine.
+    fine = fake_driver.run("watch", "--interval", "0.2", "--count", "2", "--alert", "util > 50 on 0,7")
+    assert fine.returncode == 0 and fine.stderr == "", fine.stderr
+    assert json.loads(fine.stdout.splitlines()[0])["gpu"] == 0
+
+
+def _tui_in_tmux(tmux_session, fake_driver, tmp_path, *args: str):
+    """gpumon's TUI in tmux; returns (session, exit status file). (Textual draws on stderr: what
+    gpumon says when it leaves is read off the screen.)"""
+    status = tmp_path / "status"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
+                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                            "XDG_STATE_HOME", "TZ"))
+    tmux = tmux_session(120, 40)
+    tmux.start(f"clear; env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon {shlex.join(args)}; "
+               f"echo $? > {status}; sleep 60")
+    return tmux, status
+
+
+def _refused(tmux, status) -> str:
+    """The one line gpumon left with (exit status 2), read off the screen it restored."""
+    wait_for(lambda: status.exists() and status.read_text().strip(), what="gpumon to exit")
+    screen = tmux.screen()
+    assert status.read_text().strip() == "2", screen
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpumon: error: "), screen
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    # The driver names its cards before the TUI starts: refused then.
+    (["--alert", "temp > 85 on 12"], ["GPU 12", "0-7"]),
+    # The demo's cards are known from its first sample: the TUI leaves and says why.
+    (["--demo", "--alert", "temp > 85 on 9"], ["GPU 9", "0-3"]),
+], ids=["driver", "demo"])
+def test_the_tui_refuses_a_rule_on_a_card_that_does_not_exist(fake_driver, tmux_session, tmp_path, args, words):
+    eight_cards(fake_driver)
+    tmux, status = _tui_in_tmux(tmux_session, fake_driver, tmp_path, "--interval", "0.3", *args)
+    line = _refused(tmux, status)
+    assert all(word in line for word in words), line
+
+
+def test_the_tui_refuses_a_config_rule_on_a_card_that_does_not_exist(fake_driver, tmux_session, tmp_path):
+    eight_cards(fake_driver)
+    config = tmp_path / "config.toml"
+    config.write_text('rules = ["temp > 85 on 8"]\n')
+    tmux, status = _tui_in_tmux(tmux_session, fake_driver, tmp_path, "--config", str(config))
+    assert "GPU 8" in _refused(tmux, status)
+
+
+def test_a_fleet_warns_per_host_that_lacks_a_rules_card(ssh_lab):
+    ssh_lab.host("big").machine.cards = [Card(extra=dict(temp=40)) for _ in range(3)] + [Card(extra=dict(temp=91))]
+    ssh_lab.host("small").machine.cards = [Card(extra=dict(temp=40))]
+    for host in ssh_lab.hosts.values():
+        host.write()
+    watched = subprocess.run(ssh_lab.gpumon_argv("watch", "--hosts", "big,small", "--alert", "temp > 80 on 3",
+                                                 "--interval", "0.3", "--count", "10"),
+                             env=ssh_lab.env(), capture_output=True, text=True, timeout=90)
+    assert watched.returncode == 0, watched.stderr
+    warnings = [line for line in watched.stderr.splitlines() if "GPU 3" in line]
+    assert len(warnings) == 1 and "small" in warnings[0] and "big" not in warnings[0], watched.stderr
+    fired = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [(e["host"], e["gpu"], e["event"]) for e in fired] == [("big", 3, "firing")]
