@@ -6,6 +6,7 @@ chosen by hand. Also: a job is named after the program it runs, not after inline
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -131,3 +132,23 @@ def test_a_fleet_warns_per_host_that_lacks_a_rules_card(ssh_lab):
     assert len(warnings) == 1 and "small" in warnings[0] and "big" not in warnings[0], watched.stderr
     fired = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [(e["host"], e["gpu"], e["event"]) for e in fired] == [("big", 3, "firing")]
+
+
+# -- job names -----------------------------------------------------------------------------------
+
+def test_a_job_is_named_after_its_program_not_inline_code(fake_driver, tmp_path, stop_jobs):
+    eight_cards(fake_driver)
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    cases = [
+        (["sh", "-c", "env | grep CUDA"], "sh"),
+        ([sys.executable, "-c", "import os; print(os.getpid())"], os.path.basename(sys.executable)),
+        ([sys.executable, str(script)], "train.py"),
+        (["--name", "mine", "--", "sh", "-c", "env | grep CUDA"], "mine"),
+    ]
+    for argv, _ in cases:
+        options = [] if argv[0] == "--name" else ["--"]
+        result = fake_driver.run("run", "--interval", "0.2", "--gpu", "1", *options, *argv)
+        assert result.returncode == 0, result.stderr
+    names = [job["name"] for job in json.loads(fake_driver.run("jobs", "--json").stdout)]
+    assert names == [name for _, name in cases]

@@ -13,7 +13,6 @@ gpumon was started with, not the one it changed for itself (NO_COLOR, COLUMNS, .
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -27,18 +26,13 @@ from typing import IO, Any
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
+from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import resolve_spec
 from gpumon.model import Snapshot, Topology
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.sampler import sample_once
 from gpumon.units import format_bytes, format_cpu_list, parse_size
 
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
-# Programs that run another program: a job is named after what they run.
-WRAPPERS = {"env", "nohup", "nice", "ionice", "time", "exec", "stdbuf", "taskset", "numactl", "srun", "uv", "poetry"}
-_OPTION_VALUE = re.compile(r"^[0-9][0-9a-fx,.:-]*$")  # `10`, `0-3`, `0x3`: values of a wrapper's options
-_SCRIPT = re.compile(r"(/|\.(py|sh|jl|R|js|rb|pl)$)")
-INTERPRETERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "julia", "Rscript", "node", "ruby", "perl")
 # How many times a job launched with the run dialog's "move if the card fails" may move.
 DIALOG_FAILOVER = 3
 
@@ -60,47 +54,10 @@ class LaunchRequest:
     failover: int = 0  # moves to other cards allowed when the job's card fails
 
 
-def program_name(argv: list[str]) -> str:
-    """What a person calls the job: `train.py` for `env CUDA_LAUNCH_BLOCKING=1 python train.py`,
-    `vllm.entrypoints.openai.api_server` for `python -m ...`, `make` for `sh -c 'make -j8'`."""
-    words = list(argv)
-    while words:
-        word = words.pop(0)
-        base = os.path.basename(word)
-        if "=" in word and not word.startswith(("-", "=")):
-            continue  # VAR=value before the program
-        if base in WRAPPERS:
-            while words and (words[0].startswith("-") or _OPTION_VALUE.match(words[0])):
-                words.pop(0)  # the wrapper's own options: `nice -n 10`, `taskset -c 0-3`
-            if base in ("uv", "poetry") and words[:1] == ["run"]:
-                words.pop(0)
-            continue
-        if base in SHELLS and len(words) >= 2 and words[0] == "-c":
-            try:
-                words = shlex.split(words[1])
-            except ValueError:
-                words = words[1].split()
-            if words[:1] == ["cd"] and len(words) > 3 and words[2] in ("&&", ";"):
-                words = words[3:]  # `cd ~/llm && make`: the job is make
-            continue
-        if base.startswith(INTERPRETERS):
-            if words[:1] == ["-m"] and len(words) > 1:
-                return words[1]
-            arguments = [w for w in words if not w.startswith("-") and "=" not in w]
-            script = next((w for w in arguments if _SCRIPT.search(w)), None) or next(
-                (w for w in arguments if not _OPTION_VALUE.match(w)), None)
-            return os.path.basename(script) if script else base
-        return base or "job"
-    return "job"
-
-
 def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
     """A command line the user typed: it runs in their shell, exactly as typed."""
-    try:
-        name = program_name(shlex.split(typed))
-    except ValueError:  # unbalanced quotes: the shell will say so in the job's log
-        name = program_name(typed.split())
-    return LaunchRequest(command=["/bin/sh", "-c", typed], gpu_spec=gpu_spec, typed=typed, name=name, **options)
+    return LaunchRequest(command=["/bin/sh", "-c", typed], gpu_spec=gpu_spec, typed=typed,
+                         name=command_line_name(typed), **options)
 
 
 def card_limits() -> CardLimits:
