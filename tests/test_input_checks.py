@@ -134,6 +134,75 @@ def test_a_fleet_warns_per_host_that_lacks_a_rules_card(ssh_lab):
     assert [(e["host"], e["gpu"], e["event"]) for e in fired] == [("big", 3, "firing")]
 
 
+# -- memory limits -------------------------------------------------------------------------------
+
+def test_run_refuses_a_memory_limit_above_the_cards_memory(fake_driver):
+    eight_cards(fake_driver)
+    assert_one_line_error(fake_driver.run("run", "--gpu", "3", "--mem-limit", "200G", "--", "true"),
+                          "200G", "GPU 3", "80G")
+    assert_one_line_error(fake_driver.run("run", "--wait", "--mem-limit", "81G", "--", "true"), "81G", "80G")
+    assert records.list_jobs() == []
+
+
+@pytest.mark.parametrize("args", [["--mem-limit", "-5G"], ["--mem-limit=-5G"]])
+def test_a_negative_memory_limit_is_a_bad_size(fake_driver, args):
+    eight_cards(fake_driver)
+    line = assert_one_line_error(fake_driver.run("run", "--gpu", "3", *args, "--", "true"), "bad size '-5G'")
+    assert "expected one argument" not in line
+    assert records.list_jobs() == []
+
+
+def _type(tmux, text: str) -> None:
+    """Typed as a person would: keys sent with what follows in one burst can be taken for a paste."""
+    tmux("send-keys", "-t", "t", "-l", text)
+    tmux.wait_for(lambda s: text in s, what=f"{text!r} on screen")
+    time.sleep(0.3)
+
+
+def test_the_dialogs_refuse_a_memory_limit_above_the_cards_memory(fake_driver, tmux_session, tmp_path):
+    eight_cards(fake_driver)
+    tmux, status = _tui_in_tmux(tmux_session, fake_driver, tmp_path, "--interval", "0.5")
+    tmux.wait_for(lambda s: "A100" in s and "97%" in s, what="the dashboard")
+    tmux.keys("j")  # card 1: idle, so the run dialog has nothing else to say
+    tmux.keys("m")
+    tmux.wait_for(lambda s: "Memory limit for jobs on GPU 1" in s, what="the m dialog")
+    _type(tmux, "200G")
+    tmux.keys("Enter")
+    screen = tmux.wait_for(lambda s: "more than the card's memory" in s, what="m's refusal")
+    assert "Memory limit for jobs on GPU 1" in screen and "80G" in screen, "the dialog stays, saying why"
+    tmux.keys("Escape")
+    tmux.wait_for(lambda s: "Memory limit for jobs" not in s, what="the m dialog to close")
+
+    tmux.keys("r")
+    tmux.wait_for(lambda s: "Run on GPU 1" in s, what="the run dialog")
+    _type(tmux, "true")
+    tmux.keys("Tab", "Tab")
+    _type(tmux, "200G")
+    tmux.keys("Enter")
+    screen = tmux.wait_for(lambda s: "more than the card's memory" in s, what="r's refusal")
+    assert "Run on GPU 1" in screen
+    tmux.keys("Escape")
+    tmux.wait_for(lambda s: "Run on GPU" not in s, what="the run dialog to close")
+    tmux.keys("q")
+    wait_for(lambda: status.exists(), what="gpumon to quit")
+    assert records.list_jobs() == []
+    assert not (records.state_dir() / "card-limits.json").exists(), "nothing was saved"
+
+
+# -- the demo's scenarios ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["--demo", "bogus"], ["--demo", "bogus", "snapshot"], ["--demo=bogus"],
+                                  ["snapshot", "--demo", "bogus"]])
+def test_an_unknown_demo_scenario_is_named_with_the_known_ones(fake_driver, args):
+    line = assert_one_line_error(fake_driver.run(*args), "'bogus'", "default", "workstation", "hot", "lost")
+    assert "scenario" in line and "invalid choice" not in line and "COMMAND" not in line
+
+
+def test_demo_and_a_scenario_still_come_before_a_command(fake_driver):
+    assert fake_driver.run("--demo", "snapshot").returncode == 0
+    assert fake_driver.run("--demo", "hot", "snapshot").returncode == 0
+
+
 # -- job names -----------------------------------------------------------------------------------
 
 def test_a_job_is_named_after_its_program_not_inline_code(fake_driver, tmp_path, stop_jobs):

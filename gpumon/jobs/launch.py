@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -28,7 +28,7 @@ from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import resolve_spec
-from gpumon.model import Snapshot, Topology
+from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.sampler import sample_once
 from gpumon.units import format_bytes, format_cpu_list, parse_size
@@ -81,6 +81,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         totals = ([g.memory_total for g in gpus if g.memory_total]
                   or [g.memory_total for g in snapshot.gpus if g.memory_total])
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
+        _check_limit(request.mem_limit, limit, gpus or snapshot.gpus, chosen=bool(gpus))
     elif len(gpus) == 1:
         limit = card_limits().get(gpus[0].uuid)  # the card's default, set with `m` in the TUI
     name = request.name or program_name(request.command)
@@ -92,6 +93,19 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
         failover=request.failover,
     )
+
+
+def _check_limit(typed: str, limit: int, gpus: Sequence[GpuSample], chosen: bool) -> None:
+    """A cap above a card's memory caps nothing: a typo (200G for 20G) or the wrong card. Each
+    chosen card must hold it; a job queued for whichever card frees up needs only one that can."""
+    over = [g for g in gpus if g.memory_total and limit > g.memory_total]
+    if chosen and over:
+        g = over[0]
+        raise UsageError(f"--mem-limit {typed} is more than GPU {g.index}'s memory ({format_bytes(g.memory_total)})")
+    if not chosen and over and len(over) == len([g for g in gpus if g.memory_total]):
+        largest = max(g.memory_total for g in over)
+        raise UsageError(f"--mem-limit {typed} is more than any card's memory (the largest has "
+                         f"{format_bytes(largest)})")
 
 
 def systemd_available() -> bool:

@@ -22,9 +22,11 @@ from gpumon.units import format_bytes, parse_size
 def size_problem(text: str, gpu: GpuSample) -> str | None:
     """Why a typed SIZE is not usable on this card, or None when it is."""
     try:
-        parse_size(text, gpu.memory_total)
+        size = parse_size(text, gpu.memory_total)
     except UsageError as exc:
         return str(exc)
+    if gpu.memory_total and size > gpu.memory_total:  # caps nothing: a typo, or the wrong card
+        return f"{text} is more than the card's memory ({format_bytes(gpu.memory_total)})"
     return None
 
 
