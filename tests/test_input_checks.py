@@ -5,6 +5,7 @@ chosen by hand. Also: a job is named after the program it runs, not after inline
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shlex
@@ -201,6 +202,46 @@ def test_an_unknown_demo_scenario_is_named_with_the_known_ones(fake_driver, args
 def test_demo_and_a_scenario_still_come_before_a_command(fake_driver):
     assert fake_driver.run("--demo", "snapshot").returncode == 0
     assert fake_driver.run("--demo", "hot", "snapshot").returncode == 0
+
+
+# -- a busy card chosen by hand ------------------------------------------------------------------
+
+def test_run_on_a_busy_card_says_so_and_starts(fake_driver, idle_processes, stop_jobs):
+    holder = idle_processes()
+    eight_cards(fake_driver, busy_pid=holder.pid)
+    result = fake_driver.run("run", "--interval", "0.2", "--gpu", "0", "--", "true")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for words in ("GPU 0 is busy", "97%", "69G of 80G", str(holder.pid), getpass.getuser()):
+        assert words in lines[0], (words, lines[0])
+    assert "job " in result.stdout and len(records.list_jobs()) == 1, "it still starts: the user chose the card"
+    # An idle card, or one auto chose: not a word.
+    for gpu in ("1", "auto"):
+        quiet = fake_driver.run("run", "--interval", "0.2", "--gpu", gpu, "--", "true")
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_the_run_dialog_says_the_card_is_busy_before_enter(fake_driver, idle_processes, tmux_session, tmp_path,
+                                                           stop_jobs):
+    holder = idle_processes()
+    eight_cards(fake_driver, busy_pid=holder.pid)
+    tmux, status = _tui_in_tmux(tmux_session, fake_driver, tmp_path, "--interval", "0.5")
+    tmux.wait_for(lambda s: "A100" in s and str(holder.pid) in s, what="the dashboard with the busy card's process")
+    tmux.keys("r")
+    screen = tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
+    assert "GPU 0 is busy" in screen and "97%" in screen and str(holder.pid) in screen, screen
+    out = tmp_path / "ran"
+    _type(tmux, f"touch {out}")
+    tmux.keys("Enter")
+    wait_for(out.exists, what="the job, launched anyway")
+
+    # An idle card's dialog says nothing of the kind.
+    tmux.wait_for(lambda s: "Run on GPU" not in s, what="the dialog to close")
+    tmux.keys("j", "r")
+    screen = tmux.wait_for(lambda s: "Run on GPU 1" in s, what="the run dialog on card 1")
+    assert "busy" not in screen, screen
+    tmux.keys("Escape", "q")
 
 
 # -- job names -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
 from gpumon.jobs.naming import command_line_name, program_name
-from gpumon.jobs.placement import resolve_spec
+from gpumon.jobs.placement import busy_note, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.sampler import sample_once
@@ -190,6 +191,10 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     snapshot = sample_once(backend)
     needs_topo = request.gpu_spec.startswith("auto:") and request.gpu_spec != "auto:1"
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
+    if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
+        for gpu in (g for g in snapshot.gpus if g.uuid in spec.gpus):
+            if note := busy_note(gpu):
+                print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
     directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
     if request.foreground:
         return run_foreground(directory)

@@ -15,6 +15,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gpumon.errors import UsageError
 from gpumon.jobs.launch import DIALOG_FAILOVER
+from gpumon.jobs.placement import busy_note
 from gpumon.model import GpuSample
 from gpumon.units import format_bytes, parse_size
 
@@ -73,6 +74,8 @@ class RunDialog(ModalScreen[RunChoice | None]):
         with Vertical(id="run-body") as body:
             body.border_title = f"Run on {self.where}: {self.gpu.name}"
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
+            if busy := busy_note(self.gpu, self.where):  # it still launches: the user chose the card
+                yield Static(Text(busy), id="run-busy")
             yield Label("Command")
             yield Input(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
