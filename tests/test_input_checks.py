@@ -262,3 +262,27 @@ def test_a_job_is_named_after_its_program_not_inline_code(fake_driver, tmp_path,
         assert result.returncode == 0, result.stderr
     names = [job["name"] for job in json.loads(fake_driver.run("jobs", "--json").stdout)]
     assert names == [name for _, name in cases]
+
+
+# -- job ids by a part of them -------------------------------------------------------------------
+
+def test_a_job_is_found_by_any_unique_part_of_its_id(fake_driver, stop_jobs):
+    eight_cards(fake_driver)
+    for word in ("first", "second"):
+        assert fake_driver.run("run", "--interval", "0.2", "--gpu", "1", "--", "echo", word).returncode == 0
+    first, second = (job.spec.id for job in records.list_jobs())
+    wait_for(lambda: all(j.state == "exited" for j in records.list_jobs()), what="both jobs to end")
+    for part in (first[-4:], first[-11:]):  # `591e`, `140412-591e`
+        shown = fake_driver.run("jobs", "--log", part)
+        assert shown.returncode == 0 and shown.stdout.strip() == "first", (part, shown.stderr)
+    common = os.path.commonprefix([first, second])
+    line = assert_one_line_error(fake_driver.run("jobs", "--log", common), first, second, "2 jobs")
+    assert "(echo)" in line
+    assert_one_line_error(fake_driver.run("jobs", "--log", "zzzz"), "no job 'zzzz'")
+
+    started = fake_driver.run("run", "--interval", "0.2", "--gpu", "1", "--", "sleep", "60")
+    assert started.returncode == 0, started.stderr
+    running = records.list_jobs()[-1]
+    stopped = fake_driver.run("jobs", "--stop", running.spec.id[-4:])
+    assert stopped.returncode == 0 and running.spec.id in stopped.stdout, stopped.stderr
+    wait_for(lambda: records.load_job(running.dir).state not in ("running", "queued"), what="the job to stop")
