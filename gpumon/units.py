@@ -29,6 +29,8 @@ def parse_size(text: str, total: int | None = None) -> int:
             raise UsageError(f"size {text!r} is relative, but the card's total memory is unknown")
         return int(total * pct / 100)
     match = _SIZE.match(text)
+    if text.startswith("-"):
+        raise UsageError(f"bad size {text!r}: a size cannot be negative (expected e.g. 8G, 512M or 50%)")
     if not match:
         raise UsageError(f"bad size {text!r}: expected e.g. 8G, 8GiB, 512M or 50%")
     number, prefix, _ = match.groups()

@@ -19,6 +19,19 @@ from gpumon.monitor.backends.demo import DemoBackend
     (["nohup", "nice", "-n", "10", "./sim", "--steps", "9"], "sim"),
     (["uv", "run", "python", "eval.py"], "eval.py"),
     ([], "job"),
+    # Code given inline names nothing: the interpreter or shell is the program.
+    (["sh", "-c", "env | grep CUDA"], "sh"),
+    (["python3", "-c", "import torch; print(torch.cuda.is_available())"], "python3"),
+    (["python3", "-W", "ignore", "-c", "print(1)"], "python3"),
+    (["perl", "-e", "print 1"], "perl"),
+    (["sh", "-c", "for i in 1 2; do echo $i; done"], "sh"),
+    (["env"], "env"),
+    # A script argument still names the job, also after set-up commands or before a pipe.
+    (["bash", "-lc", "source venv/bin/activate && python train.py"], "train.py"),
+    (["bash", "-o", "pipefail", "-c", "python train.py | tee log"], "train.py"),
+    (["bash", "run.sh"], "run.sh"),
+    (["torchrun", "--nproc_per_node=8", "train.py", "-c", "cfg.yaml"], "train.py"),
+    (["python", "-u", "-m", "mod"], "mod"),
 ])
 def test_program_name(argv, name):
     assert program_name(argv) == name
@@ -33,3 +46,8 @@ def test_history_keeps_the_typed_command_not_the_shell_wrapper(tmp_path):
     assert spec.name == "train.py"
     start(spec, foreground=True, typed=request.typed)  # records it without starting a supervisor
     assert records.command_history()[0] == typed
+
+
+def test_a_typed_pipeline_of_inline_words_is_named_after_the_shell():
+    assert shell_request("env | grep CUDA", "0").name == "sh"
+    assert shell_request("cd /tmp && nvidia-smi -L", "0").name == "nvidia-smi"

@@ -19,7 +19,7 @@ import time
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
-from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
+from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK
 from gpumon.model import HostStatus, Snapshot
 from gpumon.monitor.fleet import Fleet
@@ -43,6 +43,7 @@ class FleetWatch:
         self.status = EXIT_OK
         self._seen: dict[str, Snapshot] = {}
         self._problems: tuple[str, ...] = ()
+        self._cards_checked: set[str] = set()
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -83,6 +84,10 @@ class FleetWatch:
             engine = self.engines.get(status.host)
             if engine is None:
                 engine = self.engines[status.host] = AlertEngine(self.rules)
+            if status.host not in self._cards_checked:  # cards differ per host: a warning, not an error
+                self._cards_checked.add(status.host)
+                if problem := missing_cards(self.rules, snapshot, where=status.host):
+                    log.warning("%s", problem)
             for event in engine.evaluate(snapshot):
                 self._emit(dataclasses.replace(event, host=status.host))
         self._check_host(status, time.time())

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
-from gpumon.units import parse_duration, parse_size
+from gpumon.units import format_cpu_list, parse_duration, parse_size
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -335,3 +335,19 @@ class AlertEngine:
 
 def parse_rules(texts: Iterable[str]) -> list[Rule]:
     return [parse_rule(text) for text in texts]
+
+
+def missing_cards(rules: Iterable[Rule], snapshot: Snapshot, where: str = "this machine") -> str | None:
+    """Why a rule's `on GPUS` names a card this snapshot (of `where`) does not have, or None. Rules
+    are parsed before any card is known, so this waits for the first sample (or the cards' identity)."""
+    have = sorted(g.index for g in snapshot.gpus)
+    for rule in rules:
+        absent = sorted(rule.gpus - set(have)) if rule.gpus is not None else []
+        if absent:
+            return (f"alert rule {rule.text!r}: no {_cards(absent, ', '.join(map(str, absent)))} on {where} "
+                    f"(it has {_cards(have, format_cpu_list(have)) if have else 'no GPUs'})")
+    return None
+
+
+def _cards(indices: list[int], shown: str) -> str:
+    return f"GPU{'s' if len(indices) > 1 else ''} {shown}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.prometheus import GpumonCollector, parse_listen_address, registry_for
-from gpumon.alerting.rules import AlertEngine, AlertEvent
+from gpumon.alerting.rules import AlertEngine, AlertEvent, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.monitor.recording import Recorder
@@ -50,6 +50,8 @@ class Watch:
     # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
     xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
     output_closed: bool = False
+    failure: UsageError | None = None  # a rule names a card this machine does not have
+    _cards_checked: bool = False
     _xid_stop: threading.Event = field(default_factory=threading.Event)
 
     def stop(self) -> None:
@@ -83,6 +85,8 @@ class Watch:
             self._xid_stop.set()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+        if self.failure is not None:
+            raise self.failure
         return self.status
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
@@ -91,6 +95,12 @@ class Watch:
                 self._emit(moved)
         if snapshot.stale:  # the same data again: nothing new to record or evaluate
             return
+        if not self._cards_checked:  # the first sample brings the card list the rules must match
+            self._cards_checked = True
+            if problem := missing_cards(self.engine.rules, snapshot):
+                self.failure = UsageError(problem)
+                self.stop()
+                return
         if self.recorder is not None and (problem := self.recorder.write(snapshot)):
             log.error("%s", problem)
         if self.metrics:

@@ -7,6 +7,7 @@ Each subcommand is a module of gpumon.cli with a `run(args) -> int`; the parser 
 from __future__ import annotations
 
 import argparse
+import re
 
 from gpumon import __version__
 from gpumon.errors import UsageError
@@ -102,9 +103,11 @@ def _unix_time(text: str) -> float:
     return value
 
 
-def _scenario(text: str) -> str:
+def _scenario(text: str, usage: bool = False) -> str:
+    """`usage`: the message stands alone (not after argparse's "argument --scenario:")."""
     if text not in DEMO_SCENARIOS:
-        raise argparse.ArgumentTypeError(f"unknown demo scenario {text!r}; choose from {', '.join(DEMO_SCENARIOS)}")
+        message = f"unknown demo scenario {text!r}; choose from {', '.join(DEMO_SCENARIOS)}"
+        raise UsageError(message) if usage else argparse.ArgumentTypeError(message)
     return text
 
 
@@ -309,6 +312,14 @@ def _options_with_values(parser: argparse.ArgumentParser) -> set[str]:
     return found
 
 
+_NEGATIVE = re.compile(r"^-[0-9.]")  # `--mem-limit -5G`: a bad value, not an option
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    return {name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices}
+
+
 def normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """Accept the older `--demo SCENARIO` as `--demo --scenario SCENARIO`.
 
@@ -328,13 +339,21 @@ def normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str
             i += 2
             continue
         if arg.startswith("--demo="):
-            out += ["--demo", "--scenario", arg.partition("=")[2]]
+            out += ["--demo", "--scenario", _scenario(arg.partition("=")[2], usage=True)]
             i += 1
             continue
+        # `--demo bogus` is not the command `bogus`: name the scenario that does not exist. (In `run`,
+        # the word after --demo is the command to run.)
+        if arg == "--demo" and not in_run and i + 1 < len(argv) and not argv[i + 1].startswith("-") \
+                and argv[i + 1] not in _subcommands(parser):
+            _scenario(argv[i + 1], usage=True)
         out.append(arg)
         i += 1
         if arg in with_values and i < len(argv):
-            out.append(argv[i])  # the option's value, whatever it looks like
+            if arg.startswith("--") and _NEGATIVE.match(argv[i]):
+                out[-1] = f"{arg}={argv[i]}"  # argparse takes `-5G` for an option; joined, it is the value
+            else:
+                out.append(argv[i])  # the option's value, whatever it looks like
             i += 1
         elif arg == "run" and not in_run:
             in_run = True

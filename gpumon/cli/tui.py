@@ -6,6 +6,7 @@ import argparse
 
 from gpumon.cli import STARTUP_ENVIRONMENT, splash
 from gpumon.cli.early_open import EarlyOpen
+from gpumon.errors import UsageError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,12 +32,14 @@ def run(args: argparse.Namespace) -> int:
             elif opening.failed:  # no driver: say so now, not after Textual has started
                 opening.backend()
         # Imported here, after the first frame is up: Textual takes most of gpumon's start-up.
-        from gpumon.alerting.rules import parse_rules
+        from gpumon.alerting.rules import missing_cards, parse_rules
         from gpumon.cli.common import backend_args, load_settings, open_source
         from gpumon.tui.app import run_app
 
         config = load_settings(args)
         rules = parse_rules(config.rules + config.watch_rules + args.alert)
+        if identity is not None and (problem := missing_cards(rules, identity)):  # else the first sample says
+            raise UsageError(problem)
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
         opened = backend_args(args)

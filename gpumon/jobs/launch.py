@@ -13,13 +13,13 @@ gpumon was started with, not the one it changed for itself (NO_COLOR, COLUMNS, .
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -27,18 +27,13 @@ from typing import IO, Any
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
-from gpumon.jobs.placement import resolve_spec
-from gpumon.model import Snapshot, Topology
+from gpumon.jobs.naming import command_line_name, program_name
+from gpumon.jobs.placement import busy_note, resolve_spec
+from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.sampler import sample_once
 from gpumon.units import format_bytes, format_cpu_list, parse_size
 
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
-# Programs that run another program: a job is named after what they run.
-WRAPPERS = {"env", "nohup", "nice", "ionice", "time", "exec", "stdbuf", "taskset", "numactl", "srun", "uv", "poetry"}
-_OPTION_VALUE = re.compile(r"^[0-9][0-9a-fx,.:-]*$")  # `10`, `0-3`, `0x3`: values of a wrapper's options
-_SCRIPT = re.compile(r"(/|\.(py|sh|jl|R|js|rb|pl)$)")
-INTERPRETERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "julia", "Rscript", "node", "ruby", "perl")
 # How many times a job launched with the run dialog's "move if the card fails" may move.
 DIALOG_FAILOVER = 3
 
@@ -60,47 +55,10 @@ class LaunchRequest:
     failover: int = 0  # moves to other cards allowed when the job's card fails
 
 
-def program_name(argv: list[str]) -> str:
-    """What a person calls the job: `train.py` for `env CUDA_LAUNCH_BLOCKING=1 python train.py`,
-    `vllm.entrypoints.openai.api_server` for `python -m ...`, `make` for `sh -c 'make -j8'`."""
-    words = list(argv)
-    while words:
-        word = words.pop(0)
-        base = os.path.basename(word)
-        if "=" in word and not word.startswith(("-", "=")):
-            continue  # VAR=value before the program
-        if base in WRAPPERS:
-            while words and (words[0].startswith("-") or _OPTION_VALUE.match(words[0])):
-                words.pop(0)  # the wrapper's own options: `nice -n 10`, `taskset -c 0-3`
-            if base in ("uv", "poetry") and words[:1] == ["run"]:
-                words.pop(0)
-            continue
-        if base in SHELLS and len(words) >= 2 and words[0] == "-c":
-            try:
-                words = shlex.split(words[1])
-            except ValueError:
-                words = words[1].split()
-            if words[:1] == ["cd"] and len(words) > 3 and words[2] in ("&&", ";"):
-                words = words[3:]  # `cd ~/llm && make`: the job is make
-            continue
-        if base.startswith(INTERPRETERS):
-            if words[:1] == ["-m"] and len(words) > 1:
-                return words[1]
-            arguments = [w for w in words if not w.startswith("-") and "=" not in w]
-            script = next((w for w in arguments if _SCRIPT.search(w)), None) or next(
-                (w for w in arguments if not _OPTION_VALUE.match(w)), None)
-            return os.path.basename(script) if script else base
-        return base or "job"
-    return "job"
-
-
 def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
     """A command line the user typed: it runs in their shell, exactly as typed."""
-    try:
-        name = program_name(shlex.split(typed))
-    except ValueError:  # unbalanced quotes: the shell will say so in the job's log
-        name = program_name(typed.split())
-    return LaunchRequest(command=["/bin/sh", "-c", typed], gpu_spec=gpu_spec, typed=typed, name=name, **options)
+    return LaunchRequest(command=["/bin/sh", "-c", typed], gpu_spec=gpu_spec, typed=typed,
+                         name=command_line_name(typed), **options)
 
 
 def card_limits() -> CardLimits:
@@ -124,6 +82,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         totals = ([g.memory_total for g in gpus if g.memory_total]
                   or [g.memory_total for g in snapshot.gpus if g.memory_total])
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
+        _check_limit(request.mem_limit, limit, gpus or snapshot.gpus, chosen=bool(gpus))
     elif len(gpus) == 1:
         limit = card_limits().get(gpus[0].uuid)  # the card's default, set with `m` in the TUI
     name = request.name or program_name(request.command)
@@ -135,6 +94,19 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
         failover=request.failover,
     )
+
+
+def _check_limit(typed: str, limit: int, gpus: Sequence[GpuSample], chosen: bool) -> None:
+    """A cap above a card's memory caps nothing: a typo (200G for 20G) or the wrong card. Each
+    chosen card must hold it; a job queued for whichever card frees up needs only one that can."""
+    over = [g for g in gpus if g.memory_total and limit > g.memory_total]
+    if chosen and over:
+        g = over[0]
+        raise UsageError(f"--mem-limit {typed} is more than GPU {g.index}'s memory ({format_bytes(g.memory_total)})")
+    if not chosen and over and len(over) == len([g for g in gpus if g.memory_total]):
+        largest = max(g.memory_total for g in over)
+        raise UsageError(f"--mem-limit {typed} is more than any card's memory (the largest has "
+                         f"{format_bytes(largest)})")
 
 
 def systemd_available() -> bool:
@@ -219,6 +191,10 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     snapshot = sample_once(backend)
     needs_topo = request.gpu_spec.startswith("auto:") and request.gpu_spec != "auto:1"
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
+    if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
+        for gpu in (g for g in snapshot.gpus if g.uuid in spec.gpus):
+            if note := busy_note(gpu):
+                print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
     directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
     if request.foreground:
         return run_foreground(directory)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
+from gpumon.sanitize import printable
 from gpumon.units import format_bytes, parse_cpu_list, parse_size
 
 MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedily instead
@@ -26,6 +27,39 @@ MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedi
 # more than this utilisation, or more than this share of its memory in use.
 BUSY_UTIL = 10.0
 BUSY_USED = "10%"
+
+
+# A card chosen by hand (`run --gpu 0`, the TUI's `r`) is still used, but the user is told when
+# it is this busy: at least half its compute, or half its memory, already taken by others. (Lower
+# than this is normal sharing on a workstation; the bar for *choosing* a card, above, is lower.)
+WARN_UTIL = 50.0
+WARN_USED_SHARE = 0.5
+WARN_HOLDERS = 3  # users named in the note; the rest are counted
+
+
+def busy_note(gpu: GpuSample, where: str | None = None) -> str | None:
+    """'GPU 0 is busy: 97% utilised, 69G of 80G in use, by alice (pid 4242)', or None when the card
+    is not busy (WARN_UTIL, WARN_USED_SHARE) or says nothing of its load."""
+    if gpu.state != "ok":
+        return None
+    util = gpu.utilization_gpu
+    used, total = gpu.memory_used, gpu.memory_total
+    busy_compute = util is not None and util >= WARN_UTIL
+    busy_memory = used is not None and bool(total) and used >= WARN_USED_SHARE * total
+    if not (busy_compute or busy_memory):
+        return None
+    load = [f"{util}% utilised"] if util is not None else []
+    if used is not None and total:
+        load.append(f"{format_bytes(used)} of {format_bytes(total)} in use")
+    pids: dict[str, list[int]] = {}  # user -> pids, the biggest users of memory first
+    for proc in sorted(gpu.processes, key=lambda p: -(p.gpu_memory or 0)):
+        pids.setdefault(printable(proc.user or "?"), []).append(proc.pid)
+    holders = [f"{user} (pid{'s' if len(ps) > 1 else ''} {', '.join(map(str, ps))})"
+               for user, ps in list(pids.items())[:WARN_HOLDERS]]
+    if len(pids) > WARN_HOLDERS:
+        holders.append(f"{len(pids) - WARN_HOLDERS} more users")
+    by = f", by {', '.join(holders)}" if holders else ""
+    return f"{where or f'GPU {gpu.index}'} is busy: {', '.join(load)}{by}"
 
 
 def load_key(gpu: GpuSample) -> tuple[float, float, int]:

@@ -265,10 +265,23 @@ def list_jobs() -> list[Job]:
     return sorted(jobs, key=lambda j: (j.spec.created, j.spec.id))
 
 
+SHOWN_MATCHES = 5  # an ambiguous job id lists this many of the jobs it matches
+
+
 def find_job(ident: str) -> Job:
-    matches = [j for j in list_jobs() if j.spec.id == ident or j.spec.id.startswith(ident) or j.spec.name == ident]
-    if len(matches) != 1:
-        raise UsageError(f"no job {ident!r}" if not matches else f"{ident!r} matches several jobs")
+    """The job with this id, any unique part of it (people copy the end, `591e` of
+    `20261201-140412-591e`, which is what differs), or this name."""
+    if not ident.strip():
+        raise UsageError("empty job id: give the id of a job, or a part of it (`gpumon jobs` lists them)")
+    listed = list_jobs()
+    matches = [j for j in listed if j.spec.id == ident] or [
+        j for j in listed if ident in j.spec.id or j.spec.name == ident]
+    if not matches:
+        raise UsageError(f"no job {ident!r} (`gpumon jobs` lists them)")
+    if len(matches) > 1:
+        shown = ", ".join(f"{j.spec.id} ({j.spec.name})" for j in matches[-SHOWN_MATCHES:])
+        more = f" and {len(matches) - SHOWN_MATCHES} older" if len(matches) > SHOWN_MATCHES else ""
+        raise UsageError(f"{ident!r} matches {len(matches)} jobs: {shown}{more}; give more of the id")
     return matches[0]
 
 

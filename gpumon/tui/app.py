@@ -21,7 +21,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
+from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
 from gpumon.monitor.backends import Backend
@@ -81,7 +81,8 @@ class GpumonApp(App[int]):
         self.sample_count = sample_count
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
-        self.failure: GpumonError | None = None  # why the data source could not be used
+        self.failure: GpumonError | None = None  # why the data source (or a rule's card) could not be used
+        self._cards_checked = False
         self.recent_xids = RecentXids()
         self._xid_listener: XidListener | None = None
         opening = sampler.backend is None
@@ -149,6 +150,12 @@ class GpumonApp(App[int]):
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         self._check_link()
+        if not snapshot.stale and not self._cards_checked:  # rules naming cards that do not exist
+            self._cards_checked = True
+            if problem := missing_cards(self.engine.rules, snapshot):
+                self.failure = UsageError(problem)
+                self.exit(self.failure.exit_status)
+                return
         if not snapshot.stale:
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
                 self.notify(problem, severity="error", timeout=10)

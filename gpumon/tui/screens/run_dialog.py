@@ -15,6 +15,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gpumon.errors import UsageError
 from gpumon.jobs.launch import DIALOG_FAILOVER
+from gpumon.jobs.placement import busy_note
 from gpumon.model import GpuSample
 from gpumon.units import format_bytes, parse_size
 
@@ -22,9 +23,11 @@ from gpumon.units import format_bytes, parse_size
 def size_problem(text: str, gpu: GpuSample) -> str | None:
     """Why a typed SIZE is not usable on this card, or None when it is."""
     try:
-        parse_size(text, gpu.memory_total)
+        size = parse_size(text, gpu.memory_total)
     except UsageError as exc:
         return str(exc)
+    if gpu.memory_total and size > gpu.memory_total:  # caps nothing: a typo, or the wrong card
+        return f"{text} is more than the card's memory ({format_bytes(gpu.memory_total)})"
     return None
 
 
@@ -71,6 +74,8 @@ class RunDialog(ModalScreen[RunChoice | None]):
         with Vertical(id="run-body") as body:
             body.border_title = f"Run on {self.where}: {self.gpu.name}"
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
+            if busy := busy_note(self.gpu, self.where):  # it still launches: the user chose the card
+                yield Static(Text(busy), id="run-busy")
             yield Label("Command")
             yield Input(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
