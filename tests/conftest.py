@@ -33,8 +33,9 @@ def require_tool(name: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the developer's own config, state and jobs out of every test."""
+    """Keep the developer's own home, config, state and jobs out of every test."""
     home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))  # ~/.netrc, ~/.local, `~` in paths: the test's own
     for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data")):
         monkeypatch.setenv(var, str(home / sub))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR",
