@@ -20,6 +20,7 @@ from rich.console import RenderableType
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.worker import WorkerFailed
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
@@ -82,6 +83,7 @@ class GpumonApp(App[int]):
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
         self.failure: GpumonError | None = None  # why the data source could not be used
+        self.crash: Exception | None = None  # a bug inside the app: raised again once it has ended
         self.recent_xids = RecentXids()
         self._xid_listener: XidListener | None = None
         opening = sampler.backend is None
@@ -113,6 +115,17 @@ class GpumonApp(App[int]):
         finally:  # the worker is cancelled when the app exits
             if self._xid_listener is not None:
                 self._xid_listener.stop()
+
+    def _handle_exception(self, error: Exception) -> None:
+        """An error nothing in the app caught. Textual prints its traceback and lets run() return
+        as if all went well; gpumon keeps the error and raises it once the terminal is restored
+        (run_app), so the CLI ends with its one line for bugs and status 70 (a GpumonError that
+        got this far keeps its own line and status)."""
+        if self.crash is None:  # a failed worker's own error says what went wrong
+            self.crash = error.error if isinstance(error, WorkerFailed) and isinstance(error.error, Exception) \
+                else error
+        super()._handle_exception(error)
+        self._exit_renderables.clear()  # the traceback: GPUMON_DEBUG=1 shows it, from the CLI
 
     def _on_xid(self, index: int, code: int, when: float) -> None:
         """An XID error: shown on its card's panel, and `xid` rules fire at once."""
@@ -356,4 +369,6 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
             app.sampler.backend.close()
     if app.failure is not None:
         raise app.failure
+    if app.crash is not None:
+        raise app.crash
     return status if isinstance(status, int) else EXIT_OK
