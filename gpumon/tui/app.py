@@ -19,6 +19,7 @@ from rich.color import ColorSystem
 from rich.console import RenderableType
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import WorkerFailed
 
@@ -29,6 +30,7 @@ from gpumon.monitor.backends import Backend
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 from gpumon.monitor.xid import RecentXids, XidListener
+from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
@@ -115,6 +117,13 @@ class GpumonApp(App[int]):
         finally:  # the worker is cancelled when the app exits
             if self._xid_listener is not None:
                 self._xid_listener.stop()
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every notification is text, never markup (`markup` is ignored): they quote hosts' answers,
+        job records and other users' processes. Screens' and widgets' notify() come here too."""
+        super().notify(plain_lines(message), title=plain_lines(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def _handle_exception(self, error: Exception) -> None:
         """An error nothing in the app caught. Textual prints its traceback and lets run() return
