@@ -90,6 +90,12 @@ def alive(status: Path) -> bool:
     return not status.exists()
 
 
+def click(tmux, x: int, y: int) -> None:
+    """A left click at column x, row y (from 0) as the terminal reports it (SGR mouse mode)."""
+    for end in "Mm":  # press, release
+        tmux("send-keys", "-t", "t", "-l", f"\x1b[<0;{x + 1};{y + 1}{end}")
+
+
 def test_a_hosts_markup_escapes_and_bidi_are_shown_as_text_everywhere(ssh_lab, tmux_session, tmp_path):
     ssh_lab.host("evil", env={"GPUMON_TEST_MODE": "text"})
     ssh_lab.host("broken", env={"GPUMON_TEST_MODE": "broken"})
@@ -138,11 +144,17 @@ def test_a_hosts_markup_escapes_and_bidi_are_shown_as_text_everywhere(ssh_lab, t
                            what="the launch's answer as text")
     for piece in MARKUP + (SHOWN_ESCAPES,):
         assert "ran: " + piece in screen, piece
+    # A click where the link would be, were it markup (that click would quit): the toast goes, the TUI stays.
+    y, line = next((y, ln) for y, ln in enumerate(screen.splitlines()) if "ran: [@click" in ln)
+    click(tmux, line.index("ran: [@click") + len("ran: "), y)
+    tmux.wait_for(lambda s: "ran: [@click" not in s, what="the clicked notification gone")
+    time.sleep(1)
+    assert alive(status), "a click on a host's text ended the TUI"
 
     # J: the hosts' jobs, the selected one's record and log, all as text; s stops it there.
     tmux.keys("J")
-    screen = tmux.wait_for(lambda s: "Jobs on every host" in s and "log: " + SHOWN_BIDI in s, timeout=30,
-                           what="the job and its log as text")
+    screen = tmux.wait_for(lambda s: "Jobs on every host" in s and "[b]j1[/b]" in s and "log: " + SHOWN_BIDI in s,
+                           timeout=30, what="the job and its log as text")
     line = next(ln for ln in screen.splitlines() if "[b]j1[/b]" in ln)
     assert "[/]job" in line and "running" in line and line.count("[/]") >= 2  # name, exit column
     assert f"$ {SHOWN_ESCAPES} [@click=app.quit]q[/] {SHOWN_BIDI}" in screen  # its command
