@@ -19,7 +19,9 @@ from rich.color import ColorSystem
 from rich.console import RenderableType
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.worker import WorkerFailed
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
@@ -28,6 +30,7 @@ from gpumon.monitor.backends import Backend
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 from gpumon.monitor.xid import RecentXids, XidListener
+from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.screens.main import MainScreen
@@ -83,6 +86,7 @@ class GpumonApp(App[int]):
         self.theme_names: list[str] = []
         self.failure: GpumonError | None = None  # why the data source (or a rule's card) could not be used
         self._cards_checked = False
+        self.crash: Exception | None = None  # a bug inside the app: raised again once it has ended
         self.recent_xids = RecentXids()
         self._xid_listener: XidListener | None = None
         opening = sampler.backend is None
@@ -114,6 +118,24 @@ class GpumonApp(App[int]):
         finally:  # the worker is cancelled when the app exits
             if self._xid_listener is not None:
                 self._xid_listener.stop()
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every notification is text, never markup (`markup` is ignored): they quote hosts' answers,
+        job records and other users' processes. Screens' and widgets' notify() come here too."""
+        super().notify(plain_lines(message), title=plain_lines(title), severity=severity, timeout=timeout,
+                       markup=False)
+
+    def _handle_exception(self, error: Exception) -> None:
+        """An error nothing in the app caught. Textual prints its traceback and lets run() return
+        as if all went well; gpumon keeps the error and raises it once the terminal is restored
+        (run_app), so the CLI ends with its one line for bugs and status 70 (a GpumonError that
+        got this far keeps its own line and status)."""
+        if self.crash is None:  # a failed worker's own error says what went wrong
+            self.crash = error.error if isinstance(error, WorkerFailed) and isinstance(error.error, Exception) \
+                else error
+        super()._handle_exception(error)
+        self._exit_renderables.clear()  # the traceback: GPUMON_DEBUG=1 shows it, from the CLI
 
     def _on_xid(self, index: int, code: int, when: float) -> None:
         """An XID error: shown on its card's panel, and `xid` rules fire at once."""
@@ -363,4 +385,6 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
             app.sampler.backend.close()
     if app.failure is not None:
         raise app.failure
+    if app.crash is not None:
+        raise app.crash
     return status if isinstance(status, int) else EXIT_OK

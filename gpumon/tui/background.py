@@ -23,9 +23,14 @@ def in_background(app: App, work: Callable[[], T], done: Callable[[T], Any],
     """Run `work()` in a daemon thread; then `done(result)` or `failed(exception)` on the loop."""
 
     def deliver(callback: Callable[[Any], Any], value: Any) -> None:
+        # A message to the app, not call_from_thread: an error in the callback is then the app's
+        # (it ends with gpumon's message for bugs), not a traceback printed over the screen by
+        # this thread while the app goes on.
         try:
-            app.call_from_thread(callback, value)
-        except RuntimeError:  # the app has ended meanwhile: nobody to tell
+            delivered = app.call_later(callback, value)
+        except RuntimeError:  # its loop has closed
+            delivered = False
+        if not delivered:  # the app has ended meanwhile: nobody to tell
             log.debug("background result dropped: the app has ended")
 
     def target() -> None:

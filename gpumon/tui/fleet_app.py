@@ -146,4 +146,6 @@ def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[],
     demo = bool(args.demo or args.scenario is not None)
     app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
     status = app.run()
+    if app.crash is not None:  # see GpumonApp._handle_exception
+        raise app.crash
     return status if isinstance(status, int) else EXIT_OK

@@ -13,9 +13,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent
+from gpumon.tui.plain import plain
 
 
 def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
+    """The rules are the config's and the command line's words: text, not markup."""
     table = Table.grid(padding=(0, 2))
     table.add_column(no_wrap=True)
     table.add_column()
@@ -27,7 +29,7 @@ def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
     firing = engine.firing()
     for gpu in sorted(firing):
         for rule in firing[gpu]:
-            table.add_row(f"GPU {gpu}", Text(rule, style="bold red"))
+            table.add_row(f"GPU {gpu}", plain(rule, style="bold red"))
     if not firing:
         table.add_row("", Text("nothing", style="dim"))
     table.add_row("", "")
@@ -35,11 +37,11 @@ def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
     for event in reversed(log[-30:]):
         when = time.strftime("%H:%M:%S", time.localtime(event.time))
         table.add_row(f"{when}  GPU {event.gpu}",
-                      f"{event.event.upper():8} {event.rule}  ({event.metric}={event.value:g})")
+                      plain(f"{event.event.upper():8} {event.rule}  ({event.metric}={event.value:g})"))
     table.add_row("", "")
     table.add_row(Text("Rules", style="bold underline"), "")
     for rule in engine.rules:
-        table.add_row("", rule.text)
+        table.add_row("", plain(rule.text))
     return table
 
 

@@ -9,6 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from gpumon.tui.plain import plain_lines
+
 
 class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("escape,n", "answer(False)", "No"), Binding("y", "answer(True)", "Yes")]
@@ -21,9 +23,9 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-body"):
             # As text, never markup: the detail quotes command lines of other users' processes.
-            yield Static(Text(self.question), id="confirm-question")
+            yield Static(Text(plain_lines(self.question)), id="confirm-question")
             if self.detail:
-                yield Static(Text(self.detail), id="confirm-detail")
+                yield Static(Text(plain_lines(self.detail)), id="confirm-detail")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", variant="primary", id="no")

@@ -11,18 +11,20 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpumon.jobs.processes import CUDA_VARIABLES
+from gpumon.tui.plain import plain
 
 
 def environment_table(env: dict[str, str]) -> Table:
+    """Names and values as the process has them (a PS1 full of `[`, escape codes): text, not markup."""
     table = Table.grid(padding=(0, 1))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for name in CUDA_VARIABLES:
-        table.add_row(name, env.get(name, Text("(not set)", style="dim")))
+        table.add_row(name, plain(env[name]) if name in env else Text("(not set)", style="dim"))
     table.add_row("", "")
     for name in sorted(env):
         if name not in CUDA_VARIABLES:
-            table.add_row(name, env[name])
+            table.add_row(plain(name), plain(env[name]))
     return table
 
 
@@ -36,6 +38,6 @@ class EnvironmentScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="env-body") as body:
-            body.border_title = self.title_text
+            body.border_title = plain(self.title_text)
             body.border_subtitle = "Esc to close"
             yield Static(environment_table(self.env))

@@ -26,6 +26,7 @@ from gpumon.monitor.fleet import Fleet
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import why_not_here
+from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.jobs import STATE_STYLES
 from gpumon.units import format_bytes, format_runtime
@@ -132,10 +133,11 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
         for job in rows:
             runtime = None if job["started"] is None else (job["ended"] or now) - job["started"]
             exit_text = job["signal"] or ("" if job["exit_code"] is None else str(job["exit_code"]))
+            # A str cell is markup to a DataTable: every word from the host is a Text.
             table.add_row(
-                _cut(job["host"], 20), job["id"], _cut(job["name"], 24),
+                _cut(job["host"], 20), Text(job["id"]), _cut(job["name"], 24),
                 Text(job["state"], style=STATE_STYLES.get(job["state"], "")),
-                ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""), exit_text,
+                ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""), Text(exit_text),
                 format_runtime(runtime), format_bytes(job["peak_gpu_memory"], na=""),
                 format_bytes(job["mem_limit"], na=""), key=f"{job['host']}\0{job['id']}",
             )
@@ -198,9 +200,9 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                 lines = pending.split(b"\n")
                 pending = lines.pop()
                 if lines:
-                    self._deliver(show, "".join(printable(line.decode(errors="replace")) + "\n" for line in lines))
+                    self._deliver(show, "".join(plain_lines(line.decode(errors="replace")) + "\n" for line in lines))
             if pending:
-                self._deliver(show, printable(pending.decode(errors="replace")) + "\n")
+                self._deliver(show, plain_lines(pending.decode(errors="replace")) + "\n")
             code = follower.wait()
             if code not in (0, -9, -15):  # ours to end: killed when another job is selected
                 why = printable(follower.stderr.read(4096).decode(errors="replace").strip())  # type: ignore[union-attr]

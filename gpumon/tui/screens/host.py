@@ -24,6 +24,7 @@ from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.fleet import Fleet
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
+from gpumon.tui.plain import plain
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
@@ -95,10 +96,10 @@ class HostScreen(MainScreen):
         bar.waiting = text
         bar.refresh()
         if self._away is not None:
-            self._away.update(text)
+            self._away.update(plain(text))  # the host's own words (why its stream failed)
         else:
             self.query_one("#charts").display = False
-            self._away = Static(text, id="host-away")
+            self._away = Static(plain(text), id="host-away")
             self.query_one(CardList).mount(self._away)
 
     def _waiting(self, status: HostStatus) -> str:

@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Log, Static
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.attempts import describe
+from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_runtime
 
@@ -23,7 +24,7 @@ STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", 
 
 
 def _cut(text: str, cells: int) -> Text:
-    cut = Text(text)
+    cut = plain(text)
     cut.truncate(cells, overflow="ellipsis")
     return cut
 
@@ -95,9 +96,10 @@ class JobsScreen(ModalScreen[str | None]):
         table.clear()
         for job in self.jobs:
             table.add_row(
-                job.spec.id, _cut(job.spec.name, 24), Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
+                plain(job.spec.id), _cut(job.spec.name, 24),
+                Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
                 ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
-                job.signal or ("" if job.exit_code is None else str(job.exit_code)), format_runtime(job.runtime),
+                plain(job.signal or ("" if job.exit_code is None else str(job.exit_code))), format_runtime(job.runtime),
                 format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,
             )
         if self.jobs:
@@ -114,15 +116,18 @@ class JobsScreen(ModalScreen[str | None]):
         if job is None:
             detail.update("No jobs yet: select a card and press r.")
             return
-        moves = [("\n" + describe(a), "") for a in job.attempts] if len(job.attempts) > 1 else []
-        detail.update(Text.assemble(("$ ", "dim"), " ".join(job.spec.command), "\n",
-                                    (job.reason or f"log: {job.log}", "bold red" if job.reason else "dim"), *moves))
+        moves = [("\n" + plain_lines(describe(a)), "") for a in job.attempts] if len(job.attempts) > 1 else []
+        detail.update(Text.assemble(("$ ", "dim"), plain(" ".join(job.spec.command)), "\n",
+                                    plain(job.reason or f"log: {job.log}", "bold red" if job.reason else "dim"),
+                                    *moves))
         if self.tail_id != job.spec.id:
             self.tail_id, self.tail = job.spec.id, LogTail(job.log)
             log.clear()
         new = self.tail.read_new() if self.tail else ""
         if new:
-            log.write(new)
+            # The job's output as the fleet's log pane shows it: a training log's colour codes and
+            # cursor moves made visible, so they never reach the terminal (Log passes ESC through).
+            log.write(plain_lines(new))
 
     def action_stop(self) -> None:
         """Asks first, like signalling a process (`x`): stopping loses the job's unsaved work."""

@@ -25,6 +25,7 @@ from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.cuda_order import cuda_ordinals
 from gpumon.monitor.sampler import History
 from gpumon.monitor.topology import unknown_links
+from gpumon.tui.plain import plain
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
@@ -81,6 +82,7 @@ class MainScreen(CardActions, Screen):
         self._layout_key: tuple | None = None
         self._top_height = 0
         self._applied_at = 0.0  # monotonic time of the last update on screen
+        self._frame_title = ""
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: every sample updates them, and a DOM query each time costs more than the update.
@@ -244,10 +246,11 @@ class MainScreen(CardActions, Screen):
         table.show(rows)
         scope = f"GPU {only}" if only is not None else "all cards"
         title = f"Processes · {scope} · {len(rows)}"
-        if self.filter_text:
+        if self.filter_text:  # typed, or a job's id from its host (`p` in the jobs list): not markup
             title += f" · filter “{self.filter_text}”"
-        if self.table_frame.border_title != title:  # setting it repaints the whole frame
-            self.table_frame.border_title = title
+        if self._frame_title != title:  # setting it repaints the whole frame
+            self._frame_title = title
+            self.table_frame.border_title = plain(title)
 
     # -- selection and keys --
 

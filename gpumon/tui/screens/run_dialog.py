@@ -72,7 +72,7 @@ class RunDialog(ModalScreen[RunChoice | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-body") as body:
-            body.border_title = f"Run on {self.where}: {self.gpu.name}"
+            body.border_title = Text(f"Run on {self.where}: {self.gpu.name}")  # a host's card name: not markup
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
             if busy := busy_note(self.gpu, self.where):  # it still launches: the user chose the card
                 yield Static(Text(busy), id="run-busy")
@@ -164,7 +164,7 @@ class MemLimitDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="limit-body") as body:
-            body.border_title = f"Memory limit for jobs on {self.where}"
+            body.border_title = Text(f"Memory limit for jobs on {self.where}")
             body.border_subtitle = "Enter saves · empty removes · Esc cancels"
             yield Label(f"Card total {format_bytes(self.gpu.memory_total)}. Jobs launched here are stopped by "
                         "the watchdog above this, and JAX/PyTorch are capped to it.")

@@ -17,6 +17,8 @@ from textual.widgets import Static
 
 from gpumon.model import Topology
 from gpumon.monitor.topology import best_partners, describe_link, link_rank
+from gpumon.sanitize import printable
+from gpumon.tui.plain import plain
 
 LEGEND = ("X self · NV# NVLinks · PIX one PCIe switch · PXB several switches · "
           "PHB host bridge · NODE same NUMA node · SYS across sockets")
@@ -73,7 +75,7 @@ class TopologyScreen(ModalScreen[None]):
         topo = self.topo
         self.query_one("#topo-body").border_title = "Topology · reading links…" if self.reading else "Topology"
         if not topo.indices:
-            self.query_one("#topo-matrix", Static).update("No cards." + _left_out(topo))
+            self.query_one("#topo-matrix", Static).update(Text("No cards." + _left_out(topo)))
             return
         accent = Style(bgcolor=self.app.current_theme.panel, bold=True)
         table = Table(box=None, padding=(0, 1), show_edge=False, pad_edge=False)
@@ -92,7 +94,8 @@ class TopologyScreen(ModalScreen[None]):
                 cells.append(Text(link or ("…" if self.reading else "N/A"), style=style))
             name_style = accent if idx == self.selected else Style(bold=True)
             numa = topo.numa_node[i]
-            table.add_row(Text(f"GPU{idx}", style=name_style), *cells, topo.cpu_affinity[i] or "N/A",
+            # The CPU affinity is the host's own words (over ssh for a fleet host): text, not markup.
+            table.add_row(Text(f"GPU{idx}", style=name_style), *cells, plain(topo.cpu_affinity[i] or "N/A"),
                           "N/A" if numa is None else str(numa))
         self.query_one("#topo-matrix", Static).update(table)
         partners = best_partners(topo, self.selected)
@@ -103,4 +106,4 @@ class TopologyScreen(ModalScreen[None]):
 
 
 def _left_out(topo: Topology) -> str:
-    return "".join(f"\nGPU {index} left out: {reason}" for index, reason in topo.left_out)
+    return "".join(f"\nGPU {index} left out: {printable(reason)}" for index, reason in topo.left_out)
