@@ -7,6 +7,7 @@ import sys
 
 from gpumon.cli.common import backend_args, fleet_requested, load_settings, open_source
 from gpumon.jobs.launch import LaunchRequest, launch
+from gpumon.jobs.logout import logout_note
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +24,9 @@ def run(args: argparse.Namespace) -> int:
     load_settings(args)
     backend = open_source(args)
     try:
-        return launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout)
+        code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout)
     finally:
         backend.close()
+    if not request.foreground and (note := logout_note(request.systemd)):
+        print(f"gpumon: note: {note}", file=sys.stderr)
+    return code

@@ -6,7 +6,8 @@ or by a signal, which is named), `failed` (could not start, with the reason) or 
 (stopped while queued). SIGTERM asks it to stop the job: SIGTERM to the command's process group,
 SIGKILL after a grace period. SIGINT (Ctrl-C) is forwarded to a detached command (a foreground one
 gets it from the terminal itself); the supervisor waits for the command and records the end either
-way. It is single-threaded, so it can set its own CPU affinity before starting the command, which
+way. The command is reaped only after the last signal: a reaped pid may already be someone else's
+(jobs/tree.py). It is single-threaded, so it can set its own CPU affinity before starting the command, which
 inherits it (no preexec_fn).
 
 It also watches the job's cards (jobs/failover.py: lost, a fatal XID, a failed fabric). A job run
@@ -40,6 +41,7 @@ from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec, take_environment, write_atomic
+from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
 from gpumon.monitor.backends import Backend, open_backend
 
@@ -65,6 +67,7 @@ class Supervisor:
         self.spec = JobSpec.from_dict(json.loads((directory / "job.json").read_text()))
         self.stop_requested: str | None = None
         self.child: subprocess.Popen | None = None
+        self.tree: CommandTree | None = None  # the command and what it started: see jobs/tree.py
         self.peak = 0
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
@@ -87,11 +90,8 @@ class Supervisor:
         """Ctrl-C: a queued job is cancelled; a running one gets SIGINT and is waited for."""
         if self.child is None:
             self.stop_requested = "interrupted by the user"
-        elif not self.foreground and self.child.returncode is None:
-            try:  # not reaped yet: the group id cannot have been reused
-                os.killpg(self.child.pid, signal.SIGINT)
-            except OSError:
-                pass
+        elif self.tree is not None:  # to the group only while the command is unreaped
+            self.tree.signal_group(signal.SIGINT)
 
     # -- the job's life --
 
@@ -231,7 +231,8 @@ class Supervisor:
         except OSError as exc:
             self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
             return False
-        child = psutil.Process(self.child.pid)
+        self.tree = CommandTree(self.child, own_group=not self.foreground)
+        child = self.tree.root
         self._write("process.json", {"pid": child.pid, "started": child.create_time(), "booted": since_boot(child)})
         self.attempts.append(Attempt(number, list(pinning.uuids), list(pinning.indices), child.pid, started))
         self._save_attempts()
@@ -273,11 +274,11 @@ class Supervisor:
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
     def _watch(self, backend: Backend, gpus) -> AttemptEnd:
-        assert self.child is not None
+        assert self.tree is not None
         cards = {g.index for g in gpus}  # a MIG slice's processes are listed on its card
         stopped: str | None = None
         trouble: Trouble | None = None
-        while self.child.poll() is None:
+        while not self.tree.ended():
             if self.stop_requested:
                 stopped = self.stop_requested
                 self._stop_child()
@@ -317,7 +318,7 @@ class Supervisor:
         deadline = time.monotonic() + seconds
         wait_xid = getattr(backend, "wait_xid", None)
         while (left := deadline - time.monotonic()) > 0 and not self.stop_requested:
-            if while_running and self.child is not None and self.child.poll() is not None:
+            if while_running and self.tree is not None and self.tree.ended():
                 break
             if wait_xid is None:
                 time.sleep(min(POLL_S, left))
@@ -329,49 +330,28 @@ class Supervisor:
         return None
 
     def _reap(self) -> int:
-        assert self.child is not None
+        assert self.child is not None and self.tree is not None
         try:
-            return self.child.wait(timeout=STUCK_S)
+            return self.tree.reap(timeout=STUCK_S)
         except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the driver: it never runs again
             print(f"gpumon: pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL", file=sys.stderr)
             return -signal.SIGKILL
 
-    def _job_processes(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.child.pid)
-            return [root] + root.children(recursive=True)
-        except psutil.Error:
-            return []
-
     def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int]) -> dict[int, int]:
         """Per card, the GPU memory of the job's own processes; other users' processes never count."""
-        pids = {p.pid for p in self._job_processes()}
+        pids = {p.pid for p in self.tree.processes()}
         return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
                 for g in snapshot.gpus if g.index in cards}
 
     def _stop_child(self) -> None:
-        """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace."""
-        assert self.child is not None
-        family = self._job_processes()
-        self._signal_all(family, signal.SIGTERM)
+        """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace.
+        The command is not reaped until after both (`_reap`), so its group is still reachable."""
+        assert self.tree is not None
+        self.tree.signal(signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and self.child.poll() is None:
+        while time.monotonic() < deadline and not self.tree.ended():
             time.sleep(0.05)
-        self._signal_all(family + self._job_processes(), signal.SIGKILL)
-
-    def _signal_all(self, processes: list[psutil.Process], sig: int) -> None:
-        # The command's own group, only while the command is not reaped: until then its pid (the
-        # group's id) cannot belong to anyone else.
-        if not self.foreground and self.child.returncode is None:
-            try:
-                os.killpg(self.child.pid, sig)
-            except OSError:
-                pass
-        for proc in processes:  # and anything that left the group; psutil refuses recycled pids
-            try:
-                proc.send_signal(sig)
-            except psutil.Error:
-                pass
+        self.tree.signal(signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:

@@ -37,6 +37,7 @@ from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire import updates
 from gpumon.tui.wire.driver import LinkLag, WireDriver
+from gpumon.tui.wire.guards import usable
 
 log = logging.getLogger(__name__)
 # The terminal this many seconds behind for this long: low-bandwidth mode switches on. (The first
@@ -70,7 +71,10 @@ class GpumonApp(App[int]):
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
         sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
-        super().__init__(driver_class=WireDriver)
+        # Textual's own driver, and way of drawing, where this Textual is not the one they were written for.
+        super().__init__(driver_class=WireDriver if usable("output layer") else None)
+        self._cells = usable("compositor updates as cells", self, "_batch_count", "_running", "_closed", "_driver",
+                             "console._color_system")
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
@@ -194,8 +198,8 @@ class GpumonApp(App[int]):
         """Compositor updates go to the output layer as cells; Textual would make them one string
         of escape sequences that the output layer parses straight back (see wire/updates.py)."""
         driver = self._driver
-        if not (isinstance(driver, WireDriver) and updates.drawable(renderable) and not self._batch_count
-                and self._running and not self._closed and not driver.is_inline):
+        if not (self._cells and isinstance(driver, WireDriver) and driver.wired and updates.drawable(renderable)
+                and not self._batch_count and self._running and not self._closed and not driver.is_inline):
             super()._display(screen, renderable)
             return
         try:

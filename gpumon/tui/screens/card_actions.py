@@ -11,6 +11,7 @@ from gpumon.errors import UsageError
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
 from gpumon.jobs.launch import card_limits, prepare, run_in_terminal, shell_request, start, summary
+from gpumon.jobs.logout import logout_note
 from gpumon.monitor.containers import invisible_reason
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
@@ -54,6 +55,8 @@ class CardActions:
     def _report_start(self, directory) -> None:
         job = jobs.wait_until_started(directory)
         message = "\n".join(summary(job)) if job else f"job did not start: see {directory}"
+        if job and (note := logout_note(systemd=False)):
+            message += "\n" + note
         self.app.call_from_thread(self.notify, message, timeout=8)
         self._job_pids()
 

@@ -6,14 +6,20 @@ opacity, hatch) and builds a new Strip from it, even where the widget has none o
 colour filter's cache of the old one. The process table, the card panels and the status bar repaint
 dozens of lines every second with no box at all; for them the widget's own line is the line.
 Should a theme give one of them a border or padding, or a line not fill its width, Textual's
-way is taken again.
+way is taken again; and for the run, where this Textual is not the one it was written for (guards.py).
 """
 
 from __future__ import annotations
 
-from textual._styles_cache import StylesCache
 from textual.strip import Strip
 from textual.widget import Widget
+
+from gpumon.tui.wire.guards import usable
+
+try:
+    from textual._styles_cache import StylesCache
+except ImportError:  # a Textual without it: guards.py says so, and the class is never used
+    StylesCache = object
 
 
 class WholeLinesCache(StylesCache):
@@ -45,4 +51,5 @@ def _boxed(widget: Widget) -> bool:
 
 def draw_whole_lines(widget: Widget) -> None:
     """Call from the widget's __init__."""
-    widget._styles_cache = WholeLinesCache()
+    if usable("whole lines", widget, "_styles_cache"):
+        widget._styles_cache = WholeLinesCache()

@@ -6,15 +6,22 @@ over a changed span is ever drawn. Behind the process table's rows lie its frame
 behind the card panels, their list, the row that holds them and the screen: each second those were
 rendered and cut up for nothing. `LeanCompositor` goes front to back, as Textual paints, and
 renders a widget only over the lines where it is the first to cover a piece of a changed span.
-The update is the same (a test compares the two on the running app after every frame).
+The update is the same (a test compares the two on the running app after every frame). Where
+this Textual is not the one it was written for (guards.py), screens keep Textual's compositor.
 """
 
 from __future__ import annotations
 
-from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
+
+from gpumon.tui.wire.guards import usable
+
+try:
+    from textual._compositor import ChopsUpdate, Compositor
+except ImportError:  # a Textual without it: guards.py says so, and the class is never used
+    ChopsUpdate, Compositor = None, object
 
 
 class LeanCompositor(Compositor):
@@ -63,4 +70,5 @@ class LeanCompositor(Compositor):
 
 def use_lean_compositor(screen: Screen) -> None:
     """Call from the screen's __init__, before it is mounted."""
-    screen._compositor = LeanCompositor()
+    if usable("lean compositor", screen, "_compositor._dirty_regions", "_compositor.size"):
+        screen._compositor = LeanCompositor()

@@ -5,22 +5,29 @@ Textual writes each frame and then flushes; here the frame is read into the want
 flush sends the difference unless the previous frame has not reached the terminal yet. The
 terminal's answer to the question that ends each frame arrives on the input thread, which then
 sends whatever changed meanwhile. The app hears how far behind the link is (`LinkLag`).
+
+Where this Textual is not the one it was written for (guards.py), the app takes Textual's own
+driver; a WireDriver whose instance lacks what it uses (`wired` False) passes everything through.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from textual import events
-from textual._compositor import CompositorUpdate
 from textual.drivers.linux_driver import LinuxDriver
 from textual.geometry import Offset
 from textual.message import Message
 
 from gpumon.tui.wire import updates
+from gpumon.tui.wire.guards import usable
 from gpumon.tui.wire.pacing import Pacer
 from gpumon.tui.wire.screen import ScreenDiff
+
+if TYPE_CHECKING:
+    from textual._compositor import CompositorUpdate
 
 REPORT_STEP_S = 1.0  # the app hears of the lag in whole seconds: no message for every frame
 
@@ -42,6 +49,7 @@ class WireDriver(LinuxDriver):
         self._new_size: tuple[int, int] | None = None
         self._closing = False
         self._reported = 0
+        self.wired = usable("output layer", self, "_writer_thread", "_app")
 
     # -- Textual's side --
 
@@ -63,6 +71,8 @@ class WireDriver(LinuxDriver):
         super().stop_application_mode()
 
     def write(self, data: str) -> None:
+        if not self.wired:
+            return super().write(data)
         with self._lock:
             self._take_new_size()
             self._diff.feed(data)
@@ -81,10 +91,14 @@ class WireDriver(LinuxDriver):
             self._new_size = None
 
     def flush(self) -> None:
+        if not self.wired:
+            return super().flush()
         self._send()
 
     def process_message(self, message: Message) -> None:
-        if isinstance(message, events.CursorPosition):
+        if not self.wired:
+            pass
+        elif isinstance(message, events.CursorPosition):
             if self._pacer.answered(time.monotonic()):
                 self._send()
                 return

@@ -11,18 +11,25 @@ around text), which are dropped: gpumon draws none.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.style import Style
-from textual._compositor import ChopsUpdate, CompositorUpdate, LayoutUpdate
 from textual.strip import Strip
 
 from gpumon.tui.wire import sgr
 from gpumon.tui.wire.screen import ScreenDiff
 
+try:
+    from textual._compositor import ChopsUpdate, LayoutUpdate
+except ImportError:  # a Textual without them: guards.py says so, and every update goes the string way
+    ChopsUpdate = LayoutUpdate = None
+if TYPE_CHECKING:
+    from textual._compositor import CompositorUpdate
+
 
 def drawable(update: object) -> bool:
     """Can `draw` take this update? (anything else goes the string way)"""
-    return isinstance(update, (ChopsUpdate, LayoutUpdate))
+    return ChopsUpdate is not None and isinstance(update, (ChopsUpdate, LayoutUpdate))
 
 
 def draw(diff: ScreenDiff, update: CompositorUpdate, color_system) -> None:
