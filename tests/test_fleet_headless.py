@@ -1,0 +1,140 @@
+"""The headless fleet behaves like the headless host, over a real sshd (tests/sshd.py): `watch
+--hosts` into a closed pipe, the fleet's own Prometheus exporter, topology asked of every candidate
+host at once, and `--local` beside a config that lists hosts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+
+import psutil
+from conftest import Card
+from prometheus_client.parser import text_string_to_metric_families
+from test_prometheus import check_metrics, free_port
+
+
+def _until(condition, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _ssh_children(pid: int) -> list[psutil.Process]:
+    """The ssh clients gpumon runs (not a shared connection's master, which outlives them by design)."""
+    found = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if cmdline[:1] == ["ssh"]:
+            found.append(proc)
+    return found
+
+
+def test_watch_hosts_into_a_pipe_that_closes_ends_quietly_with_its_ssh_children(ssh_lab, tmp_path):
+    for name in ("a", "b"):
+        ssh_lab.host(name).machine.cards = [Card()]
+        ssh_lab.hosts[name].write()
+    errors = tmp_path / "stderr"
+    with open(errors, "w") as stderr:
+        watch = subprocess.Popen(ssh_lab.gpumon_argv("watch", "--hosts", "a,b", "--metrics", "--interval", "0.3"),
+                                 env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=stderr)
+    try:
+        children = _until(lambda: len(_ssh_children(watch.pid)) >= 2 and _ssh_children(watch.pid),
+                          what="an ssh client per host")
+        # `watch --hosts … | head -1`: head reads one line and goes; the next line finds no reader.
+        head = subprocess.Popen(["head", "-1"], stdin=watch.stdout, stdout=subprocess.PIPE, text=True)
+        watch.stdout.close()
+        first, _ = head.communicate(timeout=60)
+        assert json.loads(first)["event"] == "sample"
+        assert watch.wait(30) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(10)
+    text = errors.read_text()
+    assert "Traceback" not in text and "BrokenPipe" not in text, text
+    assert not psutil.wait_procs(children, timeout=15)[1], "ssh clients left running"
+    for host in ssh_lab.hosts.values():
+        assert _until(lambda: not [p for p in host.server.sessions() if "--stream" in " ".join(p.cmdline())],
+                      what="the remote streams to end")
+
+
+def _scrape(port: int) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read()
+    check_metrics(body)
+    return {family.name: family.samples for family in text_string_to_metric_families(body.decode())}
+
+
+def _by_host(samples) -> dict[str, list[tuple[str, str, float]]]:
+    out: dict[str, list] = {}
+    for sample in samples:
+        out.setdefault(sample.labels["Hostname"], []).append((sample.labels["gpu"], sample.labels["modelName"],
+                                                              sample.value))
+    return {host: sorted(cards) for host, cards in out.items()}
+
+
+def test_watch_hosts_serves_every_hosts_cards_from_one_exporter_as_the_config_asks(ssh_lab, tmp_path):
+    big, small = ssh_lab.server(), ssh_lab.server()
+    ssh_lab.host("big", server=big).machine.cards = [Card("NVIDIA H100 80GB HBM3", extra=dict(util=71)),
+                                                     Card("NVIDIA H100 80GB HBM3", extra=dict(util=72))]
+    ssh_lab.host("small", server=small).machine.cards = [Card("NVIDIA A30", extra=dict(util=5, temp=90))]
+    for host in ssh_lab.hosts.values():
+        host.write()
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[watch]\nprometheus = "127.0.0.1:{port}"\nrules = ["temp > 80"]\n'
+                      '[fleet.groups]\nlab = ["big", "small"]\n')
+    watch = subprocess.Popen(ssh_lab.gpumon_argv("watch", "--hosts", "@lab", "--config", str(config),
+                                                 "--interval", "0.3"),
+                             env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def both_up():
+            try:
+                metrics = _scrape(port)
+            except OSError:
+                return None
+            up = {s.labels["Hostname"]: s.value for s in metrics.get("gpumon_host_up", [])}
+            return metrics if up == {"big": 1.0, "small": 1.0} and "gpumon_alert_firing" in metrics \
+                and metrics["gpumon_alert_firing"] else None
+
+        metrics = _until(both_up, 60, "both hosts up on the exporter")
+        assert _by_host(metrics["DCGM_FI_DEV_GPU_UTIL"]) == {
+            "big": [("0", "NVIDIA H100 80GB HBM3", 71.0), ("1", "NVIDIA H100 80GB HBM3", 72.0)],
+            "small": [("0", "NVIDIA A30", 5.0)]}
+        assert {s.labels["Hostname"] for s in metrics["gpumon_sample_age_seconds"]} == {"big", "small"}
+        assert [(s.labels["Hostname"], s.labels["gpu"], s.labels["rule"]) for s in metrics["gpumon_alert_firing"]] \
+            == [("small", "0", "temp > 80")]
+
+        small.kill()  # the host goes away: it is down, and its old values are no longer a reading
+
+        def small_down():
+            metrics = _scrape(port)
+            up = {s.labels["Hostname"]: s.value for s in metrics["gpumon_host_up"]}
+            return metrics if up == {"big": 1.0, "small": 0.0} else None
+
+        metrics = _until(small_down, 60, "small to be down on the exporter")
+        assert set(_by_host(metrics["DCGM_FI_DEV_GPU_UTIL"])) == {"big"}
+        watch.terminate()
+        assert watch.wait(30) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(10)
+    assert "Traceback" not in watch.stderr.read()
+
+
+def test_watch_hosts_refuses_one_machines_hostname_label(ssh_lab):
+    ssh_lab.host("a")
+    result = ssh_lab.gpumon("watch", "--hosts", "a", "--prometheus", str(free_port()), "--prometheus-hostname", "x")
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpumon: error: --prometheus-hostname names one machine")
+    assert "Traceback" not in result.stderr
