@@ -8,6 +8,7 @@ import json
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 from conftest import Card
@@ -138,3 +139,47 @@ def test_watch_hosts_refuses_one_machines_hostname_label(ssh_lab):
     assert result.returncode == 2
     assert result.stderr.startswith("gpumon: error: --prometheus-hostname names one machine")
     assert "Traceback" not in result.stderr
+
+
+def _slow_topology_gpumon(tmp_path: Path, real: str, delay: float) -> tuple[str, Path]:
+    """A remote gpumon whose `topo` answers only after `delay` seconds, logging when each `topo`
+    began and ended; everything else is the real one."""
+    log = tmp_path / "topo-times"
+    wrapper = tmp_path / "slow-topo-gpumon"
+    wrapper.write_text(f"""#!/bin/sh
+case " $* " in *" topo "*)
+  echo "start $(date +%s.%N)" >> {log}; sleep {delay}; {real} "$@"; rc=$?
+  echo "end $(date +%s.%N)" >> {log}; exit $rc;;
+esac
+exec {real} "$@"
+""")
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+def _topology_phase(log: Path) -> tuple[int, float, float]:
+    """How many hosts were asked, how far apart the questions began, and how long until the last answer."""
+    times: dict[str, list[float]] = {"start": [], "end": []}
+    for line in log.read_text().splitlines():
+        kind, when = line.split()
+        times[kind].append(float(when))
+    log.unlink()
+    return len(times["start"]), max(times["start"]) - min(times["start"]), max(times["end"]) - min(times["start"])
+
+
+def test_select_and_run_ask_every_candidate_host_for_its_topology_at_once(ssh_lab, tmp_path):
+    names = ["t0", "t1", "t2", "t3"]
+    for name in names:
+        ssh_lab.host(name).machine.cards = [Card(), Card()]
+        ssh_lab.hosts[name].write()
+    remote, log = _slow_topology_gpumon(tmp_path, ssh_lab.remote_gpumon, 2)
+    result = ssh_lab.gpumon("select", "--hosts", ",".join(names), "--count", "2", remote=remote)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\t")[0] in names
+    # One after another: the questions 2 s apart at least, and 4 x 2 s until the last answer.
+    asked, spread, took = _topology_phase(log)
+    assert asked == 4 and spread < 2.0 and took < 6.0, (asked, spread, took)
+    launched = ssh_lab.gpumon("run", "--hosts", ",".join(names), "--gpu", "auto:2", "--", "true", remote=remote)
+    assert launched.returncode == 0, launched.stderr
+    asked, spread, took = _topology_phase(log)
+    assert asked == 4 and spread < 2.0 and took < 6.0, (asked, spread, took)
