@@ -5,7 +5,9 @@ host at once, and `--local` beside a config that lists hosts."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -183,3 +185,32 @@ def test_select_and_run_ask_every_candidate_host_for_its_topology_at_once(ssh_la
     assert launched.returncode == 0, launched.stderr
     asked, spread, took = _topology_phase(log)
     assert asked == 4 and spread < 2.0 and took < 6.0, (asked, spread, took)
+
+
+def test_local_opens_this_machine_alone_beside_a_config_that_lists_hosts(fake_driver, tmux_session, tmp_path):
+    fake_driver.machine.cards = [Card("NVIDIA L40S")]
+    fake_driver.write()
+    config = tmp_path / "config.toml"
+    config.write_text('[fleet]\nhosts = ["nowhere.invalid"]\n')
+    for argv in (["--local", "snapshot", "--json"], ["snapshot", "--local", "--json"]):
+        result = fake_driver.run("--config", str(config), *argv)
+        assert result.returncode == 0, result.stderr
+        doc = json.loads(result.stdout)
+        assert "hosts" not in doc and [g["name"] for g in doc["gpus"]] == ["NVIDIA L40S"]
+    both = fake_driver.run("--config", str(config), "snapshot", "--local", "--hosts", "gpu01")
+    assert both.returncode == 2
+    assert both.stderr == "gpumon: error: --local reads this machine alone: not with --hosts, --hostfile or " \
+                          "--prometheus-url\n"
+
+    keep = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "TZ", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
+    for options, shows in (("", "1 host"), ("--local", "driver 550.54.15")):
+        status = tmp_path / f"status{options}"
+        tmux = tmux_session(120, 30)
+        tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --config {config} "
+                   f"{options} --interval 0.5; echo $? > {status}")
+        screen = tmux.wait_for(lambda s, shows=shows: shows in s, timeout=30, what=f"gpumon {options}")
+        assert ("NVIDIA L40S" in screen) == (options == "--local")  # the fleet is the configured host alone
+        tmux.keys("q")
+        _until(lambda status=status: status.exists() and status.read_text().strip() == "0", 20, "gpumon to quit")
+        tmux.kill()

@@ -165,6 +165,9 @@ def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     g.add_argument("--prometheus-url", type=_prometheus_url, default=_default(None, suppress), metavar="URL",
                    help="read every GPU host this Prometheus server scrapes (dcgm-exporter or gpumon watch "
                         "--prometheus), read-only; every 5 s unless --interval is given")
+    g.add_argument("--local", action="store_true", default=_default(False, suppress),
+                   help="this machine alone, not the hosts of the config's [fleet] (--hosts local: this machine "
+                        "as a host of a fleet)")
 
 
 def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
