@@ -4,6 +4,7 @@ host at once, and `--local` beside a config that lists hosts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -13,9 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from conftest import Card
+from conftest import Card, require_tool
 from prometheus_client.parser import text_string_to_metric_families
+from promlab import Prometheus, StaticServer, scrape_job
 from test_prometheus import check_metrics, free_port
+
+from gpumon.alerting.prometheus import FleetCollector, Reading, exposition
+from gpumon.monitor.backends.demo import DemoBackend
 
 
 def _until(condition, timeout: float = 30.0, what: str = "condition"):
@@ -214,3 +219,33 @@ def test_local_opens_this_machine_alone_beside_a_config_that_lists_hosts(fake_dr
         tmux.keys("q")
         _until(lambda status=status: status.exists() and status.read_text().strip() == "0", 20, "gpumon to quit")
         tmux.kill()
+
+
+def test_a_fleet_exporters_hosts_keep_their_own_sample_age_through_prometheus(tmp_path):
+    """Read back through a real Prometheus, each host of one fleet exporter (one scrape target) is
+    judged by its own gpumon_sample_age_seconds: the host whose readings stopped is stale, not another."""
+    prometheus = require_tool("prometheus")
+    fresh = DemoBackend().sample()
+    frozen = dataclasses.replace(fresh, time=fresh.time - 600)  # its host stopped answering 10 min ago
+
+    def readings():
+        now = dataclasses.replace(fresh, time=time.time())
+        hosts = [Reading("a-fresh", now), Reading("b-frozen", frozen), Reading("c-fresh", now)]
+        return hosts, {r.host: True for r in hosts}
+
+    static = StaticServer()
+    static.page("/metrics", lambda: exposition(FleetCollector(readings)))
+    server = Prometheus(prometheus, tmp_path, [scrape_job("fleet", [f"127.0.0.1:{static.port}"])])
+    try:
+        server.start()
+        server.wait_for_series("gpumon_sample_age_seconds", 3)
+        out = subprocess.run([sys.executable, "-m", "gpumon", "snapshot", "--json", "--prometheus-url", server.url],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        hosts = {h["host"]: h for h in json.loads(out.stdout)["hosts"]}
+        assert {name: h["state"] for name, h in hosts.items()} == {"a-fresh": "ok", "b-frozen": "stale",
+                                                                    "c-fresh": "ok"}
+        assert "its gpumon has had no new reading" in hosts["b-frozen"]["error"]
+    finally:
+        server.stop()
+        static.close()
