@@ -20,13 +20,14 @@ from conftest import GIB, Card
 UUIDS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd" for i in range(4)]
 
 
-def start_tui(ssh_lab, tmux_session, tmp_path: Path, hosts: str, size=(120, 40), remote: str | None = None):
-    """`gpumon --hosts HOSTS` in tmux with the lab's ssh; returns (tmux, file its exit status goes to)."""
+def start_tui(ssh_lab, tmux_session, tmp_path: Path, hosts: str, size=(120, 40), remote: str | None = None,
+              options: tuple[str, ...] = ()):
+    """`gpumon --hosts HOSTS [OPTIONS]` in tmux with the lab's ssh; returns (tmux, file its exit status goes to)."""
     status = tmp_path / "status"
     env = ssh_lab.env()
     keep = ("PATH", "HOME", "TZ", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
     assigns = " ".join(f"{k}={shlex.quote(env[k])}" for k in keep if k in env)
-    argv = ssh_lab.gpumon_argv("--hosts", hosts, "--interval", "0.5", remote=remote)
+    argv = ssh_lab.gpumon_argv("--hosts", hosts, "--interval", "0.5", *options, remote=remote)
     tmux = tmux_session(*size)
     tmux.start(f"env {assigns} TERM=xterm-256color {shlex.join(argv)}; echo $? > {status}")
     return tmux, status

@@ -160,3 +160,34 @@ def test_hostile_remote_output_is_contained(ssh_lab, tmp_path):
     assert text.returncode == 0, text.stderr
     assert "\x1b" not in text.stdout and "\x07" not in text.stdout and "\x9b" not in text.stdout
     assert "== broken: error: sent a bad document" in text.stdout
+
+
+HOSTILE_JOBS = r'''#!PYTHON
+import json, os, sys
+if "jobs" not in sys.argv:
+    os.execv("REAL", ["REAL"] + sys.argv[1:])
+evil = "\x1b]0;pwned\x07\x1b[2J"
+attempts = {"escape": [{"attempt": 1, "gpus": ["GPU-" + evil], "gpu_indices": [0], "pid": 7, "started": 1.0e9,
+                        "ended": 1.0e9 + 5, "exit_code": None, "signal": "SIGTERM", "moved_because": evil}],
+            "types": [{"attempt": "one"}], "shape": "several"}[os.environ["GPUMON_TEST_HOSTILE"]]
+print(json.dumps([{"id": "20260101-000000-abcd", "name": "x", "command": ["x"], "gpus": [], "gpu_indices": [],
+                   "state": "running", "failover": 2, "attempts": attempts}]))
+'''
+
+
+def test_hostile_job_attempts_are_text_or_refused(ssh_lab, tmp_path):
+    fake = tmp_path / "gpumon"
+    fake.write_text(HOSTILE_JOBS.replace("PYTHON", sys.executable).replace("REAL", ssh_lab.remote_gpumon))
+    fake.chmod(0o755)
+    for mode in ("escape", "types", "shape"):
+        ssh_lab.host(mode, env={"GPUMON_TEST_HOSTILE": mode})
+    result = ssh_lab.gpumon("jobs", "--json", "--hosts", "escape,types,shape", remote=str(fake))
+    assert result.returncode == 0, result.stderr
+    (job,) = json.loads(result.stdout)
+    assert (job["host"], job["failover"]) == ("escape", 2)
+    (attempt,) = job["attempts"]
+    shown = "\\x1b]0;pwned\\x07\\x1b[2J"
+    assert attempt["moved_because"] == shown and attempt["gpus"] == ["GPU-" + shown]
+    assert (attempt["attempt"], attempt["pid"], attempt["signal"], attempt["ended"]) == (1, 7, "SIGTERM", 1.0e9 + 5)
+    assert "types: unexpected job list: jobs[0].attempts[0].attempt is not a number" in result.stderr
+    assert "shape: unexpected job list: jobs[0].attempts is not a list" in result.stderr

@@ -4,6 +4,7 @@ people; with --metrics also a line per sample."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import IO
 
@@ -13,16 +14,28 @@ from gpumon.units import format_bytes
 
 
 class EventWriter:
-    """One line per event (and per sample with --metrics), flushed at once: pipes and logs see it."""
+    """One line per event (and per sample with --metrics), flushed at once: pipes and logs see it.
+    When the reader goes away (`watch | head -1`) the writer is `closed` and writes nothing more:
+    the watch ends quietly, as Unix tools do."""
 
     def __init__(self, stream: IO[str], fmt: str, show_hosts: bool = False) -> None:
         self.stream = stream
         self.fmt = fmt
         self.show_hosts = show_hosts  # many hosts: cards are HOST:INDEX in text
+        self.closed = False
 
     def _line(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.closed:
+            return
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # What is still buffered goes nowhere, instead of failing again when Python exits.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
 
     def event(self, event: AlertEvent | FailoverEvent) -> None:
         if self.fmt == "jsonl":

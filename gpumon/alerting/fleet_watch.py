@@ -6,7 +6,8 @@ host cannot be read (no connection, or it answers with something unusable: `"err
 the rule's duration, and resolves when it is back. One host's trouble never delays another's
 events. Hosts a source finds as it goes (Prometheus) get their engine when they first report. A
 source that cannot read its hosts (Prometheus down) says so once on stderr, and again when it
-changes. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0.
+changes. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0, and
+so does stdout's reader going away (queued hooks still run).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import time
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
+from gpumon.alerting.prometheus import FleetCollector, Reading, serve
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK
 from gpumon.model import HostStatus, Snapshot
 from gpumon.monitor.fleet import Fleet
 
 AWAY = ("unreachable", "reconnecting", "error")
+ANSWERS = ("live", "stale")  # gpumon_host_up 1: the host is read (stale: it has gone quiet for a while)
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +51,24 @@ class FleetWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def serve_prometheus(self, address: str, processes: bool = False):
+        """One exporter for the whole fleet: nothing is installed on the nodes. Hosts read through
+        Prometheus are left out: their series are in Prometheus already."""
+        return serve(address, FleetCollector(self._readings, processes, alerts=True))
+
+    def _readings(self) -> tuple[list[Reading], dict[str, bool]]:
+        """For the exporter's thread: the fleet's statuses and the engines' published copies."""
+        readings: list[Reading] = []
+        up: dict[str, bool] = {}
+        for status in self.fleet.statuses():
+            if status.source == "prometheus":
+                continue
+            up[status.host] = status.state in ANSWERS and status.snapshot is not None
+            if up[status.host]:
+                engine = self.engines.get(status.host)
+                readings.append(Reading(status.host, status.snapshot, engine.firing() if engine else None))
+        return readings, up
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -81,6 +102,7 @@ class FleetWatch:
             self._seen[status.host] = snapshot
             if self.metrics:
                 self.writer.metrics(snapshot, host=status.host)
+                self._stop_when_unread()
             engine = self.engines.get(status.host)
             if engine is None:
                 engine = self.engines[status.host] = AlertEngine(self.rules)
@@ -110,4 +132,10 @@ class FleetWatch:
             self.hooks.submit(event)
         if self.exit_on_alert and event.event == "firing":
             self.status = EXIT_ALERT
+            self.stop()
+        self._stop_when_unread()
+
+    def _stop_when_unread(self) -> None:
+        """stdout's reader has gone (`watch --hosts … | head -1`): end quietly, as Unix tools do."""
+        if self.writer.closed:
             self.stop()

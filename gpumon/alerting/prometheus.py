@@ -16,8 +16,10 @@ for the rule's quiet period.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +30,7 @@ from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 
 MIB = 1 << 20
+log = logging.getLogger(__name__)
 THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
 
@@ -70,6 +73,18 @@ LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One host's cards for the exposition: its snapshot, the Hostname label, and the copies the
+    event loop publishes (rules firing per card; (card, XID code) -> time of the newest, or None
+    when XIDs are not followed there)."""
+
+    host: str
+    snapshot: Snapshot
+    firing: dict[int, tuple[str, ...]] | None = None
+    xids: dict[tuple[int, int], float] | None = None
+
+
 class GpumonCollector(Collector):
     """Builds the metrics at scrape time from the newest snapshot: nothing is done per sample."""
 
@@ -89,64 +104,102 @@ class GpumonCollector(Collector):
         snap = self.latest()
         if snap is None:
             return
-        host = self.hostname or snap.host
-        labels = {g.index: [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, host, g.pci_bus_id or ""]
-                  for g in snap.gpus}
-        for name, doc, read in GAUGES:
-            family = GaugeMetricFamily(name, doc, labels=LABELS)
-            for g in snap.gpus:
-                value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
-                if value is not None:
-                    family.add_metric(labels[g.index], float(value))
-            yield family
-        xids = self.xid() if self.xid else {}
-        newest: dict[int, tuple[float, int]] = {}
-        for (index, code), when in xids.items():
-            newest[index] = max(newest.get(index, (when, code)), (when, code))
-        family = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS)
-        for g in snap.gpus:
-            family.add_metric(labels[g.index], float(newest[g.index][1]) if g.index in newest else 0.0)
+        firing = self.engine.firing() if self.engine is not None else None
+        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {})
+        yield from families([reading], self.processes, alerts=self.engine is not None)
+
+
+class FleetCollector(Collector):
+    """`watch --hosts --prometheus`: every host's cards, each with the fleet's name for its host as
+    `Hostname`, and `gpumon_host_up{Hostname}` (1 while the host answers, 0 while it is away). A
+    host that is away has no card series: its old values are not a reading."""
+
+    def __init__(self, readings: Callable[[], tuple[list[Reading], dict[str, bool]]], processes: bool = False,
+                 alerts: bool = False) -> None:
+        """`readings`: the hosts that answer now, and every host's up (True) or away (False)."""
+        self.readings = readings
+        self.processes = processes
+        self.alerts = alerts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        readings, up = self.readings()
+        family = GaugeMetricFamily("gpumon_host_up", "1 while the host answers, 0 while it cannot be read.",
+                                   labels=["Hostname"])
+        for host, answers in up.items():
+            family.add_metric([host], 1.0 if answers else 0.0)
         yield family
+        yield from families(readings, self.processes, alerts=self.alerts, per_host=True)
+
+
+def families(readings: list[Reading], processes: bool = False, alerts: bool = False,
+             per_host: bool = False) -> Iterator[GaugeMetricFamily]:
+    """The exposition of these hosts' cards. `per_host`: the series that are not about one card
+    (sample age, rules firing) get a Hostname label too, as one exporter speaks for many hosts."""
+    labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, r.host, g.pci_bus_id or ""]
+              for r in readings for g in r.snapshot.gpus}
+    cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
+    for name, doc, read in GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        for _, g, card in cards:
+            value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
+            if value is not None:
+                family.add_metric(card, float(value))
+        yield family
+    followed = [r for r in readings if r.xids is not None]  # a fleet host's XIDs are not followed
+    if followed:
+        family = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
+                                   labels=LABELS)
         seen = GaugeMetricFamily("gpumon_xid_last_timestamp_seconds", "Unix time of the newest XID error of this code.",
                                  labels=LABELS + ["xid"])
-        for (index, code), when in sorted(xids.items()):
-            if index in labels:
-                seen.add_metric(labels[index] + [str(code)], when)
+        for r in followed:
+            newest: dict[int, tuple[float, int]] = {}
+            for (index, code), when in r.xids.items():
+                newest[index] = max(newest.get(index, (when, code)), (when, code))
+            for g in r.snapshot.gpus:
+                family.add_metric(labels[r.host, g.index], float(newest[g.index][1]) if g.index in newest else 0.0)
+            for (index, code), when in sorted(r.xids.items()):
+                if (r.host, index) in labels:
+                    seen.add_metric(labels[r.host, index] + [str(code)], when)
+        yield family
         yield seen
-        fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
-                                   "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
-                                   labels=LABELS)
-        for g in snap.gpus:
-            if g.fabric in FABRIC_STATUS:
-                fabric.add_metric(labels[g.index], float(FABRIC_STATUS[g.fabric]))
-        yield fabric
-        lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
-        for g in snap.gpus:
-            lost.add_metric(labels[g.index], 1.0 if g.state == "lost" else 0.0)
-        yield lost
-        stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.")
-        stale.add_metric([], max(0.0, time.time() - snap.time))
-        yield stale
-        if self.engine is not None:
-            firing = GaugeMetricFamily("gpumon_alert_firing", "1 while a gpumon alert rule fires on a card.",
-                                       labels=["rule", "gpu"])
-            for gpu, rules in self.engine.firing().items():
+    fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
+                               "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
+                               labels=LABELS)
+    for _, g, card in cards:
+        if g.fabric in FABRIC_STATUS:
+            fabric.add_metric(card, float(FABRIC_STATUS[g.fabric]))
+    yield fabric
+    lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
+    for _, g, card in cards:
+        lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
+    yield lost
+    host_label = ["Hostname"] if per_host else []
+    stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.", labels=host_label)
+    now = time.time()
+    for r in readings:
+        stale.add_metric([r.host] if per_host else [], max(0.0, now - r.snapshot.time))
+    yield stale
+    if alerts:
+        firing = GaugeMetricFamily("gpumon_alert_firing", "1 while a gpumon alert rule fires on a card.",
+                                   labels=["rule", "gpu", *host_label])
+        for r in readings:
+            for gpu, rules in (r.firing or {}).items():
                 for rule in rules:
-                    firing.add_metric([rule, str(gpu)], 1.0)
-            yield firing
-        if self.processes:
-            procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
-                                      labels=["gpu", "UUID", "Hostname", "pid", "user", "name"])
-            for g in snap.gpus:
-                for p in g.processes:
-                    if p.gpu_memory is not None:
-                        name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
-                        procs.add_metric([str(g.index), g.uuid or "", host, str(p.pid), p.user or "?", name],
-                                         float(p.gpu_memory))
-            yield procs
+                    firing.add_metric([rule, str(gpu), *([r.host] if per_host else [])], 1.0)
+        yield firing
+    if processes:
+        procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
+                                  labels=["gpu", "UUID", "Hostname", "pid", "user", "name"])
+        for r, g, _ in cards:
+            for p in g.processes:
+                if p.gpu_memory is not None:
+                    name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
+                    procs.add_metric([str(g.index), g.uuid or "", r.host, str(p.pid), p.user or "?", name],
+                                     float(p.gpu_memory))
+        yield procs
 
 
-def registry_for(collector: GpumonCollector) -> CollectorRegistry:
+def registry_for(collector: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
@@ -285,8 +338,21 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds * 1000)}ms"
 
 
-def exposition(collector: GpumonCollector) -> bytes:
+def exposition(collector: Collector) -> bytes:
     return generate_latest(registry_for(collector))
+
+
+def serve(address: str, collector: Collector):
+    """The exporter on ADDRESS (`--prometheus`), in a thread of its own; returns the server."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_listen_address(address)
+    try:
+        server, _ = start_http_server(port, host, registry=registry_for(collector))
+    except OSError as exc:
+        raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
+    log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
+    return server
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
-from gpumon.alerting.prometheus import GpumonCollector, parse_listen_address, registry_for
+from gpumon.alerting.prometheus import GpumonCollector, serve
 from gpumon.alerting.rules import AlertEngine, AlertEvent, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
@@ -49,7 +47,6 @@ class Watch:
     status: int = EXIT_OK
     # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
     xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
-    output_closed: bool = False
     failure: UsageError | None = None  # a rule names a card this machine does not have
     _cards_checked: bool = False
     _xid_stop: threading.Event = field(default_factory=threading.Event)
@@ -58,17 +55,9 @@ class Watch:
         self.sampler.stop()
 
     def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None):
-        from prometheus_client import start_http_server
-
-        host, port = parse_listen_address(address)
         collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: self.xid_seen, processes,
                                     hostname)
-        try:
-            server, _ = start_http_server(port, host, registry=registry_for(collector))
-        except OSError as exc:
-            raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
-        return server
+        return serve(address, collector)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -118,16 +107,8 @@ class Watch:
 
     def _output(self, write, item) -> None:
         """A line on stdout. When its reader has gone, watch ends quietly (queued hooks still run)."""
-        if self.output_closed:
-            return
-        try:
-            write(item)
-        except BrokenPipeError:
-            self.output_closed = True
-            # What is still buffered goes nowhere, instead of failing again when Python exits.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+        write(item)
+        if self.writer.closed:
             self.stop()
 
     def _xid_loop(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -27,9 +27,12 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 def fleet_requested(args: argparse.Namespace) -> bool:
     """Did the command line name hosts (--hosts/--hostfile/--prometheus-url)? Then the command
-    reads the fleet."""
-    return bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None)
-                or getattr(args, "prometheus_url", None))
+    reads the fleet. (--local, this machine alone, names none.)"""
+    named = bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None)
+                 or getattr(args, "prometheus_url", None))
+    if named and getattr(args, "local", False):
+        raise UsageError("--local reads this machine alone: not with --hosts, --hostfile or --prometheus-url")
+    return named
 
 
 def backend_args(args: argparse.Namespace) -> dict[str, Any]:

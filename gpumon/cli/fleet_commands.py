@@ -14,7 +14,7 @@ from gpumon.cli import fleet
 from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.jobs.across_hosts import choose_across
+from gpumon.jobs.across_hosts import choose_across, wants_topology
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import FleetSnapshot, Topology
@@ -23,6 +23,7 @@ from gpumon.monitor.fleet.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
 
 MAX_PARALLEL = 32  # ssh commands at once for `jobs --hosts`
+TOPOLOGY_PARALLEL = 16  # `topo` asked of this many candidate hosts at once (each runs the driver there)
 
 
 def _refuse_prometheus(args: argparse.Namespace, what: str) -> None:
@@ -55,8 +56,8 @@ def select_hosts(args: argparse.Namespace) -> int:
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
 
-    best, reasons = choose_across(list(doc.hosts), args.count, lambda h: _topology(runner, h), args.min_free,
-                                  args.max_util)
+    topologies = _topologies(runner, list(doc.hosts), args.count, args.min_free, args.max_util)
+    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, args.min_free, args.max_util)
     if args.verbose or best is None:
         for reason in reasons:
             print(f"gpumon: {reason}", file=sys.stderr)
@@ -166,8 +167,9 @@ def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[Ho
     hosts = fleet.host_list(args, config)
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
-    best, reasons = choose_across(list(doc.hosts), int(count_text), lambda h: _topology(runner, h),
-                                  request.min_free, request.max_util)
+    topologies = _topologies(runner, list(doc.hosts), int(count_text), request.min_free, request.max_util)
+    best, reasons = choose_across(list(doc.hosts), int(count_text), topologies.get, request.min_free,
+                                  request.max_util)
     if best is None:
         raise UsageError(f"no host has {count_text} free card(s) for --gpu {spec}: " + "; ".join(reasons))
     uuids = ",".join(g.uuid for g in best.choice.gpus)
@@ -175,11 +177,22 @@ def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[Ho
     return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
 
 
-def _topology(runner, host: str) -> Topology | None:
-    if host not in runner.specs:  # read through Prometheus: no way to ask it
-        return None
-    try:
-        return runner.remote(host).topology()
-    except HostError as exc:  # placed without link ranks then, like a card set of unknown links
-        print(f"gpumon: {exc} (placing without its topology)", file=sys.stderr)
-        return None
+def _topologies(runner, hosts, count: int, min_free: str | None, max_util: float | None) -> dict[str, Topology]:
+    """The link topology of every host that could take the job, asked of them all at once: the
+    answer takes as long as the slowest host, not the sum of them."""
+    names = [h for h in wants_topology(hosts, count, min_free, max_util) if h in runner.specs]
+    if not names:  # (hosts read through Prometheus have no way to be asked)
+        return {}
+
+    def ask(host: str) -> Topology | HostError:
+        try:
+            return runner.remote(host).topology()
+        except HostError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=min(TOPOLOGY_PARALLEL, len(names))) as pool:
+        answers = dict(zip(names, pool.map(ask, names)))
+    for answer in answers.values():
+        if isinstance(answer, HostError):  # placed without link ranks then, like a card set of unknown links
+            print(f"gpumon: {answer} (placing without its topology)", file=sys.stderr)
+    return {host: answer for host, answer in answers.items() if not isinstance(answer, HostError)}

@@ -169,6 +169,9 @@ def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                    help="read every GPU host this Prometheus server scrapes (dcgm-exporter or gpumon watch "
                         "--prometheus), read-only; every 5 s unless --interval is given. A login: http://user@host "
                         "and the password in $GPUMON_PROMETHEUS_PASSWORD (or the config, or ~/.netrc)")
+    g.add_argument("--local", action="store_true", default=_default(False, suppress),
+                   help="this machine alone, not the hosts of the config's [fleet] (--hosts local: this machine "
+                        "as a host of a fleet)")
 
 
 def _add_timeout_option(parser: argparse.ArgumentParser) -> None:

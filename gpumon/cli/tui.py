@@ -58,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _fleet(args: argparse.Namespace, take_down):
     """The fleet to show when hosts are given (--hosts, --hostfile, or the config's [fleet] hosts
-    unless an option asks for this machine alone); None otherwise. Only then are the fleet's
-    modules imported: a single-machine start does not grow."""
+    unless an option asks for this machine alone: --local, --demo, --replay, --record); None
+    otherwise. Only then are the fleet's modules imported: a single-machine start does not grow."""
     try:
         from gpumon.cli.common import fleet_requested, load_settings
 
         config = load_settings(args)
-        one_machine = args.demo or args.scenario is not None or args.replay or args.record
+        one_machine = args.local or args.demo or args.scenario is not None or args.replay or args.record
         configured = (config.fleet_hosts or config.fleet_prometheus_url) and not one_machine
         if not fleet_requested(args) and not configured:
             return None

@@ -71,15 +71,22 @@ def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str) -> int:
     from gpumon.cli import fleet
     from gpumon.errors import UsageError
 
-    if args.prometheus or config.prometheus or args.prometheus_processes or args.prometheus_hostname:
-        raise UsageError("--prometheus serves one machine's metrics: run `gpumon watch --prometheus` on each host")
+    if args.prometheus_hostname is not None:
+        raise UsageError("--prometheus-hostname names one machine: with --hosts each host's Hostname is its name "
+                         "in the host list")
     runner = fleet.build(args, config, fleet.host_list(args, config))
     on_alert = args.on_alert or config.on_alert
     hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
     watch = FleetWatch(runner, rules, EventWriter(sys.stdout, fmt, show_hosts=True), hooks, args.exit_on_alert,
                        args.metrics, args.count)
+    server = None
     try:
+        address = args.prometheus or config.prometheus
+        if address:  # every host's cards from this one exporter
+            server = watch.serve_prometheus(address, args.prometheus_processes or config.prometheus_processes)
         return asyncio.run(watch.run())
     finally:
+        if server is not None:
+            server.shutdown()
         if hooks is not None:
             hooks.close()

@@ -37,6 +37,24 @@ def _rank(position: int, choice: Choice, topo: Topology | None) -> tuple:
     return (_links(choice, topo), -free, util, position)
 
 
+def wants_topology(hosts: list[HostStatus], count: int, min_free: str | None = None,
+                   max_util: float | None = None) -> list[str]:
+    """The hosts `choose_across` will ask `topology` of: those that have `count` (>1) free cards.
+    A caller that reaches hosts over the network asks them all at once, then answers from that."""
+    if count < 2:
+        return []
+    out = []
+    for status in hosts:
+        if status.snapshot is None or status.state not in ("live", "stale"):
+            continue
+        try:
+            choose(status.snapshot, count, None, min_free, max_util)
+        except ValueError:
+            continue
+        out.append(status.host)
+    return out
+
+
 def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str], Topology | None],
                   min_free: str | None = None, max_util: float | None = None) -> tuple[HostChoice | None, list[str]]:
     """The best host's set, and for people a line per host: what it could offer, or why nothing.

@@ -66,7 +66,8 @@ def launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, choice: RunChoice,
            launched: Callable[[], Any] = lambda: None) -> None:
     """`gpumon run --gpu UUID … -- /bin/sh -c TYPED` on the host: the command as typed, byte for byte."""
     request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
-                            foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None)
+                            foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None,
+                            failover=choice.failover)
     jobs.remember_command(choice.command)  # the dialog's history is this machine's
     arguments = run_args(request)
     if choice.foreground:

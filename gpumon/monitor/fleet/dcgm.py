@@ -323,8 +323,9 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
                         card.owners.append(owner)
     for labels, value in values:
         metric = labels.get("__name__")
-        if metric == SAMPLE_AGE:
-            host = by_instance.get(labels.get("instance"))
+        if metric == SAMPLE_AGE:  # per host from `watch --hosts --prometheus` (Hostname), else per exporter
+            named = any(labels.get(key) for key in HOST_LABELS)
+            host = hosts.get(host_of(labels) or "") if named else by_instance.get(labels.get("instance"))
             if host is not None:
                 host.sample_age = value
             continue

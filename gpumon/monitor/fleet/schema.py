@@ -231,7 +231,34 @@ def jobs_from_remote(doc: Any) -> list[dict[str, Any]]:
                           for a in _list(raw.get("command", []), f"{where}.command", 4096)]
         job["gpus"] = [_text(u, f"{where}.gpus", nullable=False, limit=128)
                        for u in _list(raw.get("gpus", []), f"{where}.gpus", 256)]
-        job["gpu_indices"] = [_number(n, f"{where}.gpu_indices", integer=True)
-                              for n in _list(raw.get("gpu_indices", []), f"{where}.gpu_indices", 256)]
+        job["gpu_indices"] = _indices(raw.get("gpu_indices", []), f"{where}.gpu_indices")
+        failover = _number(raw.get("failover", 0), f"{where}.failover", integer=True)
+        job["failover"] = max(0, failover or 0)
+        job["attempts"] = [_attempt(a, f"{where}.attempts[{n}]")
+                           for n, a in enumerate(_list(raw.get("attempts", []), f"{where}.attempts", MAX_ATTEMPTS))]
         out.append(job)
+    return out
+
+
+MAX_ATTEMPTS = 1000
+
+
+def _indices(value: Any, where: str) -> list[int]:
+    return [_number(n, where, integer=True) for n in _list(value, where, 256)]
+
+
+def _attempt(raw: Any, where: str) -> dict[str, Any]:
+    """One start of a job's command, as `gpumon jobs --json` lists it (docs/design.md "Jobs")."""
+    if not isinstance(raw, dict):
+        raise SchemaError(f"{where} is not an attempt")
+    out: dict[str, Any] = {"attempt": _number(raw.get("attempt"), f"{where}.attempt", integer=True)}
+    out["gpus"] = [_text(u, f"{where}.gpus", nullable=False, limit=128)
+                   for u in _list(raw.get("gpus", []), f"{where}.gpus", 256)]
+    out["gpu_indices"] = _indices(raw.get("gpu_indices", []), f"{where}.gpu_indices")
+    for key in ("pid", "exit_code"):
+        out[key] = _number(raw.get(key), f"{where}.{key}", integer=True)
+    for key in ("started", "ended"):
+        out[key] = _number(raw.get(key), f"{where}.{key}")
+    out["signal"] = _text(raw.get("signal"), f"{where}.signal", limit=64)
+    out["moved_because"] = _text(raw.get("moved_because"), f"{where}.moved_because", limit=1024)
     return out

@@ -22,13 +22,14 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import GpumonError
+from gpumon.jobs.attempts import Attempt, describe
 from gpumon.monitor.fleet import Fleet
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import why_not_here
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.jobs import STATE_STYLES
+from gpumon.tui.screens.jobs import READONLY_STOP, STATE_STYLES
 from gpumon.units import format_bytes, format_runtime
 
 MAX_PARALLEL = 32
@@ -59,6 +60,14 @@ def _cut(text: str | None, cells: int) -> Text:
     return cut
 
 
+def _moves(job: dict) -> list[tuple[str, str]]:
+    """A job that has moved (`--failover`): each of its attempts, as the local `J` shows them."""
+    attempts = [a for a in job.get("attempts", []) if a["attempt"] is not None and a["started"] is not None]
+    if len(attempts) < 2:
+        return []
+    return [("\n" + describe(Attempt.from_dict(a)), "") for a in attempts]
+
+
 class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
     """Dismisses with (host, job id) when the user asks to see the job's processes."""
 
@@ -81,7 +90,8 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="jobs-body") as body:
             body.border_title = "Jobs on every host"
-            body.border_subtitle = "s stop · p its processes · Esc close"
+            body.border_subtitle = ("read-only: s is off · " if self.app.readonly else "s stop · ") \
+                + "p its processes · Esc close"
             yield DataTable(cursor_type="row", id="jobs-table")
             yield Static("reading the hosts' jobs…", id="jobs-detail")
             yield Log(id="jobs-log", max_lines=2000)
@@ -168,7 +178,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                                         unlisted))
             return
         said = (job["reason"], "bold red") if job["reason"] else (f"log on {job['host']}: {job['log']}", "dim")
-        detail.update(Text.assemble(("$ ", "dim"), " ".join(job["command"]), "\n", said,
+        detail.update(Text.assemble(("$ ", "dim"), " ".join(job["command"]), "\n", said, *_moves(job),
                                     "\n" if self.problems else "", unlisted))
         if self._following != (job["host"], job["id"]):
             self._follow(job["host"], job["id"])
@@ -226,6 +236,9 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
     def action_stop(self) -> None:
         job = self.selected
         if job is None:
+            return
+        if self.app.readonly:
+            self.notify(READONLY_STOP, severity="warning")
             return
         if job["state"] not in ("running", "queued"):
             self.notify(f"job {job['id']} on {job['host']} is {job['state']}, not running", severity="warning")

@@ -76,8 +76,10 @@ def help_table(readonly: bool) -> Table:
     for group, keys in KEYS:
         table.add_row(Text(group, style="bold underline"), "")
         for key, what in keys:
-            if readonly and key in ("x", "X", "i"):
+            if readonly and key in ("x", "X", "i", "r", "m", "r  R"):
                 what += " (off: --readonly)"
+            elif readonly and key == "J":
+                what += " (s is off: --readonly)"
             table.add_row(key, what)
         table.add_row("", "")
     table.add_row(Text("On a card", style="bold underline"), "")

@@ -21,6 +21,7 @@ from gpumon.units import format_bytes, format_runtime
 LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
                 "failed": "bold red", "cancelled": "dim", "lost": "red"}
+READONLY_STOP = "read-only (--readonly): jobs are not stopped from here"
 
 
 def _cut(text: str, cells: int) -> Text:
@@ -68,7 +69,8 @@ class JobsScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="jobs-body") as body:
             body.border_title = "Jobs"
-            body.border_subtitle = "s stop · p its processes · Esc close"
+            body.border_subtitle = ("read-only: s is off · " if self.app.readonly else "s stop · ") \
+                + "p its processes · Esc close"
             yield DataTable(cursor_type="row", id="jobs-table")
             yield Static("", id="jobs-detail")
             yield Log(id="jobs-log", max_lines=2000)
@@ -133,6 +135,9 @@ class JobsScreen(ModalScreen[str | None]):
         """Asks first, like signalling a process (`x`): stopping loses the job's unsaved work."""
         job = self.selected
         if job is None:
+            return
+        if self.app.readonly:
+            self.notify(READONLY_STOP, severity="warning")
             return
         if job.state not in ("running", "queued"):
             self.notify(f"job {job.spec.id} is {job.state}, not running", severity="warning")
