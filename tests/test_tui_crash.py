@@ -34,6 +34,14 @@ def broken(self, topo, reading):
 topology.TopologyScreen.show_topology = broken
 '''
 
+# The same, in a Textual that renamed the hook gpumon overrides to keep the error (tests/textual_changed.py).
+BROKEN_KEY_NEWER_TEXTUAL = f'''
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import textual_changed
+textual_changed.rename("_handle_exception")
+{BROKEN_KEY}'''
+
 ONE_LINE = ("gpumon: internal error: RuntimeError: injected by the test [/] "
             "(GPUMON_DEBUG=1 shows the traceback; please report it)")
 
@@ -101,3 +109,13 @@ def test_an_error_handling_a_hosts_answer_ends_the_tui_the_same_way(tmux_session
     tmux.keys("t")
     assert wait_for_file(status) == "70", tmux.screen()
     assert left_on_screen(tmux) == [ONE_LINE]
+
+
+def test_a_textual_that_renamed_the_crash_hook_still_ends_with_status_70(tmux_session, tmp_path):
+    tmux, status = start_broken(tmux_session, tmp_path, BROKEN_KEY_NEWER_TEXTUAL)
+    tmux.wait_for(lambda s: "Processes" in s, timeout=30, what="the dashboard")
+    tmux.keys("w")
+    assert wait_for_file(status) == "70", tmux.screen()
+    assert left_on_screen(tmux, history=500)[-1] == ("gpumon: internal error: RuntimeError: the TUI stopped on an "
+                                                     "error (Textual's report is above) (GPUMON_DEBUG=1 shows the "
+                                                     "traceback; please report it)")

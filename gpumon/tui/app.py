@@ -139,7 +139,22 @@ class GpumonApp(App[int]):
             self.crash = error.error if isinstance(error, WorkerFailed) and isinstance(error.error, Exception) \
                 else error
         super()._handle_exception(error)
-        self._exit_renderables.clear()  # the traceback: GPUMON_DEBUG=1 shows it, from the CLI
+        shown = getattr(self, "_exit_renderables", None)  # Textual's private list: a later one may lack it
+        if isinstance(shown, list):
+            shown.clear()  # the traceback: GPUMON_DEBUG=1 shows it, from the CLI
+
+    def outcome(self, status: object) -> int:
+        """The exit status once the app has ended and the terminal is restored; raises the error
+        that ended it (a driver that cannot be used, a rule's missing card, a bug)."""
+        if self.failure is not None:
+            raise self.failure
+        if self.crash is not None:
+            raise self.crash
+        if self.return_code not in (None, 0) and not isinstance(status, int):
+            # Textual ended on an error without calling the override above (a Textual that renamed
+            # it): still never a success.
+            raise RuntimeError("the TUI stopped on an error (Textual's report is above)")
+        return status if isinstance(status, int) else EXIT_OK
 
     def _on_xid(self, index: int, code: int, when: float) -> None:
         """An XID error: shown on its card's panel, and `xid` rules fire at once."""
@@ -387,8 +402,4 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
             recorder.close()
         if app.sampler.backend is not None:
             app.sampler.backend.close()
-    if app.failure is not None:
-        raise app.failure
-    if app.crash is not None:
-        raise app.crash
-    return status if isinstance(status, int) else EXIT_OK
+    return app.outcome(status)

@@ -145,7 +145,4 @@ def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[],
     prepare_terminal(args, on_error)
     demo = bool(args.demo or args.scenario is not None)
     app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
-    status = app.run()
-    if app.crash is not None:  # see GpumonApp._handle_exception
-        raise app.crash
-    return status if isinstance(status, int) else EXIT_OK
+    return app.outcome(app.run())
