@@ -8,14 +8,14 @@ again from 1 s once the host has been live.
 
 The remote side is untrusted: a line longer than MAX_LINE, a line that is not JSON, or a document
 that is not schema 1 ends the connection with the reason as an `error`, and the host is tried
-again later. ssh's stderr is read as it comes (bounded) so it can never block the remote side.
+again later. ssh's stderr is read as it comes (bounded) so it can never block the remote side, and
+a connection given up on is ended with its pipes (children.AsyncChild.end).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from dataclasses import dataclass
 
@@ -29,7 +29,6 @@ STALE_INTERVALS = 3
 STALE_MIN_S = 2.0  # short intervals: a busy host or link is late now and then without being stale
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
-STDERR_KEEP = 4096
 CLOSE_GRACE_S = 2.0
 
 
@@ -56,40 +55,12 @@ class Backoff:
         self.delay = BACKOFF_FIRST_S
 
 
-async def _keep_tail(stream: asyncio.StreamReader, tail: bytearray) -> None:
-    while chunk := await stream.read(65536):
-        tail += chunk
-        del tail[:-STDERR_KEEP]
-
-
 async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
     """Everything up to EOF, but never more than limit + 1 bytes (the caller checks the size)."""
     data = bytearray()
     while len(data) <= limit and (chunk := await stream.read(65536)):
         data += chunk
     return bytes(data)
-
-
-async def _end(proc: asyncio.subprocess.Process) -> int | None:
-    """Close the remote program's stdin (it ends), then make sure our ssh is gone too."""
-    if proc.stdin is not None and not proc.stdin.is_closing():
-        proc.stdin.close()
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None and proc.returncode is None:
-            try:
-                proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        try:
-            async with asyncio.timeout(CLOSE_GRACE_S):
-                await proc.wait()
-                # What it sent last (bounded by the pipe) is read to the end, so the pipe closes.
-                while await proc.stdout.read(65536):
-                    pass
-            break
-        except TimeoutError:
-            continue
-    return proc.returncode
 
 
 class SshSource:
@@ -123,13 +94,12 @@ class SshSource:
 
     async def _stream(self, fleet) -> Ending:
         name = self.spec.name
-        command = self.transport.gpumon_command(["snapshot", "--json", "--stream", "--interval", f"{self.interval:g}"])
+        args = ["snapshot", "--json", "--stream", "--interval", f"{self.interval:g}"]
+        command = self.transport.gpumon_command(args)
         try:
             proc = await self.transport.spawn(self.spec, command, limit=MAX_LINE)
         except OSError as exc:
             return Ending("error", f"cannot run ssh: {exc.strerror or exc}")
-        tail = bytearray()
-        stderr_task = asyncio.create_task(_keep_tail(proc.stderr, tail))
         live = False
         problem: Ending | None = None
         quiet = max(STALE_INTERVALS * self.interval, STALE_MIN_S)
@@ -158,15 +128,11 @@ class SshSource:
                 live = True
                 fleet.report(name, "live", snapshot=snapshot, source="gpumon", note=None)
         finally:
-            code = await _end(proc)
-            try:
-                async with asyncio.timeout(CLOSE_GRACE_S):
-                    await stderr_task
-            except TimeoutError:
-                stderr_task.cancel()
+            # A host that sent something unusable is stopped at once; otherwise closing stdin ends it.
+            code = await proc.end(CLOSE_GRACE_S, polite=problem is None)
         if problem is not None:
             return problem
-        stderr = tail.decode(errors="replace")
+        stderr = proc.stderr_tail
         if code == NOT_FOUND:
             return Ending("error", describe_failure(code, stderr), live, missing=True)
         if code == 0:
@@ -185,25 +151,24 @@ class SshSource:
                 proc = await self.transport.spawn(self.spec, nvidia_smi.remote_command(), limit=MAX_LINE)
             except OSError as exc:
                 return Ending("error", f"cannot run ssh: {exc.strerror or exc}", live, source="nvidia-smi")
-            tail = bytearray()
-            stderr_task = asyncio.create_task(_keep_tail(proc.stderr, tail))
             proc.stdin.close()
+            out = None
             try:
                 async with asyncio.timeout(max(10.0, 3 * self.interval)):
                     out = await _read_all(proc.stdout, MAX_LINE)
             except TimeoutError:
-                out = None
-            code = await _end(proc)
-            await asyncio.gather(stderr_task, return_exceptions=True)
+                pass
+            finally:
+                code = await proc.end(CLOSE_GRACE_S, polite=out is not None and len(out) <= MAX_LINE)
             if out is None:
                 return Ending("unreachable", "timeout (nvidia-smi did not answer)", live, source="nvidia-smi")
+            if len(out) > MAX_LINE:
+                return Ending("error", f"nvidia-smi sent over {MAX_LINE >> 20} MiB", live, source="nvidia-smi")
             if code == NOT_FOUND:
                 return Ending("error", "neither gpumon nor nvidia-smi is installed there", live, source="nvidia-smi")
             if code != 0:
-                reason = "nvidia-smi: " + describe_failure(code, tail.decode(errors="replace"))
+                reason = "nvidia-smi: " + describe_failure(code, proc.stderr_tail)
                 return Ending("unreachable" if code == 255 else "error", reason, live, source="nvidia-smi")
-            if len(out) > MAX_LINE:
-                return Ending("error", f"nvidia-smi sent over {MAX_LINE >> 20} MiB", live, source="nvidia-smi")
             try:
                 snapshot = nvidia_smi.parse(out.decode(errors="replace"), name)
             except SchemaError as exc:
