@@ -4,12 +4,20 @@ under its ssh children, and remote output that never ends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import psutil
+from conftest import Card
+
+from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
+
+HOUR_MS = 3_600_000  # the fake driver's "hangs": one call that takes an hour
 
 
 def until(condition, timeout: float = 30.0):
@@ -20,6 +28,18 @@ def until(condition, timeout: float = 30.0):
             return value
         time.sleep(0.1)
     return condition()
+
+
+def streams_on(server) -> list[psutil.Process]:
+    """The remote `snapshot --stream` processes running under one sshd."""
+    found = []
+    for proc in server.sessions():
+        try:
+            if "--stream" in proc.cmdline():
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
 
 
 def named(procs: list[psutil.Process], *names: str) -> list[psutil.Process]:
@@ -43,6 +63,85 @@ def clean(stderr: str) -> bool:
     return "Exception ignored" not in stderr and "Traceback" not in stderr
 
 
+def test_a_host_whose_driver_never_opens_goes_stale_counts_as_unreachable_and_leaves_nothing_there(ssh_lab):
+    ssh_lab.host("fine").machine.cards = [Card()]
+    ssh_lab.hosts["fine"].write()
+    hung = ssh_lab.host("hung")
+    hung.machine.cards = [Card()]
+    hung.machine.delays = {"nvmlInitWithFlags": HOUR_MS}  # nvmlInit never returns there
+    hung.write()
+    server = hung.server
+
+    result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "fine,hung", "--interval", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert clean(result.stderr), result.stderr
+    hosts = {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
+    assert hosts["fine"]["state"] == "ok"
+    # Connected, but silent for the window a live host gets (3 intervals, at least 2 s).
+    assert (hosts["hung"]["state"], hosts["hung"]["error"], hosts["hung"]["snapshot"]) == (
+        "stale", "no data for 2 s", None)
+    # Its gpumon there, stuck in nvmlInit, still ended with its connection.
+    assert until(lambda: not streams_on(server), timeout=15), [p.cmdline() for p in streams_on(server)]
+
+    watch = subprocess.Popen(ssh_lab.gpumon_argv("watch", "--hosts", "hung", "--alert", "unreachable",
+                                                 "--interval", "0.5"),
+                             env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in watch.stdout], daemon=True).start()
+        event = json.loads(lines.get(timeout=45))  # queue.Empty: no event at all
+        assert (event["event"], event["host"], event["metric"], event["error"]) == (
+            "firing", "hung", "unreachable", "no data for 2 s")
+        watch.terminate()
+        assert watch.wait(30) == 0
+        assert clean(watch.stderr.read())
+    finally:
+        watch.kill()
+        watch.wait(10)
+    assert until(lambda: not streams_on(server), timeout=15)
+
+
+def test_a_host_slow_to_open_its_driver_is_waited_for(ssh_lab):
+    """Stale before the first reading is not an answer: a one-shot command waits for one."""
+    slow = ssh_lab.host("slow")
+    slow.machine.cards = [Card(extra=dict(util=42))]
+    slow.machine.delays = {"nvmlInitWithFlags": 4000}
+    slow.write()
+    result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "slow", "--interval", "0.5")
+    assert result.returncode == 0, result.stderr
+    (host,) = json.loads(result.stdout)["hosts"]
+    assert host["state"] == "ok" and host["snapshot"]["gpus"][0]["utilization_gpu"] == 42
+
+
+def test_one_hung_card_on_a_host_leaves_its_other_cards_flowing(ssh_lab, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(ssh_lab.runtime_dir))
+    host = ssh_lab.host("h")
+    host.machine.cards = [Card(extra=dict(util=10)), Card(extra=dict(slow=HOUR_MS)), Card(extra=dict(util="0..99"))]
+    host.write()
+    fleet = open_fleet(parse_hosts("h"), SshTransport(ssh_lab.ssh, ssh_lab.remote_gpumon), interval=0.5)
+    seen: list[tuple[str, ...]] = []
+    values: set[int] = set()
+
+    def heard(status) -> None:
+        if status.snapshot is not None:
+            seen.append(tuple(g.state for g in status.snapshot.gpus))
+            values.add(status.snapshot.gpus[2].utilization_gpu)
+
+    fleet.subscribe(heard)
+
+    async def scenario() -> None:
+        runner = asyncio.create_task(fleet.run())
+        deadline = time.monotonic() + 60
+        while len(values) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        fleet.stop()
+        await runner
+
+    asyncio.run(scenario())
+    assert len(values) >= 4, f"card 2 moved through {sorted(values)} only"
+    assert seen[-1] == ("ok", "stale", "ok") and fleet.status("h").state == "live"
+
+
 def test_giving_up_on_a_silent_host_ends_its_ssh_cleanly(ssh_lab, tmp_path):
     # A "gpumon" that lets ssh in, then says nothing and ignores its stdin (a hung remote).
     silent = script(tmp_path / "silent-gpumon", "#!/bin/sh\nexec sleep 100000\n")
@@ -51,7 +150,7 @@ def test_giving_up_on_a_silent_host_ends_its_ssh_cleanly(ssh_lab, tmp_path):
     assert result.returncode == 0, result.stderr
     assert clean(result.stderr), result.stderr
     (host,) = json.loads(result.stdout)["hosts"]
-    assert host["state"] != "live"
+    assert (host["state"], host["error"]) == ("stale", "no data for 2 s")
 
 
 def test_ssh_children_die_with_gpumon(ssh_lab, tmp_path):

@@ -4,7 +4,10 @@ not installed there), with reconnects.
 States it reports: connecting (first try) -> live (a document arrived) -> stale (none for three
 intervals, and at least STALE_MIN_S; the connection is still up) -> unreachable (with the reason; the next try is at
 `retry_at`) -> reconnecting -> live … Retries back off from 1 s, doubling to 30 s, and start
-again from 1 s once the host has been live.
+again from 1 s once the host has been live. A host that lets ssh in but whose gpumon never sends a
+first document (a hung driver) is stale after the same window, counted from the login, and without
+a reading (so `unreachable` rules count it as away); one whose login never starts (a hung home
+directory) once ssh's connect timeout and that window have passed.
 
 The remote side is untrusted: a line longer than MAX_LINE, a line that is not JSON, or a document
 that is not schema 1 ends the connection with the reason as an `error`, and the host is tried
@@ -30,6 +33,9 @@ STALE_MIN_S = 2.0  # short intervals: a busy host or link is late now and then w
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 CLOSE_GRACE_S = 2.0
+# Before gpumon: an empty line from the remote shell says ssh is in, so a gpumon that then says
+# nothing (a hung driver) is told from a connection still being made. `exec`: nothing else stays.
+LOGIN_MARK = "echo; exec "
 
 
 @dataclass
@@ -95,30 +101,39 @@ class SshSource:
     async def _stream(self, fleet) -> Ending:
         name = self.spec.name
         args = ["snapshot", "--json", "--stream", "--interval", f"{self.interval:g}"]
-        command = self.transport.gpumon_command(args)
+        command = LOGIN_MARK + self.transport.gpumon_command(args)
         try:
             proc = await self.transport.spawn(self.spec, command, limit=MAX_LINE)
         except OSError as exc:
             return Ending("error", f"cannot run ssh: {exc.strerror or exc}")
-        live = False
+        live = logged_in = False
         problem: Ending | None = None
         quiet = max(STALE_INTERVALS * self.interval, STALE_MIN_S)
         try:
             while True:
+                # Until the login shell has spoken, ssh's own connect timeout decides; a login that
+                # never gets as far as the shell (a hung home directory) is silence after that.
+                window = quiet if logged_in else self.transport.connect_timeout + quiet
                 try:
                     # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
                     # arrives as it times out, and this loop would outlive Fleet.stop().
-                    async with asyncio.timeout(quiet):
+                    async with asyncio.timeout(window):
                         line = await proc.stdout.readline()
                 except TimeoutError:
-                    if live:
-                        fleet.report(name, "stale", source="gpumon", error=f"no data for {quiet:g} s")
+                    # A connection that has sent no reading has none to show: stale without one
+                    # (not the last connection's), which counts as away for `unreachable`.
+                    keep = {} if live else {"snapshot": None}
+                    fleet.report(name, "stale", source="gpumon", error=f"no data for {window:g} s", **keep)
                     continue
                 except ValueError:
                     problem = Ending("error", f"sent a line over {MAX_LINE >> 20} MiB", live)
                     break
                 if not line:
                     break
+                if not logged_in:
+                    logged_in = True
+                    if line == b"\n":  # the mark
+                        continue
                 try:
                     snapshot = snapshot_from_remote(json.loads(line))
                 except (ValueError, RecursionError) as exc:  # JSONDecodeError and SchemaError are ValueErrors
