@@ -232,3 +232,21 @@ def test_remote_output_that_never_ends_is_cut_and_stopped(ssh_lab, tmp_path):
     assert err.strip() == "gpumon: h: `gpumon jobs` sent over 16 MiB (stopped there) (its jobs are not listed)"
     # Nothing of it is left running on the host either.
     assert until(lambda: not named(ssh_lab.servers[0].sessions(), "yes", "tr"), timeout=15)
+
+
+def test_following_a_log_there_ends_with_gpumon(ssh_lab, tmp_path):
+    """A log followed there whose remote side ignores the end of its input (an older or hung
+    gpumon): its ssh ends with gpumon all the same, even when gpumon is killed."""
+    deaf = script(tmp_path / "deaf-gpumon", "#!/bin/sh\necho started\nexec sleep 100000\n")
+    ssh_lab.host("h")
+    follow = subprocess.Popen(ssh_lab.gpumon_argv("jobs", "--hosts", "h", "--log", "j1", "--follow", remote=deaf),
+                              env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert follow.stdout.readline() == b"started\n"
+        (client,) = named(psutil.Process(follow.pid).children(), "ssh")
+        follow.kill()
+        follow.wait(10)
+        assert not psutil.wait_procs([client], timeout=5)[1], client.cmdline()
+    finally:
+        follow.kill()
+        follow.wait(10)

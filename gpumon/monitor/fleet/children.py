@@ -87,6 +87,16 @@ def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return _spawning_thread().submit(subprocess.Popen, list(argv), **kwargs).result()
 
 
+def call(argv: Sequence[str], **kwargs: Any) -> int:
+    """subprocess.call, the child tied to gpumon's life: a command in this terminal (an ssh -t)."""
+    with popen(argv, **kwargs) as proc:
+        try:
+            return proc.wait()
+        except BaseException:  # Ctrl-C and the like: it goes with us, as subprocess.call does
+            proc.kill()
+            raise
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
