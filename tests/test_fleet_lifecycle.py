@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from conftest import Card
 
-from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
+from gpumon.monitor.fleet import SshTransport, children, open_fleet, parse_hosts
 
 HOUR_MS = 3_600_000  # the fake driver's "hangs": one call that takes an hour
 
@@ -250,3 +250,22 @@ def test_following_a_log_there_ends_with_gpumon(ssh_lab, tmp_path):
     finally:
         follow.kill()
         follow.wait(10)
+
+
+def test_a_child_started_from_a_passing_thread_outlives_that_thread():
+    """The parent-death signal follows the thread that forked: a child asked for by a worker
+    thread that then ends (the TUI's background calls) must not go with it."""
+    started: list[subprocess.Popen] = []
+    worker = threading.Thread(target=lambda: started.append(children.popen(["sleep", "60"])))
+    worker.start()
+    worker.join()
+    (proc,) = started
+    try:
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        assert proc.returncode is None, f"ended with {proc.returncode} when its thread did"
+    finally:
+        proc.kill()
+        proc.wait()
