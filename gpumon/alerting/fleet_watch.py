@@ -122,7 +122,8 @@ class FleetWatch:
         self._problems = problems
 
     def _check_host(self, status: HostStatus, now: float) -> None:
-        away = status.state in AWAY
+        # Stale without a reading: it let ssh in but has sent nothing since (a hung driver there).
+        away = status.state in AWAY or (status.state == "stale" and status.snapshot is None)
         for event in self.host_engine.evaluate_host(status.host, away, now, status.error if away else None):
             self._emit(event)
 

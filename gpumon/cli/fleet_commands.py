@@ -18,7 +18,7 @@ from gpumon.jobs.across_hosts import choose_across, wants_topology
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import FleetSnapshot, Topology
-from gpumon.monitor.fleet import HostError, HostSpec, RemoteGpumon
+from gpumon.monitor.fleet import HostError, HostSpec, RemoteGpumon, children
 from gpumon.monitor.fleet.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
 
@@ -90,7 +90,7 @@ def jobs_text(rows: list[dict]) -> str:
 
 def _show_log(argv: list[str]) -> int:
     """The job's own output, as ssh shows it. stdin stays open: its end tells the host to stop."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
+    proc = children.popen(argv, stdin=subprocess.PIPE)
     try:
         return proc.wait()
     finally:
@@ -150,7 +150,7 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
     remote = RemoteGpumon(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
     forwarded = run_args(request)
     if request.foreground:  # the job in this terminal, through a remote terminal
-        return subprocess.call(remote.argv(["run", *forwarded], tty=sys.stdin.isatty()))
+        return children.call(remote.argv(["run", *forwarded], tty=sys.stdin.isatty()))
     print(remote.launch(forwarded))
     return EXIT_OK
 

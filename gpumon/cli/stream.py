@@ -2,8 +2,10 @@
 
 One schema-1 document per line (compact JSON), one per sample, until stdin or stdout closes. Over
 ssh, stdin is the connection: when it dies, or the reading side closes it, this ends at once,
-whatever the sampling interval, and leaves nothing running (a driver call that hangs is in a
-daemon thread). Samples that are late are not repeated: the reading side notices the silence.
+whatever the sampling interval, and leaves nothing running (a driver call that hangs, opening it
+included, is in a daemon thread). The driver is opened and read with the TUI's timeouts (a card
+that hangs is marked stale, the others keep their interval); samples that are late as a whole are
+not repeated: the reading side notices the silence.
 """
 
 from __future__ import annotations
@@ -66,24 +68,37 @@ async def _stream(sampler: Sampler) -> None:
             sampler.stop()
 
     sampler.subscribe(publish)
-    watch_stdin(loop, sampler.stop)
+    ended = asyncio.Event()
+    watch_stdin(loop, ended.set)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, sampler.stop)
-    await sampler.run()
+        loop.add_signal_handler(sig, ended.set)
+    # The sampler opens the driver in a daemon thread, as the TUI does: an nvmlInit that hangs on
+    # a sick machine leaves this listening for the end of its connection all the same.
+    running = asyncio.ensure_future(sampler.run())
+    ending = asyncio.ensure_future(ended.wait())
+    done, _ = await asyncio.wait({running, ending}, return_when=asyncio.FIRST_COMPLETED)
+    ending.cancel()
+    if running in done:
+        running.result()  # why it could not read the cards (no driver there) is the host's answer
+        return
+    sampler.stop()
+    running.cancel()  # it may still be waiting for the driver to open
+    await asyncio.gather(running, return_exceptions=True)
 
 
 def run_stream(args: argparse.Namespace) -> int:
     if not args.json:
         raise UsageError("--stream prints JSON lines: use snapshot --json --stream")
     load_settings(args)
-    backend = open_source(args)
+    sampler = Sampler(None, interval=args.interval, history_seconds=0, opener=lambda: open_source(args))
     try:
-        asyncio.run(_stream(Sampler(backend, interval=args.interval, history_seconds=0)))
+        asyncio.run(_stream(sampler))
     finally:
         # Closing the driver could wait on a call that hangs: never let it keep this process alive.
-        closer = threading.Thread(target=backend.close, daemon=True)
-        closer.start()
-        closer.join(1.0)
+        if sampler.backend is not None:
+            closer = threading.Thread(target=sampler.backend.close, daemon=True)
+            closer.start()
+            closer.join(1.0)
         try:
             sys.stdout.close()
         except OSError:

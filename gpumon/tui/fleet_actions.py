@@ -9,7 +9,6 @@ as a notification naming the card as HOST:INDEX.
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from gpumon.jobs import records as jobs
 from gpumon.jobs.launch import card_limits, shell_request
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import GpuSample, HostStatus, ProcessSample
-from gpumon.monitor.fleet import Fleet, RemoteGpumon
+from gpumon.monitor.fleet import Fleet, RemoteGpumon, children
 from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.run_dialog import RunChoice, RunDialog
@@ -90,7 +89,7 @@ def run_in_terminal(remote: RemoteGpumon, arguments: Sequence[str], card: str, c
     print(f"gpumon: running on {card}: {command}", flush=True)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the job's, not ours
     try:
-        code = subprocess.call(remote.argv(["run", *arguments], tty=True))
+        code = children.call(remote.argv(["run", *arguments], tty=True))
     except OSError as exc:
         print(f"gpumon: cannot run ssh: {exc.strerror or exc}")
         code = 127

@@ -184,7 +184,10 @@ class Fleet:
         if new.snapshot is not None and new.snapshot is not old.snapshot and name in self._histories \
                 and not new.snapshot.stale:
             self._histories[name].add(new.snapshot)
-        if state in SETTLED and name not in self._first:
+        # A host that is stale before its first reading has not answered yet (its driver may be
+        # slow to start): a one-shot command waits for it, up to its timeout (settle()).
+        answered = state in SETTLED and not (state == "stale" and new.snapshot is None)
+        if answered and name not in self._first:
             self._first[name] = new
             if name in self._unsettled:
                 self._unsettled.discard(name)
@@ -236,7 +239,12 @@ class Fleet:
             except TimeoutError:
                 why = f"timeout (no answer in {timeout:g} s)"
                 for name in list(self._unsettled):
-                    self.report(name, "unreachable", error=why)
+                    if self._status[name].state == "stale":  # in, but silent: it stays so
+                        self._first[name] = self._status[name]
+                        self._unsettled.discard(name)
+                        self._check_settled()
+                    else:
+                        self.report(name, "unreachable", error=why)
                 for source in self.sources:
                     if id(source) in self._unread:
                         self.source_read(source, why)

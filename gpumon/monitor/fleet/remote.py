@@ -2,7 +2,8 @@
 process, read the topology. Each is the host's `gpumon …` run over the shared ssh connection, so
 the host applies its own rules (pinning, memory limits, own-processes-only, start-time checks);
 for `local` it is this machine's gpumon. Calls block: the TUI makes them from a worker thread.
-Anything that fails raises HostError: "HOST: what went wrong", in words.
+Anything that fails raises HostError: "HOST: what went wrong", in words. Their ssh processes are tied
+to gpumon's life and their output is read with a cap (children.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from gpumon.errors import UsageError
 from gpumon.model import Topology
+from gpumon.monitor.fleet.children import OutputTooLarge, popen, run_capped
 from gpumon.monitor.fleet.hosts import HostSpec
 from gpumon.monitor.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
 from gpumon.monitor.fleet.ssh import SshTransport, describe_failure
@@ -61,16 +63,19 @@ class RemoteGpumon:
         return HostError(f"{self.host}: {reason}")
 
     def call(self, args: Sequence[str], timeout: float = 60.0) -> str:
-        """`gpumon ARGS` there; its stdout (bounded), or HostError."""
+        """`gpumon ARGS` there; its stdout, or HostError (also when it sends over MAX_OUTPUT: it is
+        read with that cap and stopped at it)."""
         try:
-            done = subprocess.run(self.argv(args), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+            done = run_capped(self.argv(args), timeout, MAX_OUTPUT)
+        except TimeoutError:
             raise HostError(f"{self.host}: timeout (no answer in {timeout:g} s)") from None
+        except OutputTooLarge as exc:
+            raise HostError(f"{self.host}: `gpumon {args[0]}` {exc} (stopped there)") from None
         except OSError as exc:
             raise HostError(f"{self.host}: cannot run {self.argv(args)[0]!r}: {exc.strerror or exc}") from None
         if done.returncode != 0:
             raise self._fail(done.returncode, done.stderr)
-        return done.stdout[:MAX_OUTPUT].decode(errors="replace")
+        return done.stdout.decode(errors="replace")
 
     def _json(self, args: Sequence[str]) -> Any:
         text = self.call(args)
@@ -108,8 +113,8 @@ class RemoteGpumon:
     def follow_log(self, job_id: str) -> subprocess.Popen[bytes]:
         """`gpumon jobs --log ID --follow` there: read its stdout; terminate() it to stop (the remote
         side ends when the connection does). Its output is the job's, untrusted: sanitise it."""
-        return subprocess.Popen(self.argv(["jobs", "--log", job_id, "--follow"]), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        return popen(self.argv(["jobs", "--log", job_id, "--follow"]), stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
     def topology(self) -> Topology:
         try:

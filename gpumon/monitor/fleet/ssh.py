@@ -18,7 +18,6 @@ argument reaches the remote program byte for byte.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpumon.errors import UsageError
+from gpumon.monitor.fleet.children import AsyncChild, spawn_async
 from gpumon.monitor.fleet.hosts import HostSpec
 from gpumon.sanitize import printable
 
@@ -175,9 +175,7 @@ class SshTransport:
         """ssh to `host` running its gpumon with exactly `args`."""
         return self.argv(host, self.gpumon_command(args), tty=tty)
 
-    async def spawn(self, host: HostSpec, remote_command: str, limit: int) -> asyncio.subprocess.Process:
-        """Start ssh with pipes (stdin held open: closing it ends the remote program)."""
-        return await asyncio.create_subprocess_exec(
-            *self.argv(host, remote_command), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=limit, start_new_session=True,
-        )
+    async def spawn(self, host: HostSpec, remote_command: str, limit: int) -> AsyncChild:
+        """Start ssh with pipes, tied to gpumon's life (stdin held open: closing it ends the remote
+        program; `end()` it when done)."""
+        return await spawn_async(self.argv(host, remote_command), limit)
