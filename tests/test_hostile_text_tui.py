@@ -56,6 +56,12 @@ if argv[:1] == ["snapshot"] and "--stream" in argv:
         time.sleep(0.5)
 elif argv[:2] == ["jobs", "--json"]:
     print(json.dumps([job]))
+elif argv[:2] == ["jobs", "--log"] and os.environ.get("GPUMON_TEST_MODE") == "endless":
+    chunk = "x" * (1 << 20)  # a job's line that never ends: 256 MiB without a newline
+    for _ in range(256):
+        out.write(chunk)
+        out.flush()
+    sys.stdin.read()
 elif argv[:2] == ["jobs", "--log"]:
     for piece in MARKUP + (ESC, BIDI):
         print("log: " + piece, flush=True)
@@ -229,3 +235,26 @@ def test_the_local_jobs_log_and_a_processs_environment_show_escapes_markup_and_b
         for job_id in [j["id"] for j in json.loads(stopped.stdout or "[]") if j["state"] == "running"]:
             subprocess.run([sys.executable, "-m", "gpumon", "jobs", "--stop", job_id], env=fake_driver.env,
                            capture_output=True, timeout=60)
+
+
+def test_a_jobs_log_line_that_never_ends_is_shown_in_pieces_with_bounded_memory(ssh_lab, tmux_session, tmp_path):
+    """The fleet J's log follower reads a remote job's output: a line without an end is shown as
+    it comes, not gathered whole (256 MiB here) in gpumon's memory."""
+    import psutil
+
+    ssh_lab.host("endless", env={"GPUMON_TEST_MODE": "endless"})
+    tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "endless", remote=str(remote_script(tmp_path)))
+    tmux.wait_for(lambda s: "live" in row(s, "endless"), timeout=60, what="the host live")
+    shell = psutil.Process(int(tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()))
+    gpumon = next(p for p in shell.children(recursive=True) if "gpumon" in " ".join(p.cmdline()))
+    tmux.keys("J")
+    tmux.wait_for(lambda s: "xxxxxxxxxxxxxxxxxxxxxxxx" in s, timeout=60, what="the endless line in the log pane")
+    peak = 0
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        peak = max(peak, gpumon.memory_info().rss)
+        time.sleep(0.2)
+    assert peak < 200 << 20, f"gpumon grew to {peak >> 20} MiB reading one line"
+    tmux.keys("Escape")
+    tmux.wait_for(lambda s: "Hosts · 1" in s and "xxxxxxxx" not in s, what="back on the overview")
+    quit_tui(tmux, status)

@@ -33,6 +33,7 @@ from gpumon.tui.screens.jobs import READONLY_STOP, STATE_STYLES
 from gpumon.units import format_bytes, format_runtime
 
 MAX_PARALLEL = 32
+LONG_LINE = 4096  # bytes of one log line held before they are shown as a line of their own
 COLUMNS = [("host", "HOST"), ("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("gpu", "GPU"), ("pid", "PID"),
            ("exit", "EXIT"), ("runtime", "RUNTIME"), ("peak", "PEAK MEM"), ("limit", "LIMIT")]
 
@@ -209,6 +210,9 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                 pending += chunk
                 lines = pending.split(b"\n")
                 pending = lines.pop()
+                if len(pending) >= LONG_LINE:  # a line with no end in sight: shown in pieces, not gathered
+                    lines.append(pending)
+                    pending = b""
                 if lines:
                     self._deliver(show, "".join(plain_lines(line.decode(errors="replace")) + "\n" for line in lines))
             if pending:
