@@ -28,6 +28,7 @@ from gpumon.monitor.topology import unknown_links
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
+from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
@@ -95,7 +96,7 @@ class MainScreen(CardActions, Screen):
             yield self.cards
             with Vertical(id="charts") as self.chart_box:  # hidden (CSS) until the layout says there is room
                 yield from self.charts
-        yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
+        yield Field(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
         with self.table_frame:
             yield self.table
         yield Footer()
