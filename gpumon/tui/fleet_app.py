@@ -48,6 +48,7 @@ class FleetApp(GpumonApp):
 
     def on_mount(self, event: Mount) -> None:
         event.prevent_default()  # not the single-host app's start (its sampler has nothing to open)
+        self._quit_on_sigterm()
         self._install_themes()
         self.push_screen(self.overview)
         self.fleet.subscribe(self._on_host)
@@ -119,7 +120,7 @@ class FleetApp(GpumonApp):
 
     # -- ending --
 
-    async def action_quit(self) -> None:
+    async def action_quit(self, status: int = EXIT_OK) -> None:
         self.fleet.stop()
         if self._runner is not None:
             try:
@@ -127,18 +128,21 @@ class FleetApp(GpumonApp):
                     await self._runner.wait()
             except Exception:  # noqa: BLE001 - leaving anyway; the streams end with their ssh
                 pass
-        self.exit(EXIT_OK)
+        self.exit(status)
 
     def on_unmount(self) -> None:
         self.fleet.stop()
 
 
 def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[], None] = lambda: None,
-                  env: Mapping[str, str] | None = None) -> int:
-    """Run the fleet TUI until it quits (`gpumon --hosts …`)."""
+                  env: Mapping[str, str] | None = None, on_alternate_screen: bool = False) -> int:
+    """Run the fleet TUI until it quits (`gpumon --hosts …`); `on_alternate_screen`: as for run_app."""
     env = dict(os.environ if env is None else env)
     prepare_terminal(args, on_error)
     demo = bool(args.demo or args.scenario is not None)
     app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
+    app.on_alternate_screen = on_alternate_screen
     status = app.run()
+    if app.crash is not None:
+        raise app.crash
     return status if isinstance(status, int) else EXIT_OK

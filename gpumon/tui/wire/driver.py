@@ -22,6 +22,7 @@ from gpumon.tui.wire import updates
 from gpumon.tui.wire.pacing import Pacer
 from gpumon.tui.wire.screen import ScreenDiff
 
+ALTERNATE_SCREEN = "\x1b[?1049h"
 REPORT_STEP_S = 1.0  # the app hears of the lag in whole seconds: no message for every frame
 
 
@@ -42,6 +43,7 @@ class WireDriver(LinuxDriver):
         self._new_size: tuple[int, int] | None = None
         self._closing = False
         self._reported = 0
+        self._skip_alternate = False
 
     # -- Textual's side --
 
@@ -52,6 +54,11 @@ class WireDriver(LinuxDriver):
 
     def start_application_mode(self) -> None:
         self._closing = False
+        # Already there (the first frame, cli/splash.py): entering again would save the alternate
+        # screen's cursor, which leaving then restores, and the shell's prompt would come back over
+        # its earlier output. Only at the start: after a suspend the terminal is on its normal screen.
+        self._skip_alternate = getattr(self._app, "on_alternate_screen", False)
+        self._app.on_alternate_screen = False
         with self._lock:
             self._new_size = None
             self._diff.resize(*self._get_terminal_size())
@@ -63,6 +70,9 @@ class WireDriver(LinuxDriver):
         super().stop_application_mode()
 
     def write(self, data: str) -> None:
+        if self._skip_alternate and ALTERNATE_SCREEN in data:
+            self._skip_alternate = False
+            data = data.replace(ALTERNATE_SCREEN, "", 1)
         with self._lock:
             self._take_new_size()
             self._diff.feed(data)
