@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -56,6 +57,9 @@ class Option(Checkbox, inherit_bindings=False):
     BINDINGS = [Binding("space", "toggle_button", "Toggle", show=False)]
 
 
+FULL_HEIGHT, FULL_WIDTH = 32, 96  # the terminal size from which the dialog has its framed widgets
+
+
 class RunDialog(ModalScreen[RunChoice | None]):
     # Enter launches from any field; on a button it presses that button (Cancel cancels). Not a
     # priority binding: those run when the key reaches the app, before the keys typed ahead of it
@@ -102,6 +106,14 @@ class RunDialog(ModalScreen[RunChoice | None]):
 
     def on_mount(self) -> None:
         self.query_one("#run-command", Input).focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Fields, options and buttons without their frames (a line each) where the full dialog
+        # would not fit: every one of them stays on screen, none behind a scrollbar.
+        compact = event.size.height < FULL_HEIGHT or event.size.width < FULL_WIDTH
+        for widget in self.query("Input, Checkbox, Button"):
+            widget.compact = compact
+        self.set_class(compact, "-compact")
 
     def on_key(self, event) -> None:
         # ↑ in the command box walks back through earlier commands.

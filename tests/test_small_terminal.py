@@ -1,0 +1,78 @@
+"""A small terminal (80×24): every dialog fits with all its fields and buttons on screen."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from showcase import demo_app, showcase_state, wait_for_first_frame
+from textual.containers import ScrollableContainer
+from textual.geometry import Region
+from textual.widgets import Button, Checkbox, Input, Label
+
+from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.environment import EnvironmentScreen
+
+LONG_COMMAND = "python train.py --model llama-7b --batch-size 32 --lr 3e-4 " * 4
+ENVIRONMENT = {"CUDA_VISIBLE_DEVICES": "GPU-4744ff37-9288-b66c-f56c-20e6323a3888", "PATH": "/usr/bin:/bin" * 8,
+               **{f"SETTING_{i}": "x" * (i * 7) for i in range(40)}}
+
+
+def open_confirm(app) -> None:
+    app.push_screen(ConfirmScreen("Send SIGTERM to process 48213?", f"alice: {LONG_COMMAND}"))
+
+
+def open_environment(app) -> None:
+    app.push_screen(EnvironmentScreen("Environment of 48213", ENVIRONMENT))
+
+
+# The dialog, and how it is opened: keys, or (where the demo offers no process to act on) pushed.
+DIALOGS = {
+    "run": ("r", *"python train.py"),
+    "memory limit": ("m",),
+    "confirm": open_confirm,
+    "environment": open_environment,
+    "help": ("question_mark",),
+    "alerts": ("exclamation_mark",),
+    "topology": ("t",),
+    "jobs": ("J",),
+}
+
+
+def hidden_parts(screen, size: tuple[int, int]) -> list[str]:
+    """What of the dialog is not wholly on screen: its frame past the screen's edge (the screen then
+    scrolls), or a field, option, button or label cut off or behind a scrollbar. Text inside a
+    scrolling body (help, environment) may scroll: only the body itself must fit."""
+    whole = Region(0, 0, *size)
+    problems = []
+    for widget in screen.query("*"):
+        if any(isinstance(a, ScrollableContainer) for a in widget.ancestors) and not isinstance(
+                widget, (Input, Button, Checkbox, Label)):
+            continue
+        geometry = screen.find_widget(widget)
+        region = geometry.region
+        if not whole.contains_region(region) or region.intersection(geometry.clip) != region:
+            problems.append(f"{widget!r} at {region}, visible {region.intersection(geometry.clip)}")
+        elif isinstance(widget, (Input, Button, Checkbox)) and not region:
+            problems.append(f"{widget!r} has no room")
+    return problems
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.parametrize("dialog", list(DIALOGS))
+def test_every_dialog_fits_with_all_its_fields_and_buttons(dialog, size):
+    async def go():
+        app = demo_app()
+        async with app.run_test(size=size) as pilot:
+            await wait_for_first_frame(pilot)
+            opening = DIALOGS[dialog]
+            if callable(opening):
+                opening(app)
+            else:
+                await pilot.press(*opening)
+            await pilot.pause(0.3)
+            assert app.screen is not app.main_screen
+            assert hidden_parts(app.screen, size) == []
+
+    with showcase_state():  # the demo jobs, for J
+        asyncio.run(go())
