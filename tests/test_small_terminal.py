@@ -1,8 +1,13 @@
-"""A small terminal (80×24): every dialog fits with all its fields and buttons on screen."""
+"""A small terminal (80×24): every dialog fits with all its fields and buttons on screen, and the
+one-line card rows keep their bars aligned whatever badge a row carries."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import shlex
+import sys
 
 import pytest
 from showcase import demo_app, showcase_state, wait_for_first_frame
@@ -76,3 +81,25 @@ def test_every_dialog_fits_with_all_its_fields_and_buttons(dialog, size):
 
     with showcase_state():  # the demo jobs, for J
         asyncio.run(go())
+
+
+def bar_spans(row: str) -> list[tuple[int, int]]:
+    """Where each bar of a card row is: (first cell, after its last) of each `▕…▏`. (A bar's last
+    eighth can be a `▏` too: its end is the last `▏` before the value that follows it.)"""
+    return [(m.start(), m.end()) for m in re.finditer("▕[^▕0-9N]*▏", row)]
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_one_line_card_rows_keep_their_bars_aligned_with_and_without_an_alert_badge(tmux_session, width):
+    tmux = tmux_session(width, 24)
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k in keep)
+    # The demo's two busy cards run above 70 °C, the other two below: two rows carry the badge.
+    tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
+               f"--demo --interval 0.5 --alert 'temp > 70'; sleep 600")
+    screen = tmux.wait_for(lambda s: sum("⚠" in line and "▕" in line for line in s.splitlines()) == 2,
+                           what="two card rows with an alert badge")
+    rows = [line for line in screen.splitlines() if "A100" in line and "▕" in line]
+    assert len(rows) == 4, screen
+    assert len({tuple(bar_spans(row)) for row in rows}) == 1, screen
+    assert len(bar_spans(rows[0])) == 2
