@@ -1,5 +1,6 @@
-"""A small terminal (80×24): every dialog fits with all its fields and buttons on screen, and the
-one-line card rows keep their bars aligned whatever badge a row carries."""
+"""A small terminal (80×24): every dialog fits with all its fields and buttons on screen, the
+one-line card rows keep their bars aligned whatever badge a row carries, and a command line too
+long for the process table is cut with `…`, in terminal cells."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import asyncio
 import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 
 import pytest
+from conftest import GIB, Card
+from rich.cells import cell_len
 from showcase import demo_app, showcase_state, wait_for_first_frame
 from textual.containers import ScrollableContainer
 from textual.geometry import Region
@@ -103,3 +108,31 @@ def test_one_line_card_rows_keep_their_bars_aligned_with_and_without_an_alert_ba
     assert len(rows) == 4, screen
     assert len({tuple(bar_spans(row)) for row in rows}) == 1, screen
     assert len(bar_spans(rows[0])) == 2
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_long_command_line_with_wide_characters_is_cut_with_an_ellipsis(fake_driver, tmux_session, width):
+    # A process whose command line starts with wide characters (two cells each), named so itself.
+    name = "训练-" + "数据集" * 40
+    proc = subprocess.Popen([name, "600"], executable=shutil.which("sleep"))
+    try:
+        fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB)]
+        fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=GIB)]
+        fake_driver.write()
+        keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ", "GPUMON_NVML_LIB", "FAKE_NVML_CONFIG")
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
+        tmux = tmux_session(width, 24)
+        tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
+                   f"--interval 0.5; sleep 600")
+        screen = tmux.wait_for(lambda s: "训练-" in s, what="the process")
+    finally:
+        proc.kill()
+        proc.wait()
+    (row,) = [line for line in screen.splitlines() if f" {proc.pid} " in line]
+    assert cell_len(row) == width, row
+    inside = row.rstrip("│")
+    assert inside.endswith("…"), row
+    shown = inside[inside.index("训练-"):-1]
+    assert cell_len(shown) >= 8, row
+    # Cut between characters; a wide one that did not fit whole leaves a space.
+    assert name.startswith(shown) or (shown.endswith(" ") and name.startswith(shown[:-1])), row
