@@ -52,6 +52,9 @@ class MainScreen(CardActions, Screen):
         Binding("X", "signal('kill')", "Kill"),
         Binding("i", "signal('interrupt')", "Interrupt", show=False),
         Binding("e", "environment", "Env"),
+        # Where the four above cannot act (demo or recorded processes), this says why instead.
+        Binding("x,X,i", "not_real('nothing to signal')", show=False),
+        Binding("e", "not_real('no environment to show')", show=False),
         Binding("w", "cycle_window", "Window", show=False),
         Binding("t", "topology", "Topology"),
         Binding("r", "run", "Run here"),
@@ -321,6 +324,8 @@ class MainScreen(CardActions, Screen):
             return not self.readonly and self.real_pids
         if action == "environment":
             return self.real_pids
+        if action == "not_real":
+            return not self.real_pids
         if action in ("run", "mem_limit"):
             return not self.readonly and self.app.can_launch
         return True

@@ -57,6 +57,8 @@ class Option(Checkbox, inherit_bindings=False):
     BINDINGS = [Binding("space", "toggle_button", "Toggle", show=False)]
 
 
+# What `r` says on demo data: the dialog launches a real command, pinned to a card that is not there.
+SIMULATED_NOTE = "Simulated card (--demo), real job: it runs here and CUDA sees no GPU."
 FULL_HEIGHT, FULL_WIDTH = 32, 96  # the terminal size from which the dialog has its framed widgets
 
 
@@ -69,10 +71,10 @@ class RunDialog(ModalScreen[RunChoice | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "submit", "Launch", show=False)]
 
     def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str,
-                 where: str | None = None, remote: bool = False) -> None:
+                 where: str | None = None, remote: bool = False, note: str = "") -> None:
         """`where`: the card as people should read it (a fleet's HOST:INDEX); `remote`: the job
         runs on another host, so the working directory is that host's (empty: the home there) and
-        is checked there, not here."""
+        is checked there, not here; `note`: a line above the fields (SIMULATED_NOTE)."""
         super().__init__()
         self.gpu = gpu
         self.cwd = cwd
@@ -80,11 +82,14 @@ class RunDialog(ModalScreen[RunChoice | None]):
         self.default_limit = default_limit
         self.where = where or f"GPU {gpu.index}"
         self.remote = remote
+        self.note = note
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-body") as body:
             body.border_title = f"Run on {self.where}: {self.gpu.name}"
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
+            if self.note:
+                yield Static(Text(self.note), id="run-note")
             yield Label("Command")
             yield Field(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
