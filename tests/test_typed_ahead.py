@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import GIB, Card
 from terminal import Tmux
 
 from gpumon.jobs import records
@@ -134,3 +136,22 @@ def test_enter_in_the_filter_applies_everything_typed_before_it(terminal):
     tmux.keys("j")
     time.sleep(0.5)
     assert "52904j" not in tmux.screen(), screen
+
+
+def test_tab_and_enter_together_in_a_confirmation_press_the_button_tab_moved_to(terminal, fake_driver,
+                                                                                idle_processes):
+    proc = idle_processes()
+    fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB)]
+    fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=GIB)]
+    fake_driver.write()
+    tmux = terminal()
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ", "GPUMON_NVML_LIB", "FAKE_NVML_CONFIG")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
+    tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
+               f"--interval 0.5; sleep 600")
+    tmux.wait_for(lambda s: str(proc.pid) in s, what="the process")
+    tmux.keys("Tab", "x")
+    tmux.wait_for(lambda s: f"Send SIGTERM to process {proc.pid}?" in s, what="the confirmation")
+    # No has the focus: Tab moves it to Yes, and the Enter right behind it presses Yes.
+    tmux("send-keys", "-t", "t", "Tab", "Enter")
+    assert proc.wait(20) == -signal.SIGTERM
