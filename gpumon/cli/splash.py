@@ -17,6 +17,7 @@ from typing import Any
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 LEAVE = "\x1b[?25h\x1b[?1049l"
 BOLD, DIM, PLAIN = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+_up = False  # the terminal is on the alternate screen, entered here (Textual must not enter it again)
 
 
 def _shown() -> bool:
@@ -26,16 +27,28 @@ def _shown() -> bool:
 def show(text: str) -> Callable[[], None]:
     """Write ' gpumon  TEXT' at the top of the alternate screen; returns how to take it down again
     (for when Textual never starts). Nothing happens when stdout is not a terminal."""
+    global _up
     if not _shown():
         return lambda: None
     sys.stdout.write(f"{ENTER}{BOLD} gpumon {PLAIN} {text}")
     sys.stdout.flush()
+    _up = True
 
     def take_down() -> None:
-        sys.stdout.write(LEAVE)
-        sys.stdout.flush()
+        global _up
+        if _up:
+            sys.stdout.write(LEAVE)
+            sys.stdout.flush()
+            _up = False
 
     return take_down
+
+
+def is_up() -> bool:
+    """Whether the terminal is on the alternate screen that `show` entered. Entering it again
+    would save the cursor of the alternate screen, and leaving would then put the shell's prompt
+    there, over the lines it had printed before gpumon started."""
+    return _up
 
 
 def cards(identity: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from gpumon.cli import STARTUP_ENVIRONMENT, splash
 from gpumon.cli.early_open import EarlyOpen
@@ -12,13 +14,17 @@ from gpumon.errors import UsageError
 def run(args: argparse.Namespace) -> int:
     nvml = not (args.demo or args.scenario is not None or args.replay is not None)
     many = bool(args.hosts or args.hostfile)
+    # Until the app takes SIGTERM over (it then leaves as `q` does), leave through the `finally`s
+    # and `except`s below, which put the terminal back, rather than die on the alternate screen.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     take_down = splash.show("connecting to the hosts…" if many else
                             "opening the NVIDIA driver…" if nvml else "starting…")
     fleet = _fleet(args, take_down)
     if fleet is not None:
         from gpumon.tui.fleet_app import run_fleet_app
 
-        return run_fleet_app(args, fleet, on_error=take_down, env=STARTUP_ENVIRONMENT)
+        return run_fleet_app(args, fleet, on_error=take_down, env=STARTUP_ENVIRONMENT,
+                             on_alternate_screen=splash.is_up())
     identity = None
     try:
         if nvml:
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         take_down()
         raise
     return run_app(args, backend, rules, opened, opener=opener, on_error=take_down, env=STARTUP_ENVIRONMENT,
-                   identity=identity)
+                   identity=identity, on_alternate_screen=splash.is_up())
 
 
 def _fleet(args: argparse.Namespace, take_down):

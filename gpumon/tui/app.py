@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 
@@ -40,6 +41,8 @@ from gpumon.tui.wire.driver import LinkLag, WireDriver
 from gpumon.tui.wire.guards import usable
 
 log = logging.getLogger(__name__)
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C, as a shell reports a command it interrupted
+EXIT_TERMINATED = 128 + signal.SIGTERM
 # The terminal this many seconds behind for this long: low-bandwidth mode switches on. (The first
 # frames of a slow link take seconds on their own: that is no reason yet.)
 AUTO_LOW_BANDWIDTH_S = 3
@@ -53,6 +56,9 @@ class GpumonApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        # Ctrl-C leaves, as in top or nvtop (Textual would only say to press q); a text field or a
+        # selection takes it first, to copy.
+        Binding("ctrl+c", f"quit({EXIT_INTERRUPTED})", "Quit", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("c", "next_theme", "Theme", show=False),
         Binding("exclamation_mark", "alerts", "Alerts", show=False),
@@ -90,7 +96,9 @@ class GpumonApp(App[int]):
         self.theme_names: list[str] = []
         self.failure: GpumonError | None = None  # why the data source (or a rule's card) could not be used
         self._cards_checked = False
-        self.crash: Exception | None = None  # a bug inside the app: raised again once it has ended
+        self.crash: Exception | None = None  # a bug that ended the app (main() reports it in one line)
+        # The first frame (cli/splash.py) already put the terminal on its alternate screen.
+        self.on_alternate_screen = False
         self.recent_xids = RecentXids()
         self._xid_listener: XidListener | None = None
         opening = sampler.backend is None
@@ -104,6 +112,7 @@ class GpumonApp(App[int]):
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
 
     def on_mount(self) -> None:
+        self._quit_on_sigterm()
         self._install_themes()
         self.push_screen(self.main_screen)
         self.sampler.subscribe(self._on_snapshot)
@@ -167,6 +176,22 @@ class GpumonApp(App[int]):
         self.main_screen.alerts = self.engine.firing()
         if latest is not None and self.main_screen.is_attached:
             self.main_screen.show_snapshot(latest)
+
+    def _quit_on_sigterm(self) -> None:
+        """SIGTERM (kill, a logout, a service manager) leaves as `q` does: the terminal restored."""
+        try:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGTERM, lambda: self.call_later(self.run_action, f"quit({EXIT_TERMINATED})"))
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
+            pass
+
+    def _handle_exception(self, error: Exception) -> None:
+        """A bug: the app ends, the terminal is restored, and main() says so in one line (exit 70),
+        instead of Textual's screenful of traceback and exit status 0."""
+        if self.crash is None:
+            self.crash = error
+        super()._handle_exception(error)
+        self._exit_renderables.clear()
 
     def _install_themes(self) -> None:
         """The shipped and the user's themes; the one asked for is applied, problems are notified."""
@@ -336,9 +361,9 @@ class GpumonApp(App[int]):
         self.theme = names[(current + 1) % len(names)]
         self.notify(f"theme: {self.theme}", timeout=2)
 
-    async def action_quit(self) -> None:
+    async def action_quit(self, status: int = EXIT_OK) -> None:
         self.sampler.stop()
-        self.exit(EXIT_OK)
+        self.exit(status)
 
 
 def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool = False, theme: str | None = None,
@@ -385,16 +410,17 @@ def prepare_terminal(args: argparse.Namespace, on_error: Callable[[], None]) -> 
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
             backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
             on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None,
-            identity: Snapshot | None = None) -> int:
+            identity: Snapshot | None = None, on_alternate_screen: bool = False) -> int:
     """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
     `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
-    the changes below."""
+    the changes below; `on_alternate_screen`: the first frame already put the terminal there."""
     env = dict(os.environ if env is None else env)
     prepare_terminal(args, on_error)
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
                      identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False))
+    app.on_alternate_screen = on_alternate_screen
     try:
         status = app.run()
     finally:

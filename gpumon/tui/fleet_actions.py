@@ -22,7 +22,7 @@ from gpumon.model import GpuSample, HostStatus, ProcessSample
 from gpumon.monitor.fleet import Fleet, RemoteGpumon, children
 from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.run_dialog import RunChoice, RunDialog
+from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunChoice, RunDialog
 
 
 def why_not_here(status: HostStatus, what: str = "launching") -> str | None:
@@ -56,8 +56,10 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
         return
     local = fleet.specs[host].is_local
     card = where(status, gpu)
+    simulated = local and not getattr(app, "local_real_pids", True)  # `local` in --demo
     dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.uuid), launch_cwd if local else "",
-                       where=card + (f" ({why})" if why else ""), remote=not local)
+                       where=card + (f" ({why})" if why else ""), remote=not local,
+                       note=SIMULATED_NOTE if simulated else "")
     app.push_screen(dialog, lambda choice: launch(app, fleet, host, gpu, choice, card, launched) if choice else None)
 
 

@@ -51,6 +51,7 @@ class FleetApp(GpumonApp):
 
     def on_mount(self, event: Mount) -> None:
         event.prevent_default()  # not the single-host app's start (its sampler has nothing to open)
+        self._quit_on_sigterm()
         self._install_themes()
         self.push_screen(self.overview)
         self.fleet.subscribe(self._on_host)
@@ -124,7 +125,7 @@ class FleetApp(GpumonApp):
 
     # -- ending --
 
-    async def action_quit(self) -> None:
+    async def action_quit(self, status: int = EXIT_OK) -> None:
         self.fleet.stop()
         if self._runner is not None:
             try:
@@ -132,17 +133,18 @@ class FleetApp(GpumonApp):
                     await self._runner.wait()
             except Exception:  # noqa: BLE001 - leaving anyway; the streams end with their ssh
                 pass
-        self.exit(EXIT_OK)
+        self.exit(status)
 
     def on_unmount(self) -> None:
         self.fleet.stop()
 
 
 def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[], None] = lambda: None,
-                  env: Mapping[str, str] | None = None) -> int:
-    """Run the fleet TUI until it quits (`gpumon --hosts …`)."""
+                  env: Mapping[str, str] | None = None, on_alternate_screen: bool = False) -> int:
+    """Run the fleet TUI until it quits (`gpumon --hosts …`); `on_alternate_screen`: as for run_app."""
     env = dict(os.environ if env is None else env)
     prepare_terminal(args, on_error)
     demo = bool(args.demo or args.scenario is not None)
     app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
+    app.on_alternate_screen = on_alternate_screen
     return app.outcome(app.run())

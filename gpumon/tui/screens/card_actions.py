@@ -16,7 +16,7 @@ from gpumon.monitor.containers import invisible_reason
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
-from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, MemLimitDialog, RunChoice, RunDialog
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
 
@@ -32,7 +32,8 @@ class CardActions:
             self.notify("select a working card first", severity="warning")
             return
         default = card_limits().get(gpu.uuid)
-        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd),
+        note = "" if self.real_pids else SIMULATED_NOTE
+        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd, note=note),
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
     def _launch(self, gpu, choice: RunChoice) -> None:
@@ -122,6 +123,15 @@ class CardActions:
 
         self.app.push_screen(
             ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
+
+    def action_not_real(self, why: str) -> None:
+        """x, X, i or e where the processes are not real ones (demo, a recording): say so."""
+        row = self._selected_process()
+        if row is None:
+            return
+        source = "--replay: process {} was recorded" if self.app.replay is not None else \
+            "--demo: process {} is simulated"
+        self.notify(f"{source.format(row.process.pid)}, {why}", severity="warning", timeout=4)
 
     def action_environment(self) -> None:
         row = self._selected_process()

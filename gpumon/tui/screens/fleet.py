@@ -25,6 +25,7 @@ from textual.widgets import Footer, Input, Static
 
 from gpumon.model import HOST_STATES, HostStatus
 from gpumon.monitor.fleet import Fleet
+from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
 from gpumon.tui.widgets.line_table import TableFrame
@@ -82,7 +83,7 @@ class FleetScreen(Screen):
             frame.border_title = f"Hosts · {len(self.fleet.names)}"
             frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
             yield self.table
-        yield Input(placeholder="filter hosts: name, state, note (Esc clears)", id="fleet-filter")
+        yield Field(placeholder="filter hosts: name, state, note (Esc clears)", id="fleet-filter")
         yield Static(Text(LEGEND), id="fleet-legend")
         yield Footer()
 

@@ -31,7 +31,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("c", "next colour theme"),
         ("b", "low bandwidth (slow links): redraw every 5 s; on by itself when the terminal falls behind"),
         ("?", "this help"),
-        ("q", "quit"),
+        ("q  Ctrl-C", "quit"),
     ]),
     ("Replay (--replay FILE)", [
         ("space", "pause / resume"),

@@ -29,6 +29,7 @@ from gpumon.tui.plain import plain
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
+from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
@@ -52,6 +53,9 @@ class MainScreen(CardActions, Screen):
         Binding("X", "signal('kill')", "Kill"),
         Binding("i", "signal('interrupt')", "Interrupt", show=False),
         Binding("e", "environment", "Env"),
+        # Where the four above cannot act (demo or recorded processes), this says why instead.
+        Binding("x,X,i", "not_real('nothing to signal')", show=False),
+        Binding("e", "not_real('no environment to show')", show=False),
         Binding("w", "cycle_window", "Window", show=False),
         Binding("t", "topology", "Topology"),
         Binding("r", "run", "Run here"),
@@ -97,7 +101,7 @@ class MainScreen(CardActions, Screen):
             yield self.cards
             with Vertical(id="charts") as self.chart_box:  # hidden (CSS) until the layout says there is room
                 yield from self.charts
-        yield Input(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
+        yield Field(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
         with self.table_frame:
             yield self.table
         yield Footer()
@@ -323,6 +327,8 @@ class MainScreen(CardActions, Screen):
             return not self.readonly and self.real_pids
         if action == "environment":
             return self.real_pids
+        if action == "not_real":
+            return not self.real_pids
         if action in ("run", "mem_limit"):
             return not self.readonly and self.app.can_launch
         return True

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -17,6 +18,7 @@ from gpumon.errors import UsageError
 from gpumon.jobs.launch import DIALOG_FAILOVER
 from gpumon.jobs.placement import busy_note
 from gpumon.model import GpuSample
+from gpumon.tui.widgets.field import Field
 from gpumon.units import format_bytes, parse_size
 
 
@@ -52,16 +54,30 @@ def directory_problem(text: str) -> str | None:
     return None
 
 
+class Option(Checkbox, inherit_bindings=False):
+    """A checkbox that Space toggles and Enter leaves to the dialog (which launches)."""
+
+    BINDINGS = [Binding("space", "toggle_button", "Toggle", show=False)]
+
+
+# What `r` says on demo data: the dialog launches a real command, pinned to a card that is not there.
+SIMULATED_NOTE = "Simulated card (--demo), real job: it runs here and CUDA sees no GPU."
+FULL_HEIGHT, FULL_WIDTH = 32, 96  # the terminal size from which the dialog has its framed widgets
+
+
 class RunDialog(ModalScreen[RunChoice | None]):
-    # Enter launches from any field: a checkbox would otherwise take it as "toggle". On a button
-    # it presses that button (Cancel cancels).
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "submit", "Launch", priority=True, show=False)]
+    # Enter launches from any field; on a button it presses that button (Cancel cancels). Not a
+    # priority binding: those run when the key reaches the app, before the keys typed ahead of it
+    # have reached the field (each widget has its own queue), so a command typed or pasted with its
+    # Enter would launch cut short. Here Enter goes the way every key goes, after them: an Input
+    # submits, a button presses, and a checkbox (`Option`) leaves it to this binding.
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "submit", "Launch", show=False)]
 
     def __init__(self, gpu: GpuSample, history: list[str], default_limit: int | None, cwd: str,
-                 where: str | None = None, remote: bool = False) -> None:
+                 where: str | None = None, remote: bool = False, note: str = "") -> None:
         """`where`: the card as people should read it (a fleet's HOST:INDEX); `remote`: the job
         runs on another host, so the working directory is that host's (empty: the home there) and
-        is checked there, not here."""
+        is checked there, not here; `note`: a line above the fields (SIMULATED_NOTE)."""
         super().__init__()
         self.gpu = gpu
         self.cwd = cwd
@@ -69,6 +85,7 @@ class RunDialog(ModalScreen[RunChoice | None]):
         self.default_limit = default_limit
         self.where = where or f"GPU {gpu.index}"
         self.remote = remote
+        self.note = note
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-body") as body:
@@ -76,18 +93,20 @@ class RunDialog(ModalScreen[RunChoice | None]):
             body.border_subtitle = "Enter launches · Esc cancels · ↑ history"
             if busy := busy_note(self.gpu, self.where):  # it still launches: the user chose the card
                 yield Static(Text(busy), id="run-busy")
+            if self.note:
+                yield Static(Text(self.note), id="run-note")
             yield Label("Command")
-            yield Input(placeholder="python train.py --epochs 10", id="run-command",
+            yield Field(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
             yield Label("Working directory" + (" there (empty: your home there)" if self.remote else ""))
-            yield Input(self.cwd, id="run-cwd")
+            yield Field(self.cwd, id="run-cwd")
             yield Label("GPU memory limit (e.g. 8G, 50%; empty: none)")
-            yield Input(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
+            yield Field(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
             with Horizontal(id="run-options"):
-                yield Checkbox("NUMA CPUs", True, id="run-numa", tooltip="pin to the CPUs next to the card")
-                yield Checkbox("Foreground", False, id="run-foreground", tooltip="run in this terminal and wait")
-                yield Checkbox("Wait until free", False, id="run-wait", tooltip="queue until the card is free")
-                yield Checkbox("Failover", False, id="run-failover",
+                yield Option("NUMA CPUs", True, id="run-numa", tooltip="pin to the CPUs next to the card")
+                yield Option("Foreground", False, id="run-foreground", tooltip="run in this terminal and wait")
+                yield Option("Wait until free", False, id="run-wait", tooltip="queue until the card is free")
+                yield Option("Failover", False, id="run-failover",
                                tooltip=f"if the card fails (lost, fatal XID), start the job again on another "
                                        f"free card, up to {DIALOG_FAILOVER} times")
             yield Static("", id="run-error")
@@ -97,6 +116,14 @@ class RunDialog(ModalScreen[RunChoice | None]):
 
     def on_mount(self) -> None:
         self.query_one("#run-command", Input).focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Fields, options and buttons without their frames (a line each) where the full dialog
+        # would not fit: every one of them stays on screen, none behind a scrollbar.
+        compact = event.size.height < FULL_HEIGHT or event.size.width < FULL_WIDTH
+        for widget in self.query("Input, Checkbox, Button"):
+            widget.compact = compact
+        self.set_class(compact, "-compact")
 
     def on_key(self, event) -> None:
         # ↑ in the command box walks back through earlier commands.
@@ -136,10 +163,11 @@ class RunDialog(ModalScreen[RunChoice | None]):
             self.dismiss(choice)
 
     def action_submit(self) -> None:
-        if isinstance(self.focused, Button):
-            self.focused.press()
-        else:
-            self._launch()
+        self._launch()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._launch()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "run-launch":
@@ -168,7 +196,7 @@ class MemLimitDialog(ModalScreen[str | None]):
             body.border_subtitle = "Enter saves · empty removes · Esc cancels"
             yield Label(f"Card total {format_bytes(self.gpu.memory_total)}. Jobs launched here are stopped by "
                         "the watchdog above this, and JAX/PyTorch are capped to it.")
-            yield Input(format_bytes(self.current, na="") if self.current else "", placeholder="e.g. 20G or 25%",
+            yield Field(format_bytes(self.current, na="") if self.current else "", placeholder="e.g. 20G or 25%",
                         id="limit-value")
             yield Static("", id="limit-error")
 

@@ -25,6 +25,7 @@ from gpumon.units import format_bytes
 EIGHTHS = " ▏▎▍▌▋▊▉"
 NA = "N/A"
 MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop the identifiers instead
+BADGE_CELLS = 30  # the most a compact row keeps for its badges (alerts, XIDs, no answer)
 MARGIN = 1  # cells each side of a panel's text; the left one carries the selection mark
 SELECTION_MARK = "▌"
 FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
@@ -298,23 +299,26 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         if gpu.state == "lost":
             line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - line.cell_len], style=self._style("lost"))
             return line
-        tail = Text()
-        if gpu.temperature is not None:
-            tail.append(f" {gpu.temperature:>3}°C", style=self._style(level(gpu.temperature, 80, 87)))
-        if gpu.power_draw is not None:
-            tail.append(f" {gpu.power_draw:>4.0f}W")
-        tail.append_text(self._badge(gpu))
+        # Every part has the same width on every row, whatever it holds (a badge, N/A, no power
+        # reading), so the bars of all cards start and end in the same columns.
+        tail = Text(f" {gpu.temperature:>3}°C" if gpu.temperature is not None else " " * 6,
+                    style=self._style(level(gpu.temperature, 80, 87)))
+        tail.append(f" {gpu.power_draw:>4.0f}W" if gpu.power_draw is not None else " " * 6)
         mem_pct = gpu.memory_percent
         mem_value = (NA if gpu.memory_used is None
-                     else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}")
-        util_value = NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%"
-        fixed = line.cell_len + tail.cell_len + 2 * 4 + len(util_value) + len(mem_value.rjust(10)) + 4
-        bar_width = max(3, (width - fixed) // 2)
+                     else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}").rjust(10)
+        util_value = (NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%").rjust(4)
+        room = width - line.cell_len - 2 * 4 - 4 - 10 - 12
+        badge_room = min(BADGE_CELLS, room // 3)  # kept on every row: alerts come and go
+        bar_width = max(3, (room - badge_room) // 2)
         line.append(" ")
         line.append_text(self._bar("", _frac(gpu.utilization_gpu), bar_width, "bar", util_value))
         line.append(" ")
-        line.append_text(self._bar("", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value.rjust(10)))
+        line.append_text(self._bar("", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value))
         line.append_text(tail)
+        badge = self._badge(gpu)
+        badge.truncate(max(0, width - line.cell_len), overflow="ellipsis")
+        line.append_text(badge)
         line.truncate(width)
         return line
 

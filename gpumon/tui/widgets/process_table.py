@@ -97,6 +97,16 @@ def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
     return rows
 
 
+def _fit(text: str, cells: int) -> str:
+    """`text` in at most `cells` terminal cells (wide characters take two), ending in … when cut."""
+    if (len(text) if text.isascii() else cell_len(text)) <= cells:
+        return text
+    if cells <= 0:
+        return ""
+    # set_cell_size pads with a space where a wide character would have been split in two.
+    return (text[: cells - 1] if text.isascii() else set_cell_size(text, cells - 1)) + "…"
+
+
 # A row's cells: the text of each column, plus what decides its look.
 Cells = tuple[str, ...]
 
@@ -234,9 +244,9 @@ class ProcessTable(LineTable):
                 pad = " " * (widths[i] - cells)
                 run.append((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING)
                 used += widths[i] + GAP
-            else:  # the command takes what is left
+            else:  # the command takes what is left, cut with … when it does not fit
                 room = max(0, width - used)
-                text = text[:room] if text.isascii() else set_cell_size(text, min(room, cell_len(text)))
+                text = _fit(text, room)
                 run.append(text)
                 rest = room - (len(text) if text.isascii() else cell_len(text))
                 if rest > 0:

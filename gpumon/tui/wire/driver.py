@@ -29,6 +29,7 @@ from gpumon.tui.wire.screen import ScreenDiff
 if TYPE_CHECKING:
     from textual._compositor import CompositorUpdate
 
+ALTERNATE_SCREEN = "\x1b[?1049h"
 REPORT_STEP_S = 1.0  # the app hears of the lag in whole seconds: no message for every frame
 
 
@@ -50,6 +51,7 @@ class WireDriver(LinuxDriver):
         self._closing = False
         self._reported = 0
         self.wired = usable("output layer", self, "_writer_thread", "_app")
+        self._skip_alternate = False
 
     # -- Textual's side --
 
@@ -60,6 +62,11 @@ class WireDriver(LinuxDriver):
 
     def start_application_mode(self) -> None:
         self._closing = False
+        # Already there (the first frame, cli/splash.py): entering again would save the alternate
+        # screen's cursor, which leaving then restores, and the shell's prompt would come back over
+        # its earlier output. Only at the start: after a suspend the terminal is on its normal screen.
+        self._skip_alternate = getattr(self._app, "on_alternate_screen", False)
+        self._app.on_alternate_screen = False
         with self._lock:
             self._new_size = None
             self._diff.resize(*self._get_terminal_size())
@@ -71,6 +78,9 @@ class WireDriver(LinuxDriver):
         super().stop_application_mode()
 
     def write(self, data: str) -> None:
+        if self._skip_alternate and ALTERNATE_SCREEN in data:
+            self._skip_alternate = False
+            data = data.replace(ALTERNATE_SCREEN, "", 1)
         if not self.wired:
             return super().write(data)
         with self._lock:

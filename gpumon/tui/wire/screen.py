@@ -49,6 +49,7 @@ class ScreenDiff:
         self.width, self.height = width, height
         self.sync = False  # Textual asked for synchronized output: the terminal has it
         self.cursor_visible = True
+        self._cursor_placed = True  # False after a screen switch, until Textual places the cursor
         self._outbox: list[str] = []  # what must go out before the next drawing, in order
         self.resize(width, height)
 
@@ -106,6 +107,7 @@ class ScreenDiff:
     def place_cursor(self, y: int, x: int) -> None:
         """Where Textual leaves the cursor after a frame (shown there when it is visible)."""
         self._y, self._x = y, x
+        self._cursor_placed = True
 
     def put(self, y: int, x: int, runs: Iterable[tuple[str, sgr.State]]) -> None:
         """Pieces of text from (y, x) on, each in its attributes: a line of a compositor update
@@ -179,10 +181,13 @@ class ScreenDiff:
                 self.sync = True  # renders are wrapped in it instead (see render)
             elif modes & _SCREEN_MODES:
                 self._barrier(sequence)
+                # The terminal put back the cursor of the screen it switched to (leaving: the
+                # shell's, after its last output): showing the cursor must not move it.
+                self._cursor_placed = False
             else:
                 if "?25" in modes:
                     self.cursor_visible = final == "h"
-                    if self.cursor_visible:  # shown where Textual put it
+                    if self.cursor_visible and self._cursor_placed:  # shown where Textual put it
                         self._outbox.append(self._move(self._y, self._x))
                 self._outbox.append(sequence)
         elif final in _HARMLESS or (final == "u" and params[:1] in ("<", ">", "=", "?")):
