@@ -22,6 +22,13 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
 
+    [owners]                          # where this host's records of who runs what are
+    procfs = "/host/proc"             # the host's /proc (also --path.procfs); default /proc
+    pods_dir = "/host/var/log/pods"   # the kubelet's pod log directories
+    docker_dir = "/host/var/lib/docker"
+    podman_dir = "/host/var/lib/containers/storage"
+    job_map_dir = "/run/gpu-jobs"     # a file per card (index or UUID) with its jobs, from the prolog
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -43,6 +50,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,)},
+    "owners": {"procfs": (str,), "pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,),
+               "job_map_dir": (str,)},
 }
 
 
@@ -65,6 +74,7 @@ class Config:
     fleet_remote: str | None = None
     fleet_groups: dict[str, list[str]] = field(default_factory=dict)
     fleet_prometheus_url: str | None = None
+    owners: dict[str, str] = field(default_factory=dict)  # [owners]: where the host's records are
 
 
 def default_path() -> Path:
@@ -139,4 +149,5 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_remote = fleet.get("remote")
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
     config.fleet_prometheus_url = fleet.get("prometheus_url")
+    config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     return config
