@@ -24,6 +24,13 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
 
+    [owners]                          # where this host's records of who runs what are
+    procfs = "/host/proc"             # the host's /proc (also --path.procfs); default /proc
+    pods_dir = "/host/var/log/pods"   # the kubelet's pod log directories
+    docker_dir = "/host/var/lib/docker"
+    podman_dir = "/host/var/lib/containers/storage"
+    job_map_dir = "/run/gpu-jobs"     # a file per card (index or UUID) with its jobs, from the prolog
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -46,6 +53,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
+    "owners": {"procfs": (str,), "pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,),
+               "job_map_dir": (str,)},
 }
 
 
@@ -70,6 +79,7 @@ class Config:
     fleet_prometheus_url: str | None = None
     fleet_prometheus_user: str | None = None
     fleet_prometheus_password_file: str | None = None  # ~ expanded; relative to the config file's folder
+    owners: dict[str, str] = field(default_factory=dict)  # [owners]: where the host's records are
 
 
 def default_path() -> Path:
@@ -147,4 +157,5 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
+    config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     return config

@@ -30,6 +30,46 @@ def throttle_names(mask: int) -> tuple[str, ...]:
     return tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
 
 
+# Who a process belongs to, most specific first: a Slurm job, a Kubernetes pod, a container of
+# Docker or Podman, a systemd unit, or else only its user.
+OWNER_KINDS = ("slurm", "k8s", "container", "unit", "user")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """JSON "owner" of a process (docs/design.md): `id` is the job (`JOBID[.STEP]`, an array task
+    `ARRAYJOB_TASK[.STEP]`), the pod's UID, the short container id, the unit, or the user; `name`
+    the job's name, `namespace/pod (container)`, or the container's name; `engine` the container's
+    engine ("docker", "podman") for kind "container". None: not known."""
+
+    kind: str
+    id: str
+    name: str | None = None
+    user: str | None = None
+    engine: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The short form tables show: `job 4242.0`, `ml/trainer-7f9c (main)`, `docker:llama`, a unit
+        (its user has a column of its own), a user."""
+        if self.kind == "slurm":
+            return f"job {self.id}"
+        if self.kind == "k8s":
+            return self.name or f"pod {self.id[:8]}"
+        if self.kind == "container":
+            return f"{self.engine or 'container'}:{self.name or self.id}"
+        return self.id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "name": self.name, "user": self.user, "engine": self.engine}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessOwner:
+        """Inverse of to_dict (our own recordings); raises TypeError/KeyError on bad data."""
+        return cls(kind=str(data["kind"]), id=str(data["id"]), name=data.get("name"), user=data.get("user"),
+                   engine=data.get("engine"))
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessSample:
     pid: int
@@ -44,16 +84,32 @@ class ProcessSample:
     # Not in the JSON schema: used by the TUI (may we signal it? which container is it in?).
     uid: int | None = None
     container: str | None = None
+    owner: ProcessOwner | None = None  # JSON "owner": None (null) when the process cannot be seen
 
     def with_host_info(self, user: str | None, command: str | None, cpu_percent: float | None, rss: int | None,
-                       started: float | None, uid: int | None, container: str | None) -> ProcessSample:
+                       started: float | None, uid: int | None, container: str | None,
+                       owner: ProcessOwner | None) -> ProcessSample:
         """This process with what the OS says of it. Built field by field: dataclasses.replace
         costs more than reading the OS, every sample, for each of hundreds of processes."""
         return ProcessSample(self.pid, self.type, self.gpu_memory, self.sm_util, user, command, cpu_percent, rss,
-                             started, uid, container)
+                             started, uid, container, owner)
 
 
 _PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started")
+
+
+def _process_to_dict(p: ProcessSample) -> dict[str, Any]:
+    out = {name: getattr(p, name) for name in _PROCESS_JSON_FIELDS}
+    out["owner"] = p.owner.to_dict() if p.owner is not None else None
+    return out
+
+
+def _process_from_dict(raw: dict[str, Any], fields: set[str]) -> ProcessSample:
+    values = {k: v for k, v in raw.items() if k in fields}
+    owner = values.get("owner")
+    if owner is not None:
+        values["owner"] = ProcessOwner.from_dict(owner)
+    return ProcessSample(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +218,7 @@ class Snapshot:
             values = {k: v for k, v in raw.items() if k in gpu_fields}
             if values.get("throttle_reasons") is not None:
                 values["throttle_reasons"] = tuple(values["throttle_reasons"])
-            procs = tuple(
-                ProcessSample(**{k: v for k, v in p.items() if k in proc_fields})
-                for p in raw.get("processes", ())
-            )
+            procs = tuple(_process_from_dict(p, proc_fields) for p in raw.get("processes", ()))
             gpus.append(GpuSample(**values, processes=procs))
         return cls(
             time=float(data["time"]),
@@ -183,7 +236,7 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     out.pop("mig_devices")
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
-    out["processes"] = [{name: getattr(p, name) for name in _PROCESS_JSON_FIELDS} for p in gpu.processes]
+    out["processes"] = [_process_to_dict(p) for p in gpu.processes]
     return out
 
 

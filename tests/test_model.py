@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpumon.errors import UsageError
-from gpumon.model import GpuSample, ProcessSample, Snapshot, throttle_names
+from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, throttle_names
 from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.units import format_bytes, format_cpu_list, parse_cpu_list, parse_duration, parse_size
 
@@ -19,7 +19,9 @@ SCHEMA_GPU_KEYS = {
     # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
     "mig_mode", "fabric", "stale_s",
 }
-SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started"}
+SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
+                    # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).
+                    "owner"}
 
 
 def test_json_has_exactly_the_schema_keys():
@@ -60,7 +62,8 @@ def test_host_info_keeps_every_other_field():
     import dataclasses
 
     sample = ProcessSample(**{f.name: f"x-{f.name}" for f in dataclasses.fields(ProcessSample)})
-    info = dict(user="u", command="c", cpu_percent=1.5, rss=2, started=3.0, uid=4, container="k")
+    info = dict(user="u", command="c", cpu_percent=1.5, rss=2, started=3.0, uid=4, container="k",
+                owner=ProcessOwner("user", "u"))
     assert sample.with_host_info(**info) == dataclasses.replace(sample, **info)
 
 

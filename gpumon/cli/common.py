@@ -22,7 +22,24 @@ def load_settings(args: argparse.Namespace) -> Config:
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:
         args.interval = config.interval or 1.0
+    if getattr(args, "path_procfs", None) or config.owners:
+        _use_host_paths(getattr(args, "path_procfs", None), config)
     return config
+
+
+def _use_host_paths(procfs: str | None, config: Config) -> None:
+    """Where this host's /proc and records of who runs what are (--path.procfs, config [owners])."""
+    from pathlib import Path
+
+    from gpumon.monitor.owners import HostPaths, use_host_paths
+
+    given = {key: Path(value).expanduser() for key, value in config.owners.items()}
+    if procfs:
+        given["procfs"] = Path(procfs).expanduser()
+    if "procfs" in given and not (given["procfs"] / "self").is_dir():
+        where = "--path.procfs" if procfs else f"config {config.path}: [owners] procfs"
+        raise UsageError(f"{where} {str(given['procfs'])!r} is not a proc filesystem (it has no 'self')")
+    use_host_paths(HostPaths(**given))
 
 
 def fleet_requested(args: argparse.Namespace) -> bool:

@@ -138,6 +138,9 @@ def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay:
         g.add_argument("--replay", default=_default(None, suppress), metavar="FILE", help="play back a recording")
     g.add_argument("--nvml-lib", default=_default(None, suppress), metavar="PATH",
                    help="load this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    g.add_argument("--path.procfs", dest="path_procfs", default=_default(None, suppress), metavar="PATH",
+                   help="the host's /proc, where gpumon runs in a container that mounts it elsewhere "
+                        "(also config [owners] procfs)")
     _add_config_option(g, suppress)
 
 

@@ -18,6 +18,7 @@ from gpumon.units import format_bytes, format_runtime
 NA = "N/A"
 NAME_CELLS = 36  # a card name ("NVIDIA RTX 6000 Ada Generation" is 30)
 USER_CELLS = 24
+OWNER_CELLS = 32  # "ml-team/train-llama-7f9c6d-x2x4q (pytorch)" is cut; "job 4242_7.0" is not
 COMMAND_CELLS = 120
 JOB_NAME_CELLS = 20
 
@@ -113,12 +114,13 @@ def snapshot_text(snapshot: Snapshot) -> str:
     ]
     if len(mig_rows) > 1:
         out += ["", table(mig_rows, right={0})]
-    proc_rows = [["GPU", "PID", "USER", "TYPE", "GPU MEM", "SM%", "CPU%", "COMMAND"]]
+    proc_rows = [["GPU", "PID", "USER", "TYPE", "GPU MEM", "SM%", "CPU%", "OWNER", "COMMAND"]]
     for g in snapshot.gpus:
         for p in sorted(g.processes, key=lambda p: -(p.gpu_memory or 0)):
             proc_rows.append([
                 str(g.index), str(p.pid), fit(p.user or "?", USER_CELLS), p.type[0].upper(), format_bytes(p.gpu_memory),
-                _fmt(p.sm_util), _fmt(p.cpu_percent), fit(p.command or "?", COMMAND_CELLS),
+                _fmt(p.sm_util), _fmt(p.cpu_percent), fit(p.owner.label if p.owner else "-", OWNER_CELLS),
+                fit(p.command or "?", COMMAND_CELLS),
             ])
     out.append("")
     out.append(table(proc_rows, right={0, 1, 4, 5, 6}) if len(proc_rows) > 1 else "No processes on any GPU.")

@@ -2,13 +2,16 @@
 
 Each pid is read once per sample, however many cards it uses: CPU % is measured since the previous
 reading, so a second reading in the same sample would say 0 (a data-parallel job on two cards).
-What never changes for a pid (user, start time, container) is read once, through psutil. What
+What never changes for a pid (user, start time, owner) is read once, through psutil. What
 changes is read every sample from one file, /proc/PID/stat: CPU time, resident memory, the
 process's start (a pid reused by another process starts over) and its name. psutil reads the same
 file, but through one call per value costs ten times the read: 25 ms of every sample with 512 GPU
 processes. The command line can change (setproctitle: Ray workers, vLLM, uWSGI), so it is read
-again when the name changes and otherwise every COMMAND_REFRESH_S. A pid that cannot be seen
-(exited, or in another PID namespace) keeps what the driver said, with user/command None.
+again when the name changes and otherwise every COMMAND_REFRESH_S. Who owns the process (a Slurm
+job, a pod, a container, a unit: monitor/owners.py) is read with its user, once; the job a
+scheduler mapped a card to is looked up each sample (a stat of a file, when configured). A pid
+that cannot be seen (exited, or in another PID namespace) keeps what the driver said, with
+user/command None. /proc is where monitor/owners.host_paths() says (--path.procfs).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from gpumon.model import GpuSample, ProcessSample
-from gpumon.monitor.containers import container_of
+from gpumon.model import GpuSample, ProcessOwner, ProcessSample
+from gpumon.monitor.owners import OwnerReader, container_label, on_mapped_card
 from gpumon.sanitize import printable
 
 # A command line that changes without the process name changing is noticed within this long.
@@ -42,10 +45,10 @@ class _Stat:
     rss: int  # resident bytes
 
 
-def _read_stat(pid: int) -> _Stat | None:
+def _read_stat(pid: int, procfs: str = "/proc") -> _Stat | None:
     """None: the process is gone (or its stat cannot be read)."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        fd = os.open(f"{procfs}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -70,6 +73,7 @@ class _Known:
     command: str | None
     started: float
     uid: int | None
+    owner: ProcessOwner
     container: str | None
     name: str | None
     command_read_at: float
@@ -120,9 +124,11 @@ def _uid(proc: psutil.Process) -> int | None:
 
 
 class ProcessEnricher:
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, owners: OwnerReader | None = None) -> None:
         self._known: dict[int, _Known] = {}
         self._clock = clock
+        self.owners = owners or OwnerReader()
+        self._procfs = str(self.owners.paths.procfs)
 
     def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """Every card's processes, each pid read once; forgets pids no card lists any more."""
@@ -130,7 +136,8 @@ class ProcessEnricher:
         readings = {pid: self._read(pid) for pid in pids}
         self.forget_missing(pids)
         return tuple(
-            dataclasses.replace(gpu, processes=tuple(_apply(p, readings[p.pid]) for p in gpu.processes))
+            dataclasses.replace(gpu, processes=_on_card(tuple(_apply(p, readings[p.pid]) for p in gpu.processes),
+                                                         self.owners.card_jobs(gpu.index, gpu.uuid)))
             if gpu.processes else gpu
             for gpu in gpus
         )
@@ -145,14 +152,16 @@ class ProcessEnricher:
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
-                return _Known(proc, _user(proc), _command_line(proc), proc.create_time(), _uid(proc),
-                              container_of(pid), stat.name, self._clock(), stat.start_ticks, stat.cpu_s,
+                user = _user(proc)
+                owner = self.owners.read(pid, user)
+                return _Known(proc, user, _command_line(proc), proc.create_time(), _uid(proc), owner,
+                              container_label(owner), stat.name, self._clock(), stat.start_ticks, stat.cpu_s,
                               time.monotonic())
         except psutil.Error:
             return None
 
     def _read(self, pid: int) -> _Reading | None:
-        stat = _read_stat(pid)
+        stat = _read_stat(pid, self._procfs)
         if stat is None:
             self._known.pop(pid, None)
             return None
@@ -190,4 +199,15 @@ def _apply(sample: ProcessSample, reading: _Reading | None) -> ProcessSample:
         return sample
     known = reading.known
     return sample.with_host_info(known.user, known.command, reading.cpu_percent, reading.rss, known.started,
-                                 known.uid, known.container)
+                                 known.uid, known.container, known.owner)
+
+
+def _on_card(processes: tuple[ProcessSample, ...], jobs: str | None) -> tuple[ProcessSample, ...]:
+    """A card's processes, owned by the jobs a scheduler mapped the card to (if it did) where their
+    cgroups name no Slurm job."""
+    if jobs is None:
+        return processes
+    return tuple(p if p.owner is not None and p.owner.kind == "slurm" else
+                 p.with_host_info(p.user, p.command, p.cpu_percent, p.rss, p.started, p.uid, p.container,
+                                  on_mapped_card(p.owner, jobs))
+                 for p in processes)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon.errors import UsageError
-from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
+from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, Topology
 
 GIB = 1 << 30
 
@@ -40,6 +40,7 @@ class _JobSpec:
     memory_gib: float
     load: float  # 0..1: how busy the card is while this job runs
     kind: str = "compute"
+    owner: ProcessOwner | None = None
 
 
 A100 = _CardSpec("NVIDIA A100-SXM4-80GB", 80, 400.0, 1410, 1593)
@@ -47,11 +48,15 @@ RTX3090 = _CardSpec("NVIDIA GeForce RTX 3090", 24, 350.0, 1695, 9751, ecc=False,
 RTX4090 = _CardSpec("NVIDIA GeForce RTX 4090", 24, 450.0, 2520, 10501, ecc=False, fan=True)
 H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619)
 
+_SLURM_JOB = ProcessOwner("slurm", "4242.0", "llama-7b", "alice")
 _TRAINING = [
-    _JobSpec(0, 48213, "alice", "python train.py --model llama-7b --batch-size 32", 61.5, 0.95),
-    _JobSpec(1, 48214, "alice", "python train.py --model llama-7b --batch-size 32 --rank 1", 60.8, 0.93),
-    _JobSpec(2, 51877, "bob", "jupyter-kernel --ip=127.0.0.1 -f kernel-3a1f.json", 9.2, 0.12),
-    _JobSpec(2, 52904, "carol", "python -m vllm.entrypoints.openai.api_server --model mistral-7b", 34.0, 0.55),
+    _JobSpec(0, 48213, "alice", "python train.py --model llama-7b --batch-size 32", 61.5, 0.95, owner=_SLURM_JOB),
+    _JobSpec(1, 48214, "alice", "python train.py --model llama-7b --batch-size 32 --rank 1", 60.8, 0.93,
+             owner=_SLURM_JOB),
+    _JobSpec(2, 51877, "bob", "jupyter-kernel --ip=127.0.0.1 -f kernel-3a1f.json", 9.2, 0.12,
+             owner=ProcessOwner("user", "bob", None, "bob")),
+    _JobSpec(2, 52904, "carol", "python -m vllm.entrypoints.openai.api_server --model mistral-7b", 34.0, 0.55,
+             owner=ProcessOwner("container", "3f2a9c0d1e2b", "vllm-mistral", "carol", "docker")),
 ]
 
 SCENARIOS: dict[str, tuple[list[_CardSpec], list[_JobSpec]]] = {
@@ -59,13 +64,20 @@ SCENARIOS: dict[str, tuple[list[_CardSpec], list[_JobSpec]]] = {
     "workstation": (
         [RTX3090, RTX4090],
         [
-            _JobSpec(0, 1834, "root", "/usr/lib/xorg/Xorg vt2 -displayfd 3", 0.4, 0.03, "graphics"),
-            _JobSpec(0, 2210, "dana", "/usr/bin/gnome-shell", 0.3, 0.02, "graphics"),
-            _JobSpec(1, 30211, "dana", "python diffusion.py --steps 50 --fp16", 17.5, 0.88),
+            _JobSpec(0, 1834, "root", "/usr/lib/xorg/Xorg vt2 -displayfd 3", 0.4, 0.03, "graphics",
+                     ProcessOwner("unit", "display-manager.service", None, "root")),
+            _JobSpec(0, 2210, "dana", "/usr/bin/gnome-shell", 0.3, 0.02, "graphics",
+                     ProcessOwner("unit", "session-2.scope", None, "dana")),
+            _JobSpec(1, 30211, "dana", "python diffusion.py --steps 50 --fp16", 17.5, 0.88, "compute",
+                     ProcessOwner("unit", "app-kitty-2231.scope", None, "dana")),
         ],
     ),
-    "hot": ([H100] * 2, [_JobSpec(0, 7001, "erin", "torchrun --nproc 1 pretrain.py", 70.0, 0.9),
-                        _JobSpec(1, 7002, "erin", "python eval.py --suite full", 22.0, 0.98)]),
+    "hot": ([H100] * 2, [
+        _JobSpec(0, 7001, "erin", "torchrun --nproc 1 pretrain.py", 70.0, 0.9, owner=ProcessOwner(
+            "k8s", "5f0c1d2e-3b4a-4c5d-8e6f-7a8b9c0d1e2f", "ml/pretrain-7f9c6d-x2x4q (trainer)", "erin")),
+        _JobSpec(1, 7002, "erin", "python eval.py --suite full", 22.0, 0.98, owner=ProcessOwner(
+            "k8s", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "ml/eval-5b8d4 (eval)", "erin")),
+    ]),
     "lost": ([A100] * 4, _TRAINING),
 }
 LOST_AFTER_SAMPLES = 15  # scenario "lost": card 2 falls off the bus after this many samples
@@ -144,7 +156,7 @@ class DemoBackend:
                 pid=j.pid, type=j.kind, gpu_memory=int(j.memory_gib * GIB),
                 sm_util=int(min(100, j.load * util)), user=j.user, command=j.command,
                 cpu_percent=round(100 * j.load * (0.8 + 0.4 * rng.random()), 1),
-                rss=int((2 + 6 * j.load) * GIB), started=self.started - 3600 * (1 + j.pid % 7),
+                rss=int((2 + 6 * j.load) * GIB), started=self.started - 3600 * (1 + j.pid % 7), owner=j.owner,
             )
             for j in jobs
         )

@@ -12,7 +12,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpumon.model import FABRIC_STATES, SCHEMA_VERSION, THROTTLE_REASONS, GpuSample, ProcessSample, Snapshot, Topology
+from gpumon.model import (
+    FABRIC_STATES,
+    OWNER_KINDS,
+    SCHEMA_VERSION,
+    THROTTLE_REASONS,
+    GpuSample,
+    ProcessOwner,
+    ProcessSample,
+    Snapshot,
+    Topology,
+)
 from gpumon.sanitize import printable
 
 MAX_CARDS = 256
@@ -97,9 +107,26 @@ def _process(raw: Any, gpu: str, i: int) -> ProcessSample:
             cpu_percent=_number(get("cpu_percent"), "cpu_percent"),
             rss=_number(get("rss"), "rss", integer=True),
             started=_number(get("started"), "started"),
+            owner=_owner(get("owner")),
         )
     except SchemaError as exc:  # the field's name, within its process: "gpus[0].processes[2].pid …"
         raise SchemaError(f"{gpu}.processes[{i}].{exc}") from None
+
+
+def _owner(raw: Any) -> ProcessOwner | None:
+    """A process's owner (absent from older gpumons); one of a kind this gpumon does not know
+    (a newer one's) is left out, not an error."""
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        raise SchemaError("owner is not an object")
+    kind = raw.get("kind")
+    if kind not in OWNER_KINDS:
+        return None
+    ident = _text(raw.get("id"), "owner", "id", nullable=False, limit=256)
+    return ProcessOwner(kind=kind, id=ident or "?", name=_text(raw.get("name"), "owner", "name", limit=512),
+                        user=_text(raw.get("user"), "owner", "user", limit=64),
+                        engine=_text(raw.get("engine"), "owner", "engine", limit=32))
 
 
 def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:

@@ -25,11 +25,16 @@ from gpumon.tui.widgets.line_table import LineTable
 from gpumon.units import format_bytes
 
 COLUMNS = [("gpu", "GPU"), ("pid", "PID"), ("user", "USER"), ("type", "T"), ("gpu_mem", "GPU MEM"),
-           ("sm", "SM%"), ("cpu", "CPU%"), ("rss", "HOST MEM"), ("age", "AGE"), ("command", "COMMAND")]
+           ("sm", "SM%"), ("cpu", "CPU%"), ("rss", "HOST MEM"), ("age", "AGE"), ("owner", "OWNER"),
+           ("command", "COMMAND")]
 KEYS = [key for key, _ in COLUMNS]
 RIGHT = {"gpu", "pid", "gpu_mem", "sm", "cpu", "rss", "age"}
 # Sort keys the `s` key cycles through, with the direction each starts in (True: largest first).
-SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True}
+SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True, "owner": False}
+OWNER = KEYS.index("owner")
+OWNER_CELLS = 32  # longer owners (pod names) are cut with "…"
+MIN_OWNER_CELLS = 10  # "job 4242.0": an owner column narrower than this is left out
+MIN_COMMAND_CELLS = 24  # the owner column narrows, then is left out, before the command gets less than this
 GAP = 2
 SPACING = " " * GAP
 LAST = len(COLUMNS) - 1
@@ -53,7 +58,9 @@ class Row:
 
     def matches(self, needle: str) -> bool:
         p = self.process
-        hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job, self.job_id) if x is not None)
+        owner = (p.owner.label, p.owner.id, p.owner.name) if p.owner is not None else ()
+        hay = " ".join(str(x) for x in (p.pid, p.user, p.command, p.container, self.job, self.job_id, *owner)
+                       if x is not None)
         return needle.lower() in hay.lower()
 
 
@@ -61,7 +68,17 @@ SORT_VALUES = {
     "gpu_mem": lambda r: r.process.gpu_memory or 0, "sm": lambda r: r.process.sm_util or 0,
     "cpu": lambda r: r.process.cpu_percent or 0.0, "pid": lambda r: r.process.pid,
     "user": lambda r: r.process.user or "", "age": lambda r: r.age or 0.0,
+    "owner": lambda r: r.process.owner.label if r.process.owner is not None else "",
 }
+
+
+def _owner_text(process: ProcessSample) -> str:
+    if process.owner is None:
+        return "-"
+    label = process.owner.label
+    if cell_len(label) <= OWNER_CELLS:
+        return label
+    return set_cell_size(label, OWNER_CELLS - 1) + "…"
 
 
 def format_age(seconds: float | None) -> str:
@@ -133,6 +150,7 @@ class ProcessTable(LineTable):
         self.rows_by_key: dict[str, Row] = {}
         self._cells: dict[str, Cells] = {}
         self.widths: list[int] = [len(label) + 1 for _, label in COLUMNS]
+        self._natural_widths = self.widths  # before the owner column is left out of a narrow view
         self._style_cache: dict[str, Style] | None = None
         self._combined: dict[tuple[Style, Style], Style] = {}  # a cell's style, by row style and cell style
 
@@ -141,16 +159,13 @@ class ProcessTable(LineTable):
     def _cells_for(self, row: Row) -> Cells:
         p = row.process
         visible = p.user is not None or p.command is not None
-        prefix = ""
-        if row.job:
-            prefix += f"[job {row.job}] "
-        if p.container:
-            prefix += f"[{p.container}] "
+        # Which container the process is in is the owner column's to say.
+        prefix = f"[job {row.job}] " if row.job else ""
         return (
             str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
             _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
             "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", _bytes(p.rss),
-            _age(None if row.age is None else int(max(0, row.age))),
+            _age(None if row.age is None else int(max(0, row.age))), _owner_text(p),
             (prefix + (p.command or "?")) if visible else self.invisible_reason,
         )
 
@@ -162,11 +177,13 @@ class ProcessTable(LineTable):
         value = SORT_VALUES[self.sort_key]
         order = sorted(keyed, key=lambda k: (value(keyed[k]), k), reverse=self.sort_reverse)
         # +1 on the label: room for the sort arrow in whichever column is sorted. Widths in cells;
-        # only user names may hold wide characters (the command takes what is left).
+        # only user names and owners may hold wide characters (the command takes what is left).
         columns = list(zip(*cells.values())) or [()] * len(COLUMNS)
-        widths = [max([len(label) + 1] + list(map(cell_len if key == "user" else len, columns[i])))
+        widths = [max([len(label) + 1] + list(map(cell_len if key in ("user", "owner") else len, columns[i])))
                   for i, (key, label) in enumerate(COLUMNS[:-1])]
         widths.append(0)
+        self._natural_widths = widths
+        widths = self._fitted(widths)
         old_cells, old_order = self._cells, self.order
         self.rows_by_key, self._cells = keyed, cells
         if cursor_key in cells:
@@ -192,10 +209,28 @@ class ProcessTable(LineTable):
         if regions:
             self.refresh(*regions)
 
+    def _fitted(self, widths: list[int]) -> list[int]:
+        """The columns' widths in this view: the owner column narrowed (its text cut with "…"), or
+        left out (width 0), where it would leave the command too little room."""
+        others = 1 + sum(w + GAP for i, w in enumerate(widths[:-1]) if i != OWNER)
+        room = self.size.width - others - GAP - MIN_COMMAND_CELLS
+        if room >= widths[OWNER]:
+            return widths
+        widths = widths.copy()
+        widths[OWNER] = room if room >= MIN_OWNER_CELLS else 0
+        return widths
+
+    def _on_resize(self, event) -> None:
+        super()._on_resize(event)
+        widths = self._fitted(self._natural_widths)
+        if widths != self.widths:
+            self.widths = widths
+            self.refresh()
+
     # -- drawing --
 
     def _x(self, column: int) -> int:
-        return 1 + sum(w + GAP for w in self.widths[:column])
+        return 1 + sum(w + GAP for w in self.widths[:column] if w)
 
     def _cells_region(self, y: int, columns: list[int]) -> Region:
         """The region of these cells on line `y` of the view."""
@@ -233,6 +268,8 @@ class ProcessTable(LineTable):
         combined, widths = self._combined, self.widths
         used = 1
         for i, (text, style) in enumerate(texts):
+            if not widths[i] and i < LAST:  # a column left out of a narrow view
+                continue
             cell_style = combined.get((base, style))
             if cell_style is None:
                 cell_style = combined[base, style] = base + style
@@ -241,6 +278,8 @@ class ProcessTable(LineTable):
                 run, run_style = [], cell_style
             if i < LAST:
                 cells = len(text) if text.isascii() else cell_len(text)
+                if cells > widths[i]:  # a narrowed owner column
+                    text, cells = set_cell_size(text, widths[i] - 1) + "…", widths[i]
                 pad = " " * (widths[i] - cells)
                 run.append((pad + text if RIGHT_ALIGNED[i] else text + pad) + SPACING)
                 used += widths[i] + GAP

@@ -1,0 +1,229 @@
+"""The host's own records of who runs what, beside the cgroups: the kubelet's pod log directories,
+Docker's and Podman's container state, a Slurm job's environment, and the per-card job files a
+scheduler's prolog writes. One small reader each; each is asked once per new process (the job
+files once per card and sample), and answers None where the record is absent or unreadable.
+
+All of it is text from elsewhere: cut to a sane length and made printable before it is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gpumon.sanitize import printable
+
+MAX_NAME = 253  # a Kubernetes object name is at most this long; longer text is not a name
+_MAX_STATE_BYTES = 8 << 20  # a container's state file larger than this is not read
+_CACHE_LIMIT = 4096  # names kept at most (pods and containers come and go over weeks)
+
+
+def _clean(text: str, limit: int = MAX_NAME) -> str:
+    return printable(text[:limit])
+
+
+def _remember(cache: dict, key: object, value: object) -> None:
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+
+
+def slurm_environment(procfs: Path, pid: int) -> dict[str, str]:
+    """The SLURM_* variables a process started with (/proc/PID/environ: readable by its user and
+    root); empty when unreadable."""
+    try:
+        data = (procfs / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in data.split(b"\0"):
+        if item.startswith(b"SLURM_"):
+            key, _, value = item.partition(b"=")
+            out[key.decode("ascii", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def slurm_job_id(job: str, step: str | None, environment: dict[str, str]) -> tuple[str, str | None]:
+    """(`JOBID[.STEP]`, the job's name): an array task as `ARRAYJOB_TASK[.STEP]`, as Slurm writes
+    it, when the process's environment is this job's."""
+    name = None
+    if environment.get("SLURM_JOB_ID") == job:  # not a variable inherited from some other job
+        array, task = environment.get("SLURM_ARRAY_JOB_ID", ""), environment.get("SLURM_ARRAY_TASK_ID", "")
+        if array.isdigit() and task.isdigit():
+            job = f"{array}_{task}"
+        name = _clean(environment["SLURM_JOB_NAME"]) if environment.get("SLURM_JOB_NAME") else None
+    return (f"{job}.{step}" if step else job), name
+
+
+class PodNames:
+    """`namespace/pod (container)` of a pod UID, from the kubelet's log directories:
+    `<pods_dir>/<namespace>_<pod>_<uid>/<container>/`, and the links beside them in
+    `<pods_dir>/../containers/<pod>_<namespace>_<container>-<container id>.log` that say which
+    container an id is. Namespaces, pod and container names cannot hold "_", so the names split
+    cleanly."""
+
+    def __init__(self, pods_dir: Path) -> None:
+        self.pods_dir = pods_dir
+        self.links_dir = pods_dir.parent / "containers"
+        self._pods: dict[str, tuple[str, str, str]] = {}  # uid -> (namespace, pod, directory name)
+        self._containers: dict[str, str] = {}  # container id -> container name
+
+    def name(self, uid: str, container_id: str | None) -> str | None:
+        pod = self._pod(uid)
+        if pod is None:
+            return None
+        namespace, name, _ = pod
+        container = self._container(pod, container_id)
+        return _clean(f"{namespace}/{name}" + (f" ({container})" if container else ""), 2 * MAX_NAME)
+
+    def _pod(self, uid: str) -> tuple[str, str, str] | None:
+        known = self._pods.get(uid)
+        if known is not None:
+            return known
+        suffix = "_" + uid
+        try:
+            with os.scandir(self.pods_dir) as entries:
+                for entry in entries:
+                    if entry.name.endswith(suffix):
+                        namespace, _, pod = entry.name[:-len(suffix)].partition("_")
+                        if namespace and pod:
+                            _remember(self._pods, uid, (namespace, pod, entry.name))
+                            return self._pods[uid]
+        except OSError:
+            pass
+        return None
+
+    def _container(self, pod: tuple[str, str, str], container_id: str | None) -> str | None:
+        """The container's name: from its log link when the id is known, else the pod's only
+        container directory (with init containers or sidecars there are several: not known)."""
+        namespace, name, directory = pod
+        if container_id:
+            known = self._containers.get(container_id)
+            if known is not None:
+                return known
+            prefix, suffix = f"{name}_{namespace}_", f"-{container_id}.log"
+            try:
+                with os.scandir(self.links_dir) as entries:
+                    for entry in entries:
+                        if entry.name.startswith(prefix) and entry.name.endswith(suffix):
+                            container = entry.name[len(prefix):-len(suffix)]
+                            if container:
+                                _remember(self._containers, container_id, container)
+                                return container
+            except OSError:
+                pass
+        try:
+            with os.scandir(self.pods_dir / directory) as entries:
+                containers = [entry.name for entry in entries if entry.is_dir()]
+        except OSError:
+            return None
+        return containers[0] if len(containers) == 1 else None
+
+
+class ContainerNames:
+    """A Docker or Podman container's name, from the engine's state on disk: Docker's
+    `<docker_dir>/containers/<id>/config.v2.json` ("Name": "/llama"), Podman's (containers/storage)
+    `<podman_dir>/overlay-containers/containers.json` ([{"id": …, "names": ["llama"]}, …])."""
+
+    def __init__(self, docker_dir: Path, podman_dir: Path) -> None:
+        self.docker_dir = docker_dir
+        self.podman_file = podman_dir / "overlay-containers" / "containers.json"
+        self._docker: dict[str, str] = {}
+        self._podman: tuple[tuple[int, int], dict[str, str]] | None = None  # (mtime, size) -> id -> name
+
+    def name(self, engine: str, container_id: str) -> str | None:
+        if engine == "docker":
+            return self._docker_name(container_id)
+        if engine == "podman":
+            return self._podman_name(container_id)
+        return None
+
+    def _docker_name(self, container_id: str) -> str | None:
+        known = self._docker.get(container_id)
+        if known is not None:
+            return known
+        state = _read_json(self.docker_dir / "containers" / container_id / "config.v2.json")
+        name = state.get("Name") if isinstance(state, dict) else None
+        if not isinstance(name, str) or not name.strip("/"):
+            return None
+        _remember(self._docker, container_id, _clean(name.lstrip("/")))
+        return self._docker[container_id]
+
+    def _podman_name(self, container_id: str) -> str | None:
+        try:
+            stat = os.stat(self.podman_file)
+        except OSError:
+            return None
+        version = (stat.st_mtime_ns, stat.st_size)
+        if self._podman is None or self._podman[0] != version:
+            names = {}
+            state = _read_json(self.podman_file)
+            for entry in state if isinstance(state, list) else ():
+                if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) \
+                        or not isinstance(entry.get("names"), list):
+                    continue
+                first = next((n for n in entry["names"] if isinstance(n, str) and n), None)
+                if first is not None:
+                    names[entry["id"]] = _clean(first)
+            self._podman = (version, names)
+        return self._podman[1].get(container_id)
+
+
+def _read_json(path: Path) -> object:
+    try:
+        with open(path, "rb") as file:
+            data = file.read(_MAX_STATE_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > _MAX_STATE_BYTES:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:  # also UnicodeDecodeError
+        return None
+
+
+class JobMap:
+    """The jobs on each card as a scheduler's prolog records them, as dcgm-exporter's
+    `--hpc-job-mapping-dir` reads them: a file per card, named by its index or UUID, with the ids
+    of the jobs on it, one a line. The prolog writes a file and the epilog removes it, so each is
+    looked at every sample (a stat) and read again only when it changed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[str, tuple[tuple[int, int], str | None]] = {}
+
+    def jobs(self, index: int, uuid: str | None) -> str | None:
+        """The card's jobs (several joined by ","), or None: no file, or an empty one."""
+        for name in (str(index), uuid):
+            if not name or "/" in name:
+                continue
+            path = os.path.join(self.directory, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                self._files.pop(name, None)
+                continue
+            version = (stat.st_mtime_ns, stat.st_size)
+            known = self._files.get(name)
+            if known is None or known[0] != version:
+                known = (version, self._read(path))
+                _remember(self._files, name, known)
+            if known[1]:
+                return known[1]
+        return None
+
+    @staticmethod
+    def _read(path: str) -> str | None:
+        try:
+            with open(path, "rb") as file:
+                data = file.read(64 << 10)
+        except OSError:
+            return None
+        ids: list[str] = []
+        for line in data.decode("utf-8", "replace").splitlines():
+            job = line.strip()
+            if job and job not in ids:
+                ids.append(_clean(job, 64))
+        return ",".join(ids[:64]) or None
