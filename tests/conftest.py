@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -111,8 +112,19 @@ def idle_processes() -> Iterator[list[subprocess.Popen]]:
     started: list[subprocess.Popen] = []
 
     def spawn(*argv: str) -> subprocess.Popen:
-        proc = subprocess.Popen(list(argv) or [sys.executable, "-c", "import time; time.sleep(600)"])
+        command = list(argv) or [sys.executable, "-c", "import time; time.sleep(600)"]
+        proc = subprocess.Popen(command)
         started.append(proc)
+        # Until it has exec'd its program: before that it is a copy of pytest (on a busy machine a
+        # test could read that name and command line).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(proc.pid).cmdline() == command:
+                    break
+            except psutil.Error:
+                pass
+            time.sleep(0.01)
         return proc
 
     yield spawn  # type: ignore[misc]

@@ -217,11 +217,11 @@ def test_a_narrow_table_narrows_then_leaves_out_the_owner_before_the_command():
             await pilot.resize_terminal(120, 40)  # room for part of the owner: cut, the command keeps its room
             await pilot.pause(0.5)
             assert "OWNER" in line_text(table, 0)
-            assert "  ml/pretrain-7f9c6d-x2x4q (…  torchrun --nproc 1 pretr" in row(table, 7001)
+            assert "  ml/pretrain-7f9c6d-x2x4q (…  torchrun --nproc 1 pret…" in row(table, 7001)
             await pilot.resize_terminal(80, 24)
             await pilot.pause(0.5)
             assert "OWNER" not in line_text(table, 0) and "COMMAND" in line_text(table, 0)
-            assert "ml/" not in row(table, 7001) and row(table, 7001).rstrip().endswith("2h00m  torchrun --np")
+            assert "ml/" not in row(table, 7001) and row(table, 7001).rstrip().endswith("2h00m  torchrun --n…")
             await pilot.resize_terminal(160, 40)
             await pilot.pause(0.5)
             assert "OWNER" in line_text(table, 0)
