@@ -120,10 +120,14 @@ class GpumonHost:
         return _lines(self.call(["run", *run_args(request)], timeout=timeout))
 
     def run_here(self, request: LaunchRequest, tty: bool = True) -> int:
-        """Ctrl-C is the job's (it reaches it through the terminal), not this gpumon's."""
+        """With a terminal there, Ctrl-C is the job's (it reaches it through that terminal), not
+        this gpumon's; without one, Ctrl-C ends the connection and this gpumon as before."""
+        argv = self.argv(["run", *run_args(request)], tty=tty)
+        if not tty:
+            return call(argv)
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            return call(self.argv(["run", *run_args(request)], tty=tty))
+            return call(argv)
         finally:
             signal.signal(signal.SIGINT, previous)
 
