@@ -15,9 +15,9 @@ import psutil
 import pytest
 from conftest import Card
 
-from gpumon.jobs.launch import shell_request
-from gpumon.jobs.remote_launch import run_args
-from gpumon.monitor.fleet import HostError, SshTransport, open_fleet, parse_hosts
+from gpumon.jobs.host import HostError, host_for
+from gpumon.jobs.launch import LaunchRequest, shell_request
+from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_signal_and_follow_a_log_on_a_host(lab_env, idle_processes):
     lab.host("h").machine.cards = [Card()]
     lab.hosts["h"].write()
     fleet = open_fleet(parse_hosts("h"), SshTransport(lab.ssh, lab.remote_gpumon), interval=1.0)
-    remote = fleet.remote("h")
+    remote = host_for(fleet, "h")
     victim = idle_processes()
     started = psutil.Process(victim.pid).create_time()
     with pytest.raises(HostError, match="different process"):
@@ -184,24 +184,24 @@ def test_signal_and_follow_a_log_on_a_host(lab_env, idle_processes):
     with pytest.raises(HostError, match="already exited"):
         remote.signal(victim.pid, started, "kill")
 
-    output = remote.launch(["--gpu", "0", "--", "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"])
+    output = remote.launch(LaunchRequest(["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"], "0"))
     job_id = output.split()[1]
     follower = remote.follow_log(job_id)
     out = follower.stdout.read()  # stdin stays open: the tail ends by itself when the job does
     assert out.decode().split() == ["line", "1", "line", "2", "line", "3"]
     assert follower.wait(30) == 0
-    output = remote.launch(["--gpu", "0", "--", "sh", "-c", "for i in 4 5 6; do echo line $i; sleep 1; done"])
+    output = remote.launch(LaunchRequest(["sh", "-c", "for i in 4 5 6; do echo line $i; sleep 1; done"], "0"))
     cli = lab.gpumon("jobs", "--hosts", "h", "--log", output.split()[1], "--follow")
     assert cli.returncode == 0 and cli.stdout.split() == ["line", "4", "line", "5", "line", "6"]
 
     # What the run dialog sends: a typed command line, run by the host's shell exactly as typed.
     typed = """echo "$((6*7))" 'a  b' "it's" | tr a x; echo $GPUMON_JOB_ID | grep -c ."""
-    output = remote.launch(run_args(shell_request(typed, "0")))
+    output = remote.launch(shell_request(typed, "0"))
     follower = remote.follow_log(output.split()[1])
     assert follower.stdout.read().decode() == "42 x  b it's\n1\n"
     follower.wait(30)
 
-    remote.launch(["--gpu", "0", "--name", "forever", "--", "sh", "-c", "while :; do echo tick; sleep 0.2; done"])
+    remote.launch(LaunchRequest(["sh", "-c", "while :; do echo tick; sleep 0.2; done"], "0", name="forever"))
     (job,) = [j for j in remote.jobs() if j["name"] == "forever"]
     follower = remote.follow_log(job["id"])
     assert follower.stdout.readline() == b"tick\n"
@@ -211,4 +211,4 @@ def test_signal_and_follow_a_log_on_a_host(lab_env, idle_processes):
     follower.kill()  # the viewer goes away: the remote tail must not outlive it
     follower.wait(10)
     assert not psutil.wait_procs(tails, timeout=10)[1]
-    assert remote.stop_job(job["id"]).startswith("stopping job")
+    assert remote.stop(job["id"]).startswith("stopping job")

@@ -19,6 +19,7 @@ from conftest import GIB, Card, FakeDriver, require_tool
 from promlab import RECORDED, Exporter, Prometheus, StaticServer, free_port, scrape_job
 from test_cli import assert_one_line_error
 
+from gpumon.jobs.host import HostError, host_for
 from gpumon.model import HostStatus
 from gpumon.monitor.fleet import Fleet, PrometheusSource
 
@@ -226,8 +227,8 @@ async def _live_then_stale_then_unreachable(server: Prometheus, exporters: list[
         await until(lambda: {heard.get(n, HostStatus(n)).state for n in names} == {"live"}, "every host live")
         assert set(fleet.names) == set(names) and not fleet.problems()
         assert all(not s.can_launch and s.launch_refusal == NOTE for s in fleet.statuses())
-        with pytest.raises(Exception, match="no way to reach the node"):
-            fleet.remote("gpu-a")
+        with pytest.raises(HostError, match="no way to reach the node"):
+            host_for(fleet, "gpu-a")
 
         exporters[1].stop()  # gpu-b's exporter ends: Prometheus drops its series at the next scrape
         await until(lambda: heard["gpu-b"].state == "stale", "gpu-b stale")

@@ -108,6 +108,9 @@ def test_the_overview_shows_every_host_its_state_cards_free_count_and_hottest_ca
         app = FleetApp(fleet)
         async with app.run_test(size=(120, 40)) as pilot:
             screen, table = await overview(pilot)
+            # A peer of the single-host app, not a subclass with its sampler switched off.
+            assert not hasattr(app, "sampler") and not hasattr(app, "main_screen")
+            assert app.screen_stack[1:] == [screen]
             report()
             await drawn(pilot)
             assert lines(table)[0].split()[:6] == ["HOST", "STATE", "CARDS", "FREE", "LOAD", "HOTTEST"]

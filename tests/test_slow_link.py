@@ -108,7 +108,7 @@ def test_low_bandwidth_redraws_every_few_seconds_and_b_toggles_it(monkeypatch):
             assert bar.snapshot is not shown and "low bandwidth" not in bar.extra
             # The output layer says the terminal is 4 s behind: said at once; low bandwidth switches
             # on by itself when it lasts (the first frames of a slow link take seconds on their own).
-            from gpumon.tui import app as app_module
+            from gpumon.tui import base_app as app_module
             from gpumon.tui.wire.driver import LinkLag
 
             monkeypatch.setattr(app_module, "AUTO_LOW_BANDWIDTH_AFTER_S", 0.5)

@@ -5,25 +5,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from gpumon.cli import fleet
 from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
+from gpumon.jobs.host import host_at, host_for, jobs_of, topologies_of
 from gpumon.jobs.launch import LaunchRequest
-from gpumon.jobs.remote_launch import run_args
+from gpumon.jobs.placement import auto_count
 from gpumon.model import FleetSnapshot, Topology
-from gpumon.monitor.fleet import HostError, HostSpec, RemoteGpumon, children
+from gpumon.monitor.fleet import HostSpec
 from gpumon.monitor.fleet.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
-
-MAX_PARALLEL = 32  # ssh commands at once for `jobs --hosts`
-TOPOLOGY_PARALLEL = 16  # `topo` asked of this many candidate hosts at once (each runs the driver there)
 
 
 def _refuse_prometheus(args: argparse.Namespace, what: str) -> None:
@@ -88,10 +85,20 @@ def jobs_text(rows: list[dict]) -> str:
     return table(lines) + "\n"
 
 
-def _show_log(argv: list[str]) -> int:
-    """The job's own output, as ssh shows it. stdin stays open: its end tells the host to stop."""
-    proc = children.popen(argv, stdin=subprocess.PIPE)
+def _copy(source, sink) -> None:
+    while chunk := source.read1(65536):
+        sink.write(chunk)
+        sink.flush()
+
+
+def _show_log(host, job_id: str, follow: bool) -> int:
+    """The job's own output, as the host sends it. stdin stays open: its end tells the host to stop."""
+    proc = host.follow_log(job_id, follow=follow)
+    errors = threading.Thread(target=_copy, args=(proc.stderr, sys.stderr.buffer), daemon=True)
+    errors.start()
     try:
+        _copy(proc.stdout, sys.stdout.buffer)
+        errors.join()
         return proc.wait()
     finally:
         if proc.poll() is None:  # Ctrl-C: the remote tail ends with its connection
@@ -107,26 +114,15 @@ def jobs_hosts(args: argparse.Namespace) -> int:
     if args.stop or args.log:
         if len(hosts) != 1:
             raise UsageError("--stop and --log act on one host: give --hosts HOST")
-        remote = runner.remote(hosts[0].name)
+        host = host_for(runner, hosts[0].name)
         if args.stop:
-            print(remote.stop_job(args.stop))
+            print(host.stop(args.stop))
             return EXIT_OK
-        return _show_log(remote.argv(["jobs", "--log", args.log] + (["--follow"] if args.follow else [])))
+        return _show_log(host, args.log, args.follow)
 
-    def listed(name: str) -> list[dict] | HostError:
-        try:
-            return runner.remote(name).jobs()
-        except HostError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
-        results = list(pool.map(listed, [h.name for h in hosts]))
-    rows: list[dict] = []
-    for result in results:
-        if isinstance(result, HostError):
-            print(f"gpumon: {result} (its jobs are not listed)", file=sys.stderr)
-        else:
-            rows += result
+    rows, errors = jobs_of([host_for(runner, h.name) for h in hosts])
+    for error in errors:
+        print(f"gpumon: {error} (its jobs are not listed)", file=sys.stderr)
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -147,31 +143,28 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
         spec = parse_entry(args.host)
     else:
         spec, request = _place(args, config, request)
-    remote = RemoteGpumon(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
-    forwarded = run_args(request)
+    host = host_at(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
     if request.foreground:  # the job in this terminal, through a remote terminal
-        return children.call(remote.argv(["run", *forwarded], tty=sys.stdin.isatty()))
-    print(remote.launch(forwarded))
+        return host.run_here(request, tty=sys.stdin.isatty())
+    print(host.launch(request))
     return EXIT_OK
 
 
 def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[HostSpec, LaunchRequest]:
     spec = request.gpu_spec
-    if not (spec == "auto" or spec.startswith("auto:")):
+    count = auto_count(spec)
+    if count is None:
         raise UsageError(f"--gpu {spec} names cards of one host: use --host HOST (--hosts goes with --gpu auto[:N])")
     if request.wait:
         raise UsageError("--wait queues on one host: use --host HOST with --wait")
-    count_text = spec.partition(":")[2] or "1"
-    if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
-        raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
     hosts = fleet.host_list(args, config)
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
-    topologies = _topologies(runner, list(doc.hosts), int(count_text), request.min_free, request.max_util)
-    best, reasons = choose_across(list(doc.hosts), int(count_text), topologies.get, request.min_free,
+    topologies = _topologies(runner, list(doc.hosts), count, request.min_free, request.max_util)
+    best, reasons = choose_across(list(doc.hosts), count, topologies.get, request.min_free,
                                   request.max_util)
     if best is None:
-        raise UsageError(f"no host has {count_text} free card(s) for --gpu {spec}: " + "; ".join(reasons))
+        raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(reasons))
     uuids = ",".join(g.uuid for g in best.choice.gpus)
     print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
     return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
@@ -184,15 +177,7 @@ def _topologies(runner, hosts, count: int, min_free: str | None, max_util: float
     if not names:  # (hosts read through Prometheus have no way to be asked)
         return {}
 
-    def ask(host: str) -> Topology | HostError:
-        try:
-            return runner.remote(host).topology()
-        except HostError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=min(TOPOLOGY_PARALLEL, len(names))) as pool:
-        answers = dict(zip(names, pool.map(ask, names)))
-    for answer in answers.values():
-        if isinstance(answer, HostError):  # placed without link ranks then, like a card set of unknown links
-            print(f"gpumon: {answer} (placing without its topology)", file=sys.stderr)
-    return {host: answer for host, answer in answers.items() if not isinstance(answer, HostError)}
+    answers, errors = topologies_of([host_for(runner, name) for name in names])
+    for error in errors:  # placed without link ranks then, like a card set of unknown links
+        print(f"gpumon: {error} (placing without its topology)", file=sys.stderr)
+    return answers

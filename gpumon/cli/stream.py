@@ -15,30 +15,21 @@ import asyncio
 import json
 import os
 import signal
-import stat
 import sys
 import threading
 
 from gpumon.cli.common import load_settings, open_source
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
+from gpumon.monitor.connection import stdin_connection
 from gpumon.monitor.sampler import Sampler
-
-
-def stdin_is_a_connection() -> bool:
-    """A pipe or socket (ssh, a parent process): its end means stop. A terminal or /dev/null: no."""
-    try:
-        mode = os.fstat(sys.stdin.fileno()).st_mode
-    except (OSError, ValueError, AttributeError):
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:
     """Call on_end when stdin reaches its end (whatever is sent on it is ignored)."""
-    if not stdin_is_a_connection():
+    fd = stdin_connection()
+    if fd is None:
         return
-    fd = sys.stdin.fileno()
 
     def readable() -> None:
         try:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -172,18 +172,23 @@ def summary(job: jobs.Job) -> list[str]:
     return lines
 
 
-def run_in_terminal(directory: Path, where: str, command: str, env: Mapping[str, str] | None = None) -> int:
-    """The TUI's foreground path: the job runs in this terminal (the caller has given it up) until
-    it ends, then waits for Enter so its last output can be read."""
+def run_in_terminal(where: str, command: str, run: Callable[[], int],
+                    how_it_ended: Callable[[int], str] = lambda code: f"exited with status {code}") -> int:
+    """The TUI's Foreground, on this machine or another: `run()` runs the job in this terminal (the
+    caller has given it up) until it ends, then Enter is awaited so its last output can be read."""
     print(f"gpumon: running on {where}: {command}", flush=True)
-    code = run_foreground(directory, env)
-    job = jobs.load_job(directory)
-    ended = f"was stopped by {job.signal}" if job is not None and job.signal else f"exited with status {code}"
+    code = run()
     try:
-        input(f"\ngpumon: the job {ended}. Press Enter to return to gpumon. ")
+        input(f"\ngpumon: the job {how_it_ended(code)}. Press Enter to return to gpumon. ")
     except EOFError:
         pass
     return code
+
+
+def how_it_ended(directory: Path, code: int) -> str:
+    """A job run here in the foreground, as the supervisor recorded its end."""
+    job = jobs.load_job(directory)
+    return f"was stopped by {job.signal}" if job is not None and job.signal else f"exited with status {code}"
 
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,

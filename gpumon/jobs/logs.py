@@ -9,25 +9,14 @@ from __future__ import annotations
 
 import os
 import select
-import stat
-import sys
 from typing import BinaryIO
 
 from gpumon.errors import EXIT_OK
 from gpumon.jobs.records import Job, load_job
+from gpumon.monitor.connection import stdin_connection
 
 POLL_S = 0.25
 CHUNK = 1 << 16
-
-
-def _stdin_fd() -> int | None:
-    """stdin's descriptor when its end means "stop" (a pipe or socket); None for a terminal or file."""
-    try:
-        fd = sys.stdin.fileno()
-        mode = os.fstat(fd).st_mode
-    except (OSError, ValueError, AttributeError):
-        return None
-    return fd if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
 
 
 def _copy_new(path, offset: int, out: BinaryIO) -> int:
@@ -45,7 +34,7 @@ def _copy_new(path, offset: int, out: BinaryIO) -> int:
 
 def print_log(job: Job, out: BinaryIO, follow: bool = False) -> int:
     offset = _copy_new(job.log, 0, out)
-    stdin = _stdin_fd() if follow else None
+    stdin = stdin_connection() if follow else None
     while follow:
         current = load_job(job.dir)
         finished = current is None or current.state not in ("running", "queued")

@@ -221,6 +221,16 @@ def _norm_bus(bus: str) -> str:
     return ":".join(parts)
 
 
+def auto_count(spec: str) -> int | None:
+    """How many cards `auto[:N]` asks for; None for a SPEC that names cards."""
+    if not (spec == "auto" or spec.startswith("auto:")):
+        return None
+    count_text = spec.partition(":")[2] or "1"
+    if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
+        raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
+    return int(count_text)
+
+
 def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
                  min_free: str | None = None, max_util: float | None = None,
                  max_used: str | None = None) -> list[GpuSample]:
@@ -229,12 +239,9 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
     spec = spec.strip()
     if not spec:
         raise UsageError("empty --gpu: expected an index, a UUID, a PCI bus id or auto[:N]")
-    if spec == "auto" or spec.startswith("auto:"):
-        count_text = spec.partition(":")[2] or "1"
-        if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
-            raise UsageError(f"bad --gpu {spec!r}: auto:N needs a whole number N of at least 1")
+    if (count := auto_count(spec)) is not None:
         try:
-            return list(choose(snapshot, int(count_text), topo, min_free, max_util, max_used).gpus)
+            return list(choose(snapshot, count, topo, min_free, max_util, max_used).gpus)
         except ValueError as exc:
             raise UsageError(f"--gpu {spec}: {exc}") from None
     chosen: list[GpuSample] = []

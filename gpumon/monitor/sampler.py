@@ -92,7 +92,7 @@ class History:
         return list(times)[start:], list(values)[start:]
 
 
-def _run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+def run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -145,7 +145,7 @@ class Sampler:
         """The backend, opened in a daemon thread the first time (the driver may be slow to start)."""
         if self.backend is None:
             assert self.opener is not None, "a Sampler needs a backend or an opener"
-            backend = await _run_in_daemon_thread(self.opener)
+            backend = await run_in_daemon_thread(self.opener)
             self.backend = backend
             self.enricher = ProcessEnricher() if self._enrich and backend.real_pids else None
         return self.backend
@@ -155,7 +155,7 @@ class Sampler:
         """The backend's topology, read in a daemon thread; `on_progress` (called in that thread)
         gets the matrix so far as each card answers. Cards that do not answer are left out."""
         backend = await self.open()
-        return await _run_in_daemon_thread(lambda: read_topology(backend, wait_s, on_progress))
+        return await run_in_daemon_thread(lambda: read_topology(backend, wait_s, on_progress))
 
     def subscribe(self, callback: Subscriber) -> None:
         self._subscribers.append(callback)
@@ -186,7 +186,7 @@ class Sampler:
         taken = 0
         while not self._stop.is_set() and (count is None or taken < count):
             started = loop.time()
-            pass_ = _run_in_daemon_thread(self.collect)
+            pass_ = run_in_daemon_thread(self.collect)
             self.in_flight = True
             snapshot = await self._await_pass(pass_, started)
             self.in_flight = False

@@ -1,25 +1,24 @@
 """What the fleet TUI does on a host: launch a command on one of its cards (the same run dialog as
-on one machine) and signal one of its processes. Both go through that host's own gpumon
-(`fleet.remote(HOST)`: `gpumon run`, `gpumon signal` over the shared ssh connection), which pins,
-limits and supervises the job there and applies its own checks to signals (own processes only,
-the same start time). The calls block, so they run in a background thread; the result comes back
-as a notification naming the card as HOST:INDEX.
+on one machine) and signal one of its processes. Both go through the host interface
+(jobs/host.py `host_for(fleet, HOST)`: that host's own gpumon), which pins, limits and supervises
+the job there and applies its own checks to signals (own processes only, the same start time).
+The calls block, so they run in a background thread; the result comes back as a notification
+naming the card as HOST:INDEX.
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from textual.app import App
 
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import card_limits, shell_request
-from gpumon.jobs.remote_launch import run_args
+from gpumon.jobs.host import Host, host_for
+from gpumon.jobs.launch import card_limits, run_in_terminal, shell_request
 from gpumon.model import GpuSample, HostStatus, ProcessSample
-from gpumon.monitor.fleet import Fleet, RemoteGpumon, children
+from gpumon.monitor.fleet import Fleet
 from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunChoice, RunDialog
@@ -70,38 +69,28 @@ def launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, choice: RunChoice,
                             foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None,
                             failover=choice.failover)
     jobs.remember_command(choice.command)  # the dialog's history is this machine's
-    arguments = run_args(request)
+    target = host_for(fleet, host)
     if choice.foreground:
         with app.suspend():
-            run_in_terminal(fleet.remote(host), arguments, card, choice.command)
+            run_in_terminal(card, choice.command, lambda: _run_here(target, request))
         return
     app.notify(f"starting on {card}…", timeout=3)
     def done(output: str) -> None:
         app.notify(output, title=f"launched on {card}", timeout=10)
         launched()
 
-    in_background(app, lambda: fleet.remote(host).launch(arguments), done,
+    in_background(app, lambda: target.launch(request), done,
                   lambda exc: app.notify(str(exc) or type(exc).__name__, title=f"not launched on {card}",
                                          severity="error", timeout=12))
 
 
-def run_in_terminal(remote: RemoteGpumon, arguments: Sequence[str], card: str, command: str) -> int:
-    """The dialog's Foreground: the job in this terminal (over `ssh -t`: Ctrl-C reaches it there),
-    then Enter to return."""
-    print(f"gpumon: running on {card}: {command}", flush=True)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the job's, not ours
+def _run_here(host: Host, request) -> int:
+    """The dialog's Foreground: the job in this terminal (over `ssh -t`: Ctrl-C reaches it there)."""
     try:
-        code = children.call(remote.argv(["run", *arguments], tty=True))
+        return host.run_here(request, tty=True)
     except OSError as exc:
         print(f"gpumon: cannot run ssh: {exc.strerror or exc}")
-        code = 127
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    try:
-        input(f"\ngpumon: it ended with status {code}. Press Enter to return to gpumon. ")
-    except EOFError:
-        pass
-    return code
+        return 127
 
 
 def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, kind: str) -> None:
@@ -119,7 +108,7 @@ def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, ki
 
     def answered(yes: bool | None) -> None:
         if yes:
-            in_background(app, lambda: fleet.remote(host).signal(process.pid, process.started, kind),
+            in_background(app, lambda: host_for(fleet, host).signal(process.pid, process.started, kind),
                           lambda output: app.notify(f"{host}: {output}", timeout=5),
                           lambda exc: app.notify(str(exc), severity="error", timeout=8))
 

@@ -1,9 +1,10 @@
 """The TUI over many hosts: the fleet overview first, each host's normal view one key away.
 
-`FleetApp` is the single-host app (themes, help, quit, the same main screen for a host) with the
-fleet as its data source instead of a sampler: `fleet.run()` runs as a worker on the app's loop,
-and the fleet's listener hands each host it reports to the overview (which repaints that one row)
-and, when that host's view is open, to it. Built only when hosts are given: a single-machine
+`FleetApp` is a peer of the single-host app on the same base (base_app.py: themes, help, quit,
+the output layer, crash handling), with the fleet as its data source and the overview as its first
+screen: `fleet.run()` runs as a worker on the app's loop, and the fleet's listener hands each host
+it reports to the overview (which repaints that one row) and, when that host's view is open, to it
+(a host's view is the single-host main screen, fed by the fleet). Built only when hosts are given: a single-machine
 `gpumon` never imports this module or the fleet.
 """
 
@@ -15,15 +16,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from textual.events import Mount
+from textual.screen import Screen
 
 from gpumon.errors import EXIT_OK
 from gpumon.jobs.across_hosts import choose_across
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.monitor.fleet import Fleet
-from gpumon.monitor.sampler import Sampler
-from gpumon.tui.app import GpumonApp, prepare_terminal
+from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
 from gpumon.tui.screens.fleet import FleetScreen
 from gpumon.tui.screens.fleet_jobs import FleetJobsScreen
@@ -32,13 +32,12 @@ from gpumon.tui.screens.host import HostScreen
 QUIT_WAIT_S = 3.0  # for the hosts' streams to close (each ends its remote side) before leaving
 
 
-class FleetApp(GpumonApp):
+class FleetApp(BaseApp):
     def __init__(self, fleet: Fleet, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.time,
                  local_real_pids: bool = True) -> None:
         """`local_real_pids`: whether the host `local` lists real processes (not --demo)."""
-        # The fleet feeds the screens; the sampler stays closed (replay keys, XIDs: not here).
-        super().__init__(Sampler(None, interval=fleet.interval), readonly=readonly, theme=theme, env=env)
+        super().__init__(readonly=readonly, theme=theme)
         self.fleet = fleet
         self.env = dict(os.environ if env is None else env)
         self.local_real_pids = local_real_pids
@@ -49,11 +48,10 @@ class FleetApp(GpumonApp):
         self.card_choice: dict[str, int] = {}
         self._runner = None
 
-    def on_mount(self, event: Mount) -> None:
-        event.prevent_default()  # not the single-host app's start (its sampler has nothing to open)
-        self._quit_on_sigterm()
-        self._install_themes()
-        self.push_screen(self.overview)
+    def first_screen(self) -> Screen:
+        return self.overview
+
+    def start_source(self) -> None:
         self.fleet.subscribe(self._on_host)
         self._runner = self.run_worker(self.fleet.run(), name="fleet", group="fleet")
 

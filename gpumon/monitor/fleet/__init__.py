@@ -3,7 +3,7 @@ cluster's Prometheus server.
 
 `hosts` parses host lists, `ssh` builds and runs the OpenSSH command lines, `stream` keeps one
 gpumon stream per host (`nvidia_smi` when gpumon is not installed there), `local` reads this
-machine, `schema` checks everything a host sends, `remote` runs gpumon's subcommands there,
+machine, `schema` checks everything a host sends (acting on a host is jobs/host.py's),
 `prometheus` reads every host a Prometheus server has GPU series of (`dcgm` maps dcgm-exporter's
 names and labels), and `fleet.Fleet` holds every host's latest status for the views. See
 docs/design.md, "Many hosts".
@@ -18,7 +18,6 @@ from gpumon.monitor.fleet.fleet import Fleet, Source
 from gpumon.monitor.fleet.hosts import LOCAL, HostSpec, parse_hosts, read_hostfile
 from gpumon.monitor.fleet.local import LocalSource
 from gpumon.monitor.fleet.prometheus import PrometheusSource
-from gpumon.monitor.fleet.remote import HostError, RemoteGpumon
 from gpumon.monitor.fleet.ssh import SshTransport
 from gpumon.monitor.fleet.stream import SshSource
 
@@ -41,6 +40,6 @@ def open_fleet(hosts: Sequence[HostSpec], transport: SshTransport | None, interv
     return Fleet(hosts, [*sources, *extra_sources], interval, transport, local_args)
 
 
-__all__ = ["LOCAL", "Fleet", "HostError", "HostSpec", "LocalSource", "PrometheusSource", "RemoteGpumon", "Source",
+__all__ = ["LOCAL", "Fleet", "HostSpec", "LocalSource", "PrometheusSource", "Source",
            "SshSource",
            "SshTransport", "open_fleet", "parse_hosts", "read_hostfile"]

@@ -16,7 +16,9 @@ For views (the TUI):
     fleet.status("gpu01"), fleet.statuses(), fleet.document()   # any time, from any thread
     fleet.problems()                    # why a source that finds its hosts (Prometheus) cannot read them
     fleet.history("gpu01")              # charts of one host (kept from the first call on)
-    fleet.remote("gpu01").launch(...)   # actions: blocking, from a worker thread
+
+Views act on a host through jobs/host.py (`host_for(fleet, "gpu01")`), never through the fleet:
+it only reads. It keeps how each listed host is reached (`specs`, `transport`, `local_args`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from typing import Any, Protocol
 
 from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.monitor.fleet.hosts import HostSpec
-from gpumon.monitor.fleet.remote import HostError, RemoteGpumon
 from gpumon.monitor.fleet.ssh import SshTransport
 from gpumon.monitor.sampler import History
 
@@ -119,14 +120,6 @@ class Fleet:
         """Why a source that finds its hosts cannot read them now, one line each (none: all is well).
         Its hosts say so too (unreachable); this also covers a source that has found none yet."""
         return tuple(f"{label}: {why}" for label, why in self._problems.items())
-
-    def remote(self, name: str) -> RemoteGpumon:
-        """gpumon subcommands on that host (jobs, logs, signals, launches): blocking calls.
-        HostError for a host only read from afar (Prometheus): nothing can reach it."""
-        if name not in self.specs:
-            refusal = self._status[name].launch_refusal if name in self._status else "not in the fleet"
-            raise HostError(f"{name}: {refusal}")
-        return RemoteGpumon(self.specs[name], self.transport, self.local_args)
 
     # -- writing (sources, on the loop) --
 

@@ -10,7 +10,7 @@ from gpumon.model import Snapshot
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.fleet.hosts import LOCAL
 from gpumon.monitor.sampler import Sampler
-from gpumon.monitor.sampler import _run_in_daemon_thread as in_daemon_thread  # a hung driver init blocks nothing
+from gpumon.monitor.sampler import run_in_daemon_thread as in_daemon_thread  # a hung driver init blocks nothing
 
 RETRY_S = 30.0
 

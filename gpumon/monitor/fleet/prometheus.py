@@ -28,7 +28,7 @@ from functools import partial
 from gpumon.monitor.fleet.dcgm import Cluster, queries, read_cluster
 from gpumon.monitor.fleet.prometheus_api import REQUEST_TIMEOUT_S, ApiError, parse_url, query
 from gpumon.monitor.fleet.prometheus_login import login
-from gpumon.monitor.sampler import _run_in_daemon_thread as in_daemon_thread
+from gpumon.monitor.sampler import run_in_daemon_thread as in_daemon_thread
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,10 @@ from __future__ import annotations
 from textual.widgets import Input
 
 from gpumon.errors import UsageError
+from gpumon.jobs import launch
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import card_limits, prepare, run_in_terminal, shell_request, start, summary
+from gpumon.jobs.launch import card_limits, prepare, shell_request, start, summary
 from gpumon.jobs.logout import logout_note
 from gpumon.monitor.containers import invisible_reason
 from gpumon.tui.screens.confirm import ConfirmScreen
@@ -49,7 +50,9 @@ class CardActions:
             return
         if choice.foreground:
             with self.app.suspend():
-                run_in_terminal(directory, f"GPU {gpu.index}", choice.command, env=self.env)
+                launch.run_in_terminal(f"GPU {gpu.index}", choice.command,
+                                       lambda: launch.run_foreground(directory, self.env),
+                                       lambda code: launch.how_it_ended(directory, code))
             return
         self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,6 +22,7 @@ from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import GpumonError
 from gpumon.jobs.attempts import Attempt, describe
+from gpumon.jobs.host import host_for, jobs_of
 from gpumon.monitor.fleet import Fleet
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
@@ -32,7 +32,6 @@ from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.jobs import READONLY_STOP, STATE_STYLES
 from gpumon.units import format_bytes, format_runtime
 
-MAX_PARALLEL = 32
 LONG_LINE = 4096  # bytes of one log line held before they are shown as a line of their own
 COLUMNS = [("host", "HOST"), ("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("gpu", "GPU"), ("pid", "PID"),
            ("exit", "EXIT"), ("runtime", "RUNTIME"), ("peak", "PEAK MEM"), ("limit", "LIMIT")]
@@ -40,19 +39,9 @@ COLUMNS = [("host", "HOST"), ("id", "ID"), ("name", "NAME"), ("state", "STATE"),
 
 def list_jobs(fleet: Fleet, hosts: list[str]) -> tuple[list[dict], list[str]]:
     """Every job of these hosts, newest first, and a line per host that could not say."""
-    def listed(name: str) -> list[dict] | GpumonError:
-        try:
-            return fleet.remote(name).jobs()
-        except GpumonError as exc:
-            return exc
-
-    if not hosts:
-        return [], []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
-        results = list(pool.map(listed, hosts))
-    rows = [job for result in results if not isinstance(result, GpumonError) for job in result]
+    rows, errors = jobs_of([host_for(fleet, name) for name in hosts])
     rows.sort(key=lambda job: job["id"], reverse=True)  # ids begin with their date and time
-    return rows, [str(result) for result in results if isinstance(result, GpumonError)]
+    return rows, [str(error) for error in errors]
 
 
 def _cut(text: str | None, cells: int) -> Text:
@@ -192,7 +181,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
         log.clear()
         self._following = (host, job_id)
         try:
-            follower = self.fleet.remote(host).follow_log(job_id)
+            follower = host_for(self.fleet, host).follow_log(job_id)
         except (OSError, GpumonError) as exc:
             log.write_line(f"[{host}: cannot follow the log: {getattr(exc, 'strerror', None) or exc}]")
             return
@@ -258,7 +247,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                in_background(self.app, lambda: self.fleet.remote(job["host"]).stop_job(job["id"]), stopped,
+                in_background(self.app, lambda: host_for(self.fleet, job["host"]).stop(job["id"]), stopped,
                               lambda exc: self.notify(str(exc), severity="error"))
 
         self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job['command'])}"), answered)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
+from gpumon.jobs.host import host_for
 from gpumon.model import HostStatus
 from gpumon.monitor.containers import invisible_reason
 from gpumon.monitor.fleet import Fleet
@@ -187,7 +188,7 @@ class HostScreen(MainScreen):
             screen.show_topology(screen.topo, False)
             self.notify(str(exc), severity="error", timeout=8)
 
-        in_background(self.app, lambda: self.fleet.remote(self.host).topology(),
+        in_background(self.app, lambda: host_for(self.fleet, self.host).topology(),
                       lambda topo: screen.show_topology(topo, False), failed)
 
     # -- which processes are gpumon jobs --
@@ -203,7 +204,7 @@ class HostScreen(MainScreen):
         self._jobs_busy, self._jobs_at = True, now
 
         def job_pids() -> dict[int, tuple[str, str]]:
-            return {job["pid"]: (job["name"] or job["id"], job["id"]) for job in self.fleet.remote(self.host).jobs()
+            return {job["pid"]: (job["name"] or job["id"], job["id"]) for job in host_for(self.fleet, self.host).jobs()
                     if job["state"] == "running" and job["pid"] is not None}
 
         def done(found: dict[int, tuple[str, str]]) -> None:

@@ -1,0 +1,241 @@
+"""Acting on a host, this machine or a fleet host, through one interface: launch a job, list,
+stop and follow jobs, signal a process, read the topology. Every view that acts (the TUI's `r`,
+`J`, `x`/`X`, the CLI's `run --host`, `jobs --hosts`) holds a `Host` and does not know which kind.
+
+    host = host_for(fleet, "gpu01")      # or LocalHost(local_args), RemoteHost(spec, transport)
+    host.launch(request)                 # blocking: the TUI calls these from a worker thread
+
+Both kinds run the host's own `gpumon` subcommand (`run`, `jobs --json`, `jobs --stop`,
+`jobs --log --follow`, `signal`, `topo --json`): over the shared ssh connection for a fleet host,
+as a child process for this machine. So the host applies its own rules (pinning, memory limits,
+own processes only, start-time checks), and a local and a remote host answer the same question
+with the same fields, checked by the same schema, and fail with the same kind of message: a
+HostError, "HOST: what went wrong". Its children are tied to gpumon's life and their output is
+read with a cap (monitor/fleet/children.py).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from gpumon.errors import UsageError
+from gpumon.jobs.launch import LaunchRequest
+from gpumon.jobs.remote_launch import run_args
+from gpumon.model import Topology
+from gpumon.monitor.fleet import Fleet
+from gpumon.monitor.fleet.children import OutputTooLarge, call, popen, run_capped
+from gpumon.monitor.fleet.hosts import LOCAL, HostSpec
+from gpumon.monitor.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
+from gpumon.monitor.fleet.ssh import SshTransport, describe_failure
+from gpumon.sanitize import printable
+
+MAX_OUTPUT = 16 << 20
+MAX_PARALLEL = 32  # hosts asked at once for their jobs
+TOPOLOGY_PARALLEL = 16  # hosts asked at once for their topology (each runs the driver there)
+
+
+class HostError(UsageError):
+    """An action on a host failed: the message names the host and says why."""
+
+
+class Host(Protocol):
+    name: str
+
+    def launch(self, request: LaunchRequest, timeout: float = 120.0) -> str:
+        """Start the job there; what the host printed (the job id, its cards, the log path)."""
+
+    def run_here(self, request: LaunchRequest, tty: bool = True) -> int:
+        """The job in this terminal (Foreground), until it ends; its exit status."""
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Its jobs (the fields of `gpumon jobs --json`), oldest first, "host" set to its name."""
+
+    def stop(self, job_id: str) -> str:
+        """Stop the job; what the host said."""
+
+    def signal(self, pid: int, started: float | None, action: str) -> str:
+        """terminate / kill / interrupt one of its processes: own processes only, and only the
+        process that started at `started` (a recycled pid is never hit)."""
+
+    def follow_log(self, job_id: str, follow: bool = True) -> subprocess.Popen[bytes]:
+        """The job's log as it grows: read `stdout`, terminate() to stop. Untrusted: sanitise it."""
+
+    def topology(self) -> Topology:
+        """How its cards are linked."""
+
+
+def _lines(text: str) -> str:
+    """Output of a host's gpumon, for people: each line made printable, the lines kept."""
+    return "\n".join(printable(line) for line in text.strip().splitlines())
+
+
+class GpumonHost:
+    """A host reached through its own `gpumon`: a subclass says how to start it (`argv`)."""
+
+    name: str
+
+    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
+        """The command line that runs `gpumon ARGS` there."""
+        raise NotImplementedError
+
+    def _fail(self, returncode: int | None, stderr: bytes) -> HostError:
+        text = stderr.decode(errors="replace")
+        # The host's gpumon's own error line says it best: drop its "gpumon: error: " prefix.
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if returncode not in (None, 127, 255) and lines and lines[-1].startswith("gpumon: "):
+            reason = printable(lines[-1].removeprefix("gpumon: ").removeprefix("error: "))[:300]
+        else:
+            reason = describe_failure(returncode, text)
+        return HostError(f"{self.name}: {reason}")
+
+    def call(self, args: Sequence[str], timeout: float = 60.0) -> str:
+        """`gpumon ARGS` there; its stdout, or HostError (also when it sends over MAX_OUTPUT: it is
+        read with that cap and stopped at it)."""
+        try:
+            done = run_capped(self.argv(args), timeout, MAX_OUTPUT)
+        except TimeoutError:
+            raise HostError(f"{self.name}: timeout (no answer in {timeout:g} s)") from None
+        except OutputTooLarge as exc:
+            raise HostError(f"{self.name}: `gpumon {args[0]}` {exc} (stopped there)") from None
+        except OSError as exc:
+            raise HostError(f"{self.name}: cannot run {self.argv(args)[0]!r}: {exc.strerror or exc}") from None
+        if done.returncode != 0:
+            raise self._fail(done.returncode, done.stderr)
+        return done.stdout.decode(errors="replace")
+
+    def _json(self, args: Sequence[str]) -> Any:
+        text = self.call(args)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise HostError(f"{self.name}: `gpumon {' '.join(args)}` did not answer with JSON") from None
+
+    def launch(self, request: LaunchRequest, timeout: float = 120.0) -> str:
+        return _lines(self.call(["run", *run_args(request)], timeout=timeout))
+
+    def run_here(self, request: LaunchRequest, tty: bool = True) -> int:
+        """With a terminal there, Ctrl-C is the job's (it reaches it through that terminal), not
+        this gpumon's; without one, Ctrl-C ends the connection and this gpumon as before."""
+        argv = self.argv(["run", *run_args(request)], tty=tty)
+        if not tty:
+            return call(argv)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return call(argv)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        try:
+            jobs = jobs_from_remote(self._json(["jobs", "--json"]))
+        except SchemaError as exc:
+            raise HostError(f"{self.name}: unexpected job list: {exc}") from None
+        for job in jobs:
+            job["host"] = self.name
+        return jobs
+
+    def stop(self, job_id: str) -> str:
+        return _lines(self.call(["jobs", "--stop", job_id]))
+
+    def signal(self, pid: int, started: float | None, action: str) -> str:
+        args = ["signal", str(pid), "--signal", action]
+        if started is not None:
+            args += ["--started", repr(float(started))]
+        return _lines(self.call(args))
+
+    def follow_log(self, job_id: str, follow: bool = True) -> subprocess.Popen[bytes]:
+        """stdin stays open: its end (this process gone) tells a remote tail to stop too."""
+        return popen(self.argv(["jobs", "--log", job_id] + (["--follow"] if follow else [])),
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     start_new_session=True)
+
+    def topology(self) -> Topology:
+        try:
+            return topology_from_remote(self._json(["topo", "--json"]))
+        except SchemaError as exc:
+            raise HostError(f"{self.name}: unexpected topology: {exc}") from None
+
+
+class LocalHost(GpumonHost):
+    """This machine, through this gpumon's own subcommands run as children: the same code the
+    command line runs, and the same fields and messages as any other host."""
+
+    def __init__(self, local_args: Sequence[str] = ()) -> None:
+        self.name = LOCAL
+        self.local_args = list(local_args)  # how this gpumon reads the cards (--demo, --nvml-lib)
+
+    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
+        return [sys.executable, "-m", "gpumon", *self.local_args, *args]
+
+
+class RemoteHost(GpumonHost):
+    """A fleet host, through its gpumon over the shared ssh connection."""
+
+    def __init__(self, spec: HostSpec, transport: SshTransport) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.transport = transport
+
+    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
+        return self.transport.gpumon_argv(self.spec, list(args), tty=tty)
+
+
+def host_at(spec: HostSpec, transport: SshTransport | None, local_args: Sequence[str] = ()) -> GpumonHost:
+    """The host a HostSpec names: this machine for `local`, else over `transport`."""
+    if spec.is_local:
+        return LocalHost(local_args)
+    if transport is None:
+        raise UsageError(f"{spec.name}: no ssh transport")
+    return RemoteHost(spec, transport)
+
+
+def host_for(fleet: Fleet, name: str) -> GpumonHost:
+    """A host of the fleet to act on. HostError for one only read from afar (Prometheus): nothing
+    can reach it."""
+    if name not in fleet.specs:
+        try:
+            refusal = fleet.status(name).launch_refusal
+        except KeyError:
+            refusal = "not in the fleet"
+        raise HostError(f"{name}: {refusal}")
+    return host_at(fleet.specs[name], fleet.transport, fleet.local_args)
+
+
+def jobs_of(hosts: Sequence[Host]) -> tuple[list[dict[str, Any]], list[HostError]]:
+    """Every job of these hosts, asked of them all at once (host by host, each oldest first), and
+    the error of each host that could not say."""
+    def listed(host: Host) -> list[dict[str, Any]] | HostError:
+        try:
+            return host.jobs()
+        except HostError as exc:
+            return exc
+
+    if not hosts:
+        return [], []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
+        results = list(pool.map(listed, hosts))
+    rows = [job for result in results if not isinstance(result, HostError) for job in result]
+    return rows, [result for result in results if isinstance(result, HostError)]
+
+
+def topologies_of(hosts: Sequence[Host]) -> tuple[dict[str, Topology], list[HostError]]:
+    """The link topology of each host, asked of them all at once: the answer takes as long as the
+    slowest host, not the sum of them."""
+    def ask(host: Host) -> Topology | HostError:
+        try:
+            return host.topology()
+        except HostError as exc:
+            return exc
+
+    if not hosts:
+        return {}, []
+    with ThreadPoolExecutor(max_workers=min(TOPOLOGY_PARALLEL, len(hosts))) as pool:
+        answers = dict(zip([h.name for h in hosts], pool.map(ask, hosts)))
+    return ({name: a for name, a in answers.items() if not isinstance(a, HostError)},
+            [a for a in answers.values() if isinstance(a, HostError)])
