@@ -24,6 +24,10 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
 
+    [paths]                           # where the kernel's file systems are (--path.sysfs, --path.procfs)
+    sysfs = "/host/sys"
+    procfs = "/host/proc"
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -46,6 +50,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
+    "paths": {"sysfs": (str,), "procfs": (str,)},
 }
 
 
@@ -70,6 +75,8 @@ class Config:
     fleet_prometheus_url: str | None = None
     fleet_prometheus_user: str | None = None
     fleet_prometheus_password_file: str | None = None  # ~ expanded; relative to the config file's folder
+    path_sysfs: str | None = None  # [paths]: where /sys and /proc are (AMD and Intel cards, processes)
+    path_procfs: str | None = None
 
 
 def default_path() -> Path:
@@ -147,4 +154,6 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
+    paths = data.get("paths", {})
+    config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None
     return config

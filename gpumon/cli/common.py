@@ -22,7 +22,20 @@ def load_settings(args: argparse.Namespace) -> Config:
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:
         args.interval = config.interval or 1.0
+    filesystem_roots(args, config)
     return config
+
+
+def filesystem_roots(args: argparse.Namespace, config: Config | None = None) -> tuple[str | None, str | None]:
+    """Where sysfs and procfs are: --path.sysfs/--path.procfs, else the config's [paths]; None for
+    /sys and /proc. Resolved once into `args` (the TUI opens the driver before it reads the config)."""
+    if not getattr(args, "roots_resolved", False):
+        if config is None:
+            config = load_config(getattr(args, "config", None))
+        args.path_sysfs = getattr(args, "path_sysfs", None) or config.path_sysfs
+        args.path_procfs = getattr(args, "path_procfs", None) or config.path_procfs
+        args.roots_resolved = True
+    return args.path_sysfs, args.path_procfs
 
 
 def fleet_requested(args: argparse.Namespace) -> bool:
@@ -35,8 +48,9 @@ def fleet_requested(args: argparse.Namespace) -> bool:
 def backend_args(args: argparse.Namespace) -> dict[str, Any]:
     """How to open the same data source again: the TUI's and `run`'s jobs' supervisors use it."""
     demo = args.demo or args.scenario is not None
+    sysfs, procfs = filesystem_roots(args)
     return {"demo": (args.scenario or "default") if demo else None, "seed": args.seed,
-            "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB")}
+            "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB"), "sysfs": sysfs, "procfs": procfs}
 
 
 def open_source(args: argparse.Namespace, timeout: float | None = None):
@@ -50,7 +64,8 @@ def open_source(args: argparse.Namespace, timeout: float | None = None):
         raise UsageError("--demo and --replay cannot be used together")
 
     def open_it():
-        return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed)
+        return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed,
+                            sysfs=opened["sysfs"], procfs=opened["procfs"])
 
     if timeout is None:
         return open_it()

@@ -138,7 +138,16 @@ def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay:
         g.add_argument("--replay", default=_default(None, suppress), metavar="FILE", help="play back a recording")
     g.add_argument("--nvml-lib", default=_default(None, suppress), metavar="PATH",
                    help="load this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    _add_path_options(g, suppress)
     _add_config_option(g, suppress)
+
+
+def _add_path_options(g, suppress: bool) -> None:
+    """Where the kernel's file systems are (node_exporter's names): a host's, mounted in a container."""
+    g.add_argument("--path.sysfs", dest="path_sysfs", default=_default(None, suppress), metavar="PATH",
+                   help="sysfs, for AMD and Intel cards (default /sys; config [paths] sysfs)")
+    g.add_argument("--path.procfs", dest="path_procfs", default=_default(None, suppress), metavar="PATH",
+                   help="procfs, for their processes (default /proc; config [paths] procfs)")
 
 
 def _add_ssh_options(g, suppress: bool) -> None:

@@ -42,10 +42,10 @@ class _Stat:
     rss: int  # resident bytes
 
 
-def _read_stat(pid: int) -> _Stat | None:
+def _read_stat(pid: int, procfs: str = "/proc") -> _Stat | None:
     """None: the process is gone (or its stat cannot be read)."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        fd = os.open(f"{procfs}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -120,9 +120,13 @@ def _uid(proc: psutil.Process) -> int | None:
 
 
 class ProcessEnricher:
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, procfs: str | None = None) -> None:
+        """`procfs`: where /proc is (a host's, mounted in a container)."""
         self._known: dict[int, _Known] = {}
         self._clock = clock
+        self._procfs = procfs or "/proc"
+        if procfs:
+            psutil.PROCFS_PATH = procfs  # psutil reads one root, for the whole program
 
     def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """Every card's processes, each pid read once; forgets pids no card lists any more."""
@@ -152,7 +156,7 @@ class ProcessEnricher:
             return None
 
     def _read(self, pid: int) -> _Reading | None:
-        stat = _read_stat(pid)
+        stat = _read_stat(pid, self._procfs)
         if stat is None:
             self._known.pop(pid, None)
             return None
