@@ -66,6 +66,9 @@ class MigSample:
     memory_used: int | None = None
 
 
+# Card makers, as people write them.
+VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+
 # A card's NVSwitch fabric registration (HGX/DGX boards), in words; None: the card has no fabric.
 FABRIC_STATES = ("ready", "degraded", "in_progress", "not_started", "failed")
 

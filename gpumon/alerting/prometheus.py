@@ -65,7 +65,9 @@ GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
      lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
     ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
 ]
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+# `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
+# is "amd4", "intel5" where NVIDIA's is "nvidia0").
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor"]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
@@ -90,8 +92,8 @@ class GpumonCollector(Collector):
         if snap is None:
             return
         host = self.hostname or snap.host
-        labels = {g.index: [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, host, g.pci_bus_id or ""]
-                  for g in snap.gpus}
+        labels = {g.index: [str(g.index), g.uuid or "", f"{g.vendor}{g.index}", g.name, host, g.pci_bus_id or "",
+                            g.vendor] for g in snap.gpus}
         for name, doc, read in GAUGES:
             family = GaugeMetricFamily(name, doc, labels=LABELS)
             for g in snap.gpus:

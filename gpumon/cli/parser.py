@@ -15,7 +15,7 @@ from gpumon.errors import UsageError
 MIN_INTERVAL = 0.1
 # The demo's scenarios, repeated here so parsing never imports the demo backend (a test checks
 # that the two lists agree).
-DEMO_SCENARIOS = ("default", "workstation", "hot", "lost")
+DEMO_SCENARIOS = ("default", "workstation", "hot", "lost", "mixed")
 
 
 class _Parser(argparse.ArgumentParser):

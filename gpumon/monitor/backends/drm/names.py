@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import re
 
+from gpumon.model import VENDOR_NAMES
+
 PCI_IDS = ("/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids")
-VENDOR_WORDS = {"amd": "AMD", "intel": "Intel"}
 _BRACKETS = re.compile(r"\[(.+)\]")
 
 
@@ -37,7 +38,7 @@ def card_name(vendor: str, pci_id: str, product_name: str | None = None,
               paths: tuple[str, ...] = PCI_IDS) -> str:
     """'AMD Instinct MI210' (the board's own name), 'AMD Radeon RX 6800/6800 XT / 6900 XT' (the
     marketing name pci.ids gives in brackets), or 'AMD GPU 1002:73bf'."""
-    words = VENDOR_WORDS.get(vendor, vendor)
+    words = VENDOR_NAMES.get(vendor, vendor)
     if product_name:
         return product_name if product_name.lower().startswith(words.lower()) else f"{words} {product_name}"
     entry = lookup(pci_id, paths)
