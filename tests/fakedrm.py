@@ -20,10 +20,15 @@ files are FIFOs: a reader that opens one hangs, so a test that finishes proves n
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -261,3 +266,42 @@ class FakeProcfs:
 
     def exit(self, pid: int) -> None:
         shutil.rmtree(self.root / str(pid))
+
+
+class FakeKernel:
+    """A fake sysfs and procfs for one test, and the real gpumon run against them (no NVIDIA driver
+    unless `env` brings the fake one)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.sys = FakeSysfs(tmp / "sys")
+        self.proc = FakeProcfs(tmp / "proc")
+        self.no_nvidia = str(tmp / "no-nvidia" / "libnvidia-ml.so.1")
+
+    @property
+    def paths(self) -> list[str]:
+        return ["--path.sysfs", str(self.sys.root), "--path.procfs", str(self.proc.root)]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, GPUMON_NVML_LIB=self.no_nvidia)
+
+    def argv(self, *args: str) -> list[str]:
+        """gpumon SUBCOMMAND --path.sysfs … --path.procfs … REST (the paths before any `--`)."""
+        if args and not args[0].startswith("-"):
+            return [sys.executable, "-m", "gpumon", args[0], *self.paths, *args[1:]]
+        return [sys.executable, "-m", "gpumon", *self.paths, *args]
+
+    def run(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
+            **kwargs) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env=env or self.env, capture_output=True, text=True,
+                              timeout=timeout, **kwargs)
+
+    def snapshot(self, env: dict[str, str] | None = None) -> dict:
+        out = self.run("snapshot", "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+
+@pytest.fixture
+def fake_kernel(tmp_path: Path) -> FakeKernel:
+    return FakeKernel(tmp_path / "kernel")

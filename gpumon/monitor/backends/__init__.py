@@ -57,9 +57,9 @@ def open_backend(
     if not drm.cards:
         if nvml is None:
             assert no_nvidia is not None
-            said, hint = str(no_nvidia), f"; {NO_DRIVER_HINT}"
-            said, hint = (said[:-len(hint)], hint) if said.endswith(hint) else (said, "")
-            raise NoDriverError(f"{said}, and no AMD or Intel GPU under {drm.sysfs}/class/drm{hint}") from None
+            said = str(no_nvidia).removesuffix(f"; {NO_DRIVER_HINT}")
+            raise NoDriverError(f"{said}, and no AMD or Intel GPU under {drm.sysfs}/class/drm; {NO_DRIVER_HINT}") \
+                from None
         return nvml
     if nvml is None:
         return drm
