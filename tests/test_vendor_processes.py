@@ -7,8 +7,6 @@ from __future__ import annotations
 import getpass
 import time
 
-import psutil
-import pytest
 from conftest import GIB
 from fakedrm import amdgpu_fdinfo
 
@@ -25,14 +23,7 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def psutil_root(monkeypatch):
-    """Whatever root a test gives psutil is put back after it."""
-    monkeypatch.setattr(psutil, "PROCFS_PATH", psutil.PROCFS_PATH)
-
-
-def test_a_client_is_counted_once_however_many_fds_and_busy_is_a_difference(fake_kernel, idle_processes,
-                                                                           psutil_root):
+def test_a_client_is_counted_once_however_many_fds_and_busy_is_a_difference(fake_kernel, idle_processes):
     card = fake_kernel.sys.amd()
     trainer, other = idle_processes(), idle_processes()
     proc = fake_kernel.proc
@@ -87,7 +78,7 @@ def test_older_amdgpu_keys_and_clients_that_do_not_name_their_device(fake_kernel
     assert parse_fdinfo("pos:\t0\nflags:\t02\n") is None  # not a DRM file
 
 
-def test_a_hosts_proc_mounted_elsewhere(fake_kernel, idle_processes, psutil_root):
+def test_a_hosts_proc_mounted_elsewhere(fake_kernel, idle_processes):
     """gpumon in a container: the host's /proc at another path, its fd links naming the host's /dev
     (under the container's view of it), and pids that exist only there (4242 is the host's pid of
     a process; here it stands for a real one)."""

@@ -22,6 +22,7 @@ import psutil
 
 from gpumon.model import GpuSample, ProcessSample
 from gpumon.monitor.containers import container_of
+from gpumon.monitor.procroot import RootProcess
 from gpumon.sanitize import printable
 
 # A command line that changes without the process name changing is noticed within this long.
@@ -65,7 +66,7 @@ def _read_stat(pid: int, procfs: str = "/proc") -> _Stat | None:
 
 @dataclass(slots=True)
 class _Known:
-    process: psutil.Process
+    process: psutil.Process | RootProcess
     user: str | None
     command: str | None
     started: float
@@ -125,8 +126,6 @@ class ProcessEnricher:
         self._known: dict[int, _Known] = {}
         self._clock = clock
         self._procfs = procfs or "/proc"
-        if procfs:
-            psutil.PROCFS_PATH = procfs  # psutil reads one root, for the whole program
 
     def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """Every card's processes, each pid read once; forgets pids no card lists any more."""
@@ -147,7 +146,7 @@ class ProcessEnricher:
     def _lookup(self, pid: int, stat: _Stat) -> _Known | None:
         """What never changes for this process, read once; None if psutil cannot see it."""
         try:
-            proc = psutil.Process(pid)
+            proc = psutil.Process(pid) if self._procfs == "/proc" else RootProcess(pid, self._procfs)
             with proc.oneshot():
                 return _Known(proc, _user(proc), _command_line(proc), proc.create_time(), _uid(proc),
                               container_of(pid), stat.name, self._clock(), stat.start_ticks, stat.cpu_s,
