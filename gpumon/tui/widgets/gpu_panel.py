@@ -232,8 +232,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         if gpu.state == "error":
             lines.append(Text(f"  ERROR: {gpu.error}", style=self._style("crit")))
         if gpu.asleep and gpu.state == "ok":
-            lines.append(Text("  Asleep: the kernel has suspended the card. gpumon does not read it, so as not to "
-                              "wake it; a job started on it wakes it.", style=self._style("muted")))
+            lines.append(Text("  Asleep (the kernel suspended it): not read, so as not to wake it.",
+                              style=self._style("muted")))
             return lines
         if gpu.state == "stale" and gpu.utilization_gpu is None and gpu.memory_used is None:
             lines.append(Text(f"  No answer for {gpu.stale_s or 0:.0f} s: its driver calls hang; the other cards "
