@@ -5,7 +5,6 @@ the kernel's drm-usage-stats says."""
 from __future__ import annotations
 
 import getpass
-import time
 
 from conftest import GIB
 from fakedrm import amdgpu_fdinfo
@@ -121,20 +120,18 @@ def test_fd_lists_are_read_again_only_every_few_seconds(fake_kernel, idle_proces
 
 
 def test_a_reused_pid_is_looked_at_again(fake_kernel, idle_processes):
-    """The pid's start time changes when another process gets it: its fds are read again at once."""
+    """Another process gets the pid: the fd that was a DRM file is not one any more, so the pid's
+    fd list is read again at once, and the new process's own DRM file is found."""
     card = fake_kernel.sys.amd()
-    first = idle_processes()
-    time.sleep(0.05)  # start times are in clock ticks (1/100 s): the second starts in another one
-    second = idle_processes()
+    first, second = idle_processes(), idle_processes()
     fake_kernel.proc.client(4000, 5, amdgpu_fdinfo(card.address, 1, vram_kib=1024), real_pid=first.pid)
     clock = Clock()
     clients = DrmClients(procfs=str(fake_kernel.proc.root), sysfs=str(fake_kernel.sys.root), clock=clock)
-    assert [u.vram for u in clients.read()] == [1 << 20]
-    scans = clients.fd_scans
-    # Pid 4000 is now another process (another start time) whose fd 5 is not a DRM file.
+    assert [(u.pid, u.vram) for u in clients.read()] == [(4000, 1 << 20)]
     fake_kernel.proc.exit(4000)
     fake_kernel.proc.other_file(4000, 5, "/etc/passwd")
-    (fake_kernel.proc.root / "4000" / "stat").unlink()
-    (fake_kernel.proc.root / "4000" / "stat").symlink_to(f"/proc/{second.pid}/stat")
+    fake_kernel.proc.client(4000, 8, amdgpu_fdinfo(card.address, 2, vram_kib=2048), real_pid=second.pid)
     clock.now += 1.0
-    assert clients.read() == [] and clients.fd_scans == scans + 1
+    assert clients.read() == []  # fd 5 is the new process's, and not a DRM file
+    clock.now += 1.0
+    assert [(u.pid, u.vram) for u in clients.read()] == [(4000, 2 << 20)]

@@ -11,11 +11,14 @@ ending in `/dev/dri/cardN` or `/dev/dri/renderDN`, under whatever root: a host's
 a container links to the host's paths — and by the `drm-driver` key in their fdinfo.
 
 Cost: looking at every fd of every process each second is the expensive part (a readlink per
-fd). So which fds of a pid are DRM ones is remembered, with the pid's start time (a pid reused by
-another process starts over), and a pid's fd list is read again only every RESCAN_S (staggered,
-so not all at once); each sample reads only the fdinfo files of known DRM fds. A process that
-opens a card later is seen within RESCAN_S. Processes vanish at any moment: ENOENT/ESRCH while
-reading are normal, and a process gpumon may not look into (another user's, unless root) is left out.
+fd). So which fds of a pid are DRM ones is remembered, and a pid's fd list is read again only
+every RESCAN_S (staggered, so not all at once); each sample reads only the fdinfo files of known
+DRM fds, and an fd that is no longer a DRM file (closed, reused) has its pid's list read again at
+once. A process that opens a card later is seen within RESCAN_S (2 x RESCAN_S at most). A pid
+reused by another process needs no start time to be told apart: /proc/PID/fdinfo/N is always the
+current holder's, and a client is known by its card and drm-client-id, never by its pid. Processes
+vanish at any moment: ENOENT/ESRCH while reading are normal, and a process gpumon may not look
+into (another user's, unless root) is left out. benchmarks/sampler_cost.py measures it.
 """
 
 from __future__ import annotations
@@ -64,41 +67,48 @@ def _vram_region(region: str) -> bool:
 
 
 def parse_fdinfo(text: str) -> DrmClient | None:
-    """A DRM client's usage, or None when the fdinfo is not a DRM client's (no drm-driver)."""
-    keys: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.startswith(("drm-", "amd-")):
-            keys[key] = value.strip()
-    driver = keys.get("drm-driver")
-    if not driver:
+    """A DRM client's usage, or None when the fdinfo is not a DRM client's (no drm-driver).
+    One pass over the lines: this runs for every client, every sample."""
+    if "drm-driver:" not in text:
         return None
+    driver = pdev = client_id = None
     engines: dict[str, int] = {}
     cycles: dict[str, int] = {}
     totals: dict[str, int] = {}
     capacity: dict[str, int] = {}
     memory: dict[str, dict[str, int]] = {"resident": {}, "memory": {}, "total": {}}
-    for key, value in keys.items():
+    for line in text.split("\n"):
+        if not line.startswith("drm-"):
+            continue
+        key, _, value = line[4:].partition(":")
+        value = value.strip()
         try:
-            if key.startswith("drm-engine-capacity-"):
-                capacity[key[20:]] = max(1, int(value))
-            elif key.startswith("drm-engine-"):
-                engines[key[11:]] = int(value.split()[0])
-            elif key.startswith("drm-total-cycles-"):
-                totals[key[17:]] = int(value)
-            elif key.startswith("drm-cycles-"):
-                cycles[key[11:]] = int(value)
-            else:
-                kind, _, region = key[4:].partition("-")
+            if key.startswith("engine-"):
+                if key.startswith("engine-capacity-"):
+                    capacity[key[16:]] = max(1, int(value))
+                else:
+                    engines[key[7:]] = int(value.split(None, 1)[0])  # "123 ns"
+            elif key.startswith("cycles-"):
+                cycles[key[7:]] = int(value)
+            elif key.startswith("total-cycles-"):
+                totals[key[13:]] = int(value)
+            elif key == "driver":
+                driver = value
+            elif key == "pdev":
+                pdev = value.lower()
+            elif key == "client-id":
+                client_id = int(value)
+            else:  # memory: drm-<kind>-<region>
+                kind, _, region = key.partition("-")
                 if kind in memory and _vram_region(region) and (size := _size(value)) is not None:
                     memory[kind][region] = size
         except (ValueError, IndexError):
             continue  # one odd line does not spoil the rest
+    if not driver:
+        return None
     # Resident is what sits in VRAM now (NVIDIA's "used"); older amdgpu says it as drm-memory-vram.
     vram = next((sum(m.values()) for m in (memory["resident"], memory["memory"], memory["total"]) if m), None)
-    client_id = keys.get("drm-client-id", "")
-    return DrmClient(driver=driver, pdev=(keys.get("drm-pdev") or "").lower() or None,
-                     client_id=int(client_id) if client_id.isdigit() else None, engine_ns=engines, cycles=cycles,
+    return DrmClient(driver=driver, pdev=pdev or None, client_id=client_id, engine_ns=engines, cycles=cycles,
                      total_cycles=totals, capacity=capacity, vram=vram)
 
 
@@ -130,19 +140,22 @@ class ClientUse:
 
 @dataclass(slots=True)
 class _Pid:
-    start: bytes  # the start time field of /proc/PID/stat: with the pid, which process this is
     fds: list[tuple[str, str]] = field(default_factory=list)  # (fd, node) of its DRM files
     rescan_at: float = 0.0
 
 
-def _start_time(stat: str) -> bytes | None:
+def _read(path: str) -> bytes | None:
+    """A small /proc file in one read (os.read: a buffered file object costs more than the read)."""
     try:
-        with open(stat, "rb") as file:
-            data = file.read(4096)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
-    fields = data.rpartition(b")")[2].split()
-    return fields[19] if len(fields) > 19 else None
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class DrmClients:
@@ -171,18 +184,13 @@ class DrmClients:
         for pid in pids:
             entry = self._pids.get(pid)
             base = f"{self.procfs}/{pid}"
-            if entry is not None and entry.fds and _start_time(f"{base}/stat") != entry.start:
-                entry = None  # it exited, and another process has its pid
             if entry is None or now >= entry.rescan_at:
                 entry = self._scan(pid, base, now)
                 if entry is None:
                     continue
             for fd, node in entry.fds:
-                try:
-                    with open(f"{base}/fdinfo/{fd}", "rb") as file:
-                        client = parse_fdinfo(file.read(65536).decode(errors="replace"))
-                except OSError:
-                    client = None
+                data = _read(f"{base}/fdinfo/{fd}")
+                client = parse_fdinfo(data.decode(errors="replace")) if data is not None else None
                 if client is None:  # closed (maybe reopened as something else): look again next time
                     entry.rescan_at = now
                     continue
@@ -202,16 +210,15 @@ class DrmClients:
 
     def _scan(self, pid: int, base: str, now: float) -> _Pid | None:
         """Which of the pid's fds are DRM files; None when the process is gone."""
-        start = _start_time(f"{base}/stat")
-        if start is None:
-            self._pids.pop(pid, None)
-            return None
         self.fd_scans += 1
         # Staggered by pid, so the fd lists of a thousand processes are not all read in one sample.
-        entry = _Pid(start=start, rescan_at=now + self.rescan_s * (1 + (pid % 17) / 17))
+        entry = _Pid(rescan_at=now + self.rescan_s * (1 + (pid % 17) / 17))
         try:
             fds = os.listdir(f"{base}/fd")
-        except OSError:  # gone, or not ours to look into
+        except FileNotFoundError:  # gone
+            self._pids.pop(pid, None)
+            return None
+        except OSError:  # not ours to look into
             fds = []
         for fd in fds:
             try:
