@@ -191,7 +191,7 @@ def _add_record_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA machines.")
+    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA, AMD and Intel cards.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     _add_source_options(parser, suppress=False)
     _add_fleet_options(parser, suppress=False)

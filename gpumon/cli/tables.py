@@ -86,7 +86,7 @@ def snapshot_text(snapshot: Snapshot) -> str:
         header += (f"  [{snapshot.backend.upper()}: simulated data]" if snapshot.backend == "demo"
                    else f"  [{snapshot.backend.upper()}]")
     if not snapshot.gpus:
-        return header + "\n\nNo GPUs found.\n"
+        return header + "\n\nNo NVIDIA GPUs found.\n"
     gpu_rows = [["GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "FAN", "POWER", "SM CLK", "PSTATE", "BUS ID"]]
     notes = []
     for g in snapshot.gpus:
