@@ -132,3 +132,16 @@ def test_the_watchdog_reads_an_amd_jobs_memory_from_fdinfo(fake_kernel, tmp_path
     assert job["peak_gpu_memory"] == 2 << 30
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert bystander.poll() is None
+
+
+def test_a_queued_job_starts_on_the_amd_card_once_it_is_free(fake_kernel, tmp_path):
+    card = fake_kernel.sys.amd()  # 37 % busy: not free
+    result = fake_kernel.run("run", "--interval", "0.2", "--wait", "--gpu", "0", "--", *probe(tmp_path),
+                             env=fake_kernel.env | STRAY)
+    assert result.returncode == 0 and "queued" in result.stdout, result.stderr
+    time.sleep(1.0)
+    (job,) = jobs(fake_kernel)
+    assert job["state"] == "queued" and not (tmp_path / "probe.json").exists()
+    fake_kernel.sys.set(card, "gpu_busy_percent", "0")
+    env = read_probe(tmp_path)["env"]
+    assert env["ROCR_VISIBLE_DEVICES"] == "GPU-5a2c1e8172f8a8b6" and "HIP_VISIBLE_DEVICES" not in env
