@@ -74,3 +74,18 @@ def test_a_fleet_host_with_amd_cards(ssh_lab, fake_kernel):
     assert (card["vendor"], card["uuid"], card["temperature_junction"]) == ("amd", "GPU-5a2c1e8172f8a8b6", 52)
     assert hosts["amd"]["snapshot"]["backend"] == "drm"
     assert [g["vendor"] for g in hosts["nv"]["snapshot"]["gpus"]] == ["nvidia"]
+
+
+def test_a_cluster_read_through_prometheus_keeps_gpumons_vendor_label():
+    """gpumon's exporter labels AMD cards vendor="amd"; dcgm-exporter's series have no vendor."""
+    from gpumon.monitor.fleet.dcgm import read_cluster
+
+    def labels(gpu: int, **more: str) -> dict[str, str]:
+        return {"gpu": str(gpu), "UUID": f"GPU-{gpu}", "modelName": "a card", "Hostname": "node1",
+                "pci_bus_id": f"00000000:{gpu + 17:02X}:00.0", **more}
+
+    cards = [labels(0), labels(1, vendor="amd"), labels(2, vendor="intel"), labels(3, vendor="\x1b[2J")]
+    readings = [({**lab, "__name__": "DCGM_FI_DEV_GPU_TEMP"}, 50.0) for lab in cards]
+    cluster = read_cluster(1.0, [(lab, 1.0) for lab in cards], readings, [], [])
+    gpus = cluster.hosts["node1"].snapshot().gpus
+    assert [g.vendor for g in gpus] == ["nvidia", "amd", "intel", "nvidia"]
