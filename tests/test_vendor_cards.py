@@ -230,3 +230,22 @@ def test_no_card_of_any_vendor_is_exit_3_naming_where_it_looked(fake_kernel):
     assert out.returncode == 3 and "Traceback" not in out.stderr
     assert f"no AMD or Intel GPU under {fake_kernel.sys.root}/class/drm" in out.stderr and "--demo" in out.stderr
 
+
+
+def test_topo_places_amd_cards_on_pcie_and_in_their_xgmi_hive(fake_kernel):
+    up = ("pci0000:00", "0000:00:01.1", "0000:01:00.0")  # a root port, a PCIe switch's upstream port
+    hive = {"xgmi_hive_info/xgmi_hive_id": "1234567890abcdef"}
+    a = fake_kernel.sys.amd("0000:03:00.0", files={**MI210, **hive}, parents=(*up, "0000:02:00.0"), numa=0)
+    fake_kernel.sys.amd("0000:04:00.0", files={**MI210, **hive}, parents=(*up, "0000:02:04.0"), numa=0)
+    fake_kernel.sys.amd("0000:07:00.0", parents=(*up, "0000:02:08.0", "0000:05:00.0", "0000:06:00.0"), numa=0)
+    fake_kernel.sys.amd("0000:81:00.0", parents=("pci0000:80", "0000:80:01.1"), numa=1)
+    fake_kernel.sys.amd("0000:03:00.1", files={**MI210, "unique_id": "1"}, parents=(*up, "0000:02:00.0"), numa=0)
+    out = fake_kernel.run("topo", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {g["index"]: g for g in json.loads(out.stdout)["gpus"]}  # indices in PCI order: 03.0 03.1 04 07 81
+    assert rows[0]["links"]["2"] == "XGMI"  # one hive: xGMI, over their PCIe switch
+    assert rows[0]["links"]["1"] == "PIX"  # behind the same switch, not in the hive
+    assert rows[2]["links"]["3"] == "PXB" and rows[3]["links"]["4"] == "SYS" and rows[0]["links"]["4"] == "SYS"
+    assert (rows[4]["numa_node"], rows[0]["cpu_affinity"]) == (1, "0-7")
+    text = fake_kernel.run("topo")
+    assert "XGMI" in text.stdout and "xGMI hive" in text.stdout and a.address == "0000:03:00.0"

@@ -155,6 +155,9 @@ class DrmBackend:
 
     def topology(self) -> Topology:
         present = [c for c in self.cards if c.present]
+        for card in present:  # xGMI hives are in the identity, read once a card is awake
+            if card.node.vendor == "amd" and card.identity is None and runtime_status(card.node) not in ASLEEP:
+                card.identity = amdgpu.read_identity(card.node.device)
         return link_matrix(
             [c.index for c in present], [pci_path(c.node.device) for c in present],
             [c.node.numa_node for c in present], [c.node.local_cpus for c in present],
