@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""CPU time of one sampler pass (NVML via the fake driver + psutil enrichment) by cards and processes.
+"""CPU time of one sampler pass (NVML via the fake driver + psutil enrichment) by cards and processes;
+and of AMD cards read from a fake sysfs, with their processes from a fake procfs's fdinfo.
 
 Shows that the cost per sample grows about linearly with cards and processes. Run from the repo
 root: `python benchmarks/sampler_cost.py`. Needs a C compiler (builds the test suite's fake driver).
@@ -48,6 +49,45 @@ def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Pat
     return cost
 
 
+def measure_drm(cards: int, procs: list[subprocess.Popen], others: int, passes: int, workdir: Path,
+                rescan_s: float | None = None) -> tuple[float, int]:
+    """AMD cards from a fake sysfs, their processes from a fake procfs: each GPU process (a real
+    one) holds one DRM fd among 15 others, and `others` processes hold no DRM fd at all (the
+    rest of a busy host, whose fd lists are looked at too). The clock moves 1 s a pass, so fd
+    lists are read again as they would be (every RESCAN_S, staggered). Returns (CPU s per pass,
+    fd lists read)."""
+    from fakedrm import FakeKernel, amdgpu_fdinfo
+
+    from gpumon.monitor.backends.drm import DrmBackend
+    from gpumon.monitor.sampler import Sampler
+
+    kernel = FakeKernel(workdir / f"drm-{cards}-{len(procs)}-{others}-{rescan_s}")
+    addresses = [kernel.sys.amd(f"0000:{0x10 + i:02x}:00.0", parents=(f"pci0000:{0x10 + i:02x}",)).address
+                 for i in range(cards)]
+    for i, proc in enumerate(procs):
+        kernel.proc.client(proc.pid, 30, amdgpu_fdinfo(addresses[i % cards], i, vram_kib=1 << 20,
+                                                       gfx_ns=i * 1000))
+        for fd in range(15):
+            os.symlink(f"/tmp/file{fd}", kernel.proc.root / str(proc.pid) / "fd" / str(fd))
+    for n in range(others):
+        pid = 4_000_000 + n  # beyond any real pid: stands for the host's other processes
+        kernel.proc.process(pid, real_pid=procs[n % len(procs)].pid if procs else os.getpid())
+        for fd in range(15):
+            os.symlink(f"/tmp/file{fd}", kernel.proc.root / str(pid) / "fd" / str(fd))
+    clock = [0.0]
+    backend = DrmBackend(sysfs=str(kernel.sys.root), procfs=str(kernel.proc.root), clock=lambda: clock[0])
+    if rescan_s is not None:
+        backend.clients.rescan_s = rescan_s
+    sampler = Sampler(backend)
+    sampler.collect()
+    scans = backend.clients.fd_scans
+    start = time.process_time()
+    for _ in range(passes):
+        clock[0] += 1.0
+        sampler.collect()
+    return (time.process_time() - start) / passes, backend.clients.fd_scans - scans
+
+
 def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
     lib = build(workdir)
@@ -57,6 +97,13 @@ def main() -> None:
         for cards, nprocs in [(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (8, 64), (8, 128), (8, 256), (8, 512)]:
             cost = measure(cards, pool[:nprocs], passes=20, workdir=workdir, lib=lib)
             print(f"{cards:>5} {nprocs:>5} {cost * 1000:>14.2f} {cost * 1e6 / (cards + nprocs):>17.0f}")
+        print("\nAMD cards (sysfs + fdinfo); each process 1 DRM fd among 16; 'other': processes with none")
+        print(f"{'cards':>5} {'procs':>5} {'other':>5} {'fd lists':>12} {'ms CPU/sample':>14} {'fd lists read/s':>16}")
+        for cards, nprocs, others, rescan in [(8, 0, 0, None), (8, 64, 0, None), (8, 256, 0, None),
+                                              (8, 256, 512, None), (8, 256, 512, 0.0)]:
+            cost, scans = measure_drm(cards, pool[:nprocs], others, passes=30, workdir=workdir, rescan_s=rescan)
+            how = "every sample" if rescan == 0.0 else "cached"
+            print(f"{cards:>5} {nprocs:>5} {others:>5} {how:>12} {cost * 1000:>14.2f} {scans / 30:>16.0f}")
     finally:
         for p in pool:
             p.kill()

@@ -24,8 +24,11 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
 
+    [paths]                           # where the kernel's file systems are (--path.sysfs, --path.procfs)
+    sysfs = "/host/sys"
+    procfs = "/host/proc"
+
     [owners]                          # where this host's records of who runs what are
-    procfs = "/host/proc"             # the host's /proc (also --path.procfs); default /proc
     pods_dir = "/host/var/log/pods"   # the kubelet's pod log directories
     docker_dir = "/host/var/lib/docker"
     podman_dir = "/host/var/lib/containers/storage"
@@ -53,8 +56,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
-    "owners": {"procfs": (str,), "pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,),
-               "job_map_dir": (str,)},
+    "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
+    "paths": {"sysfs": (str,), "procfs": (str,)},
 }
 
 
@@ -80,6 +83,8 @@ class Config:
     fleet_prometheus_user: str | None = None
     fleet_prometheus_password_file: str | None = None  # ~ expanded; relative to the config file's folder
     owners: dict[str, str] = field(default_factory=dict)  # [owners]: where the host's records are
+    path_sysfs: str | None = None  # [paths]: where /sys and /proc are (AMD and Intel cards, processes)
+    path_procfs: str | None = None
 
 
 def default_path() -> Path:
@@ -158,4 +163,6 @@ def load_config(path: str | None = None) -> Config:
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
+    paths = data.get("paths", {})
+    config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None
     return config

@@ -122,6 +122,9 @@ class MigSample:
     memory_used: int | None = None
 
 
+# Card makers, as people write them.
+VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+
 # A card's NVSwitch fabric registration (HGX/DGX boards), in words; None: the card has no fabric.
 FABRIC_STATES = ("ready", "degraded", "in_progress", "not_started", "failed")
 
@@ -164,11 +167,37 @@ class GpuSample:
     mig_mode: bool | None = None  # MIG on: CUDA sees the slices, never the whole card
     fabric: str | None = None  # one of FABRIC_STATES; None: no NVSwitch fabric (or not reported)
     stale_s: float | None = None  # with state "stale": seconds since the card last answered
+    # Whose card: "nvidia" (NVML), "amd" (amdgpu) or "intel" (i915, xe); AMD and Intel cards are read
+    # from the kernel (sysfs and /proc/PID/fdinfo). The fields below are theirs (None from NVML).
+    vendor: str = "nvidia"
+    temperature_junction: int | None = None  # °C, the hottest spot (AMD); `temperature` is the edge
+    temperature_memory: int | None = None  # °C, the memory (AMD HBM/GDDR)
+    gtt_total: int | None = None  # bytes of system memory the card can map (AMD GTT)
+    gtt_used: int | None = None
+    pcie_link_speed: float | None = None  # GT/s, now (a link saves power by slowing down)
+    pcie_link_width: int | None = None  # lanes, now
+    pcie_link_speed_max: float | None = None
+    pcie_link_width_max: int | None = None
+    vbios: str | None = None
+    serial: str | None = None
+    perf_level: str | None = None  # AMD power_dpm_force_performance_level: auto, manual, high, …
+    # The kernel has put the card to sleep (runtime PM "suspended"): it is not read, so as not to
+    # wake it, and its values are None. None: not known (NVML).
+    asleep: bool | None = None
+    # Not in the JSON schema: the card's number in its vendor's runtime (ROCm's order for AMD, Level
+    # Zero's for Intel), for pinning a job to it. None for NVIDIA (pinned by UUID).
+    vendor_index: int | None = None
 
     @property
     def key(self) -> str:
         """What identifies the card across samples, resets and driver reloads: its UUID."""
         return self.uuid or f"index:{self.index}"
+
+    @property
+    def ref(self) -> str | None:
+        """How a job names the card: its UUID, or its PCI bus id where the kernel gives no UUID
+        (Intel cards, AMD cards without a unique_id); `--gpu` takes either."""
+        return self.uuid or self.pci_bus_id
 
     @property
     def memory_percent(self) -> float | None:
@@ -234,6 +263,7 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     out = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(GpuSample)}
     out.pop("error")
     out.pop("mig_devices")
+    out.pop("vendor_index")
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
     out["processes"] = [_process_to_dict(p) for p in gpu.processes]

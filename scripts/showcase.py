@@ -42,6 +42,7 @@ SHOTS: list[tuple[str, dict, tuple[int, int], tuple[str, ...]]] = [
     ("run-dialog-120x40.svg", {}, (120, 40), ("down", "down", "down", "r", *"python train.py --lr 3e-4")),
     ("jobs-120x40.svg", {}, (120, 40), ("J",)),
     ("fleet-120x40.svg", {"fleet": True}, (120, 40), ()),
+    ("mixed-120x40.svg", {"scenario": "mixed"}, (120, 40), ()),
 ]
 
 

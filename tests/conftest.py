@@ -140,3 +140,6 @@ from sshd import ssh_lab  # noqa: E402, F401
 from terminal import tmux_session  # noqa: E402, F401
 
 __all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "IN_CI"]
+
+# Fake kernel trees (sysfs, procfs) for AMD and Intel cards, fixture `fake_kernel`.
+from fakedrm import fake_kernel  # noqa: E402, F401

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from gpumon.errors import UsageError
+from gpumon.model import Snapshot
 from gpumon.monitor.backends.demo import LOST_AFTER_SAMPLES, SCENARIOS, DemoBackend
 
 
@@ -36,11 +37,26 @@ def test_every_scenario_is_plausible(scenario):
             if gpu.state != "ok":
                 continue
             assert 0 <= gpu.utilization_gpu <= 100
+            assert 0 < gpu.power_draw <= gpu.power_limit
+            assert len({p.pid for p in gpu.processes}) == len(gpu.processes)
+            if gpu.vendor == "intel":  # as the kernel says it: no UUID, no memory in use for the whole card
+                assert gpu.uuid is None and gpu.memory_used is None and gpu.vendor_index is not None
+                continue
             assert 0 < gpu.memory_used <= gpu.memory_total
             assert gpu.memory_used + gpu.memory_free == gpu.memory_total
-            assert 0 < gpu.power_draw <= gpu.power_limit
             assert gpu.uuid.startswith("GPU-")
-            assert len({p.pid for p in gpu.processes}) == len(gpu.processes)
+
+
+def test_mixed_host_lists_nvidia_then_amd_then_intel():
+    snap = DemoBackend("mixed").sample()
+    assert [g.vendor for g in snap.gpus] == ["nvidia", "nvidia", "amd", "amd", "intel"]
+    assert [g.vendor_index for g in snap.gpus] == [None, None, 0, 1, 0]
+    amd = snap.gpus[2]
+    assert amd.uuid and len(amd.uuid) == len("GPU-") + 16  # ROCm's form: GPU- and 16 hex digits
+    assert amd.temperature_junction > amd.temperature and amd.pstate is None and amd.throttle_reasons is None
+    assert [g.vendor for g in Snapshot.from_dict(snap.to_dict()).gpus] == [g.vendor for g in snap.gpus]
+    topo = DemoBackend("mixed").topology()
+    assert topo.links[2][3] == "XGMI" and topo.links[0][1] == "NV12" and topo.links[1][2] == "SYS"
 
 
 def test_default_has_four_datacenter_cards_with_training_jobs():

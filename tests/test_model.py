@@ -18,6 +18,9 @@ SCHEMA_GPU_KEYS = {
     "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "owner", "processes",
     # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
     "mig_mode", "fabric", "stale_s",
+    # Added by issue 28: whose card, and what the kernel says of AMD and Intel cards (null from NVML).
+    "vendor", "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_speed",
+    "pcie_link_width", "pcie_link_speed_max", "pcie_link_width_max", "vbios", "serial", "perf_level", "asleep",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
                     # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).

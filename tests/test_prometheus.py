@@ -61,7 +61,7 @@ def test_framebuffer_in_mib_like_dcgm_exporter():
     latest = DemoBackend().sample()
     body = exposition(GpumonCollector(lambda: latest)).decode()
     used = latest.gpus[0].memory_used / (1 << 20)
-    assert f'gpu="0",modelName="NVIDIA A100-SXM4-80GB",pci_bus_id="00000000:07:00.0"}} {used}' in body
+    assert f'gpu="0",modelName="NVIDIA A100-SXM4-80GB",pci_bus_id="00000000:07:00.0",vendor="nvidia"}} {used}' in body
 
 
 RULES = ["temp > 85 for 30s", "throttle thermal on 0,1", "power > 90%", "mem >= 95% for 1m", "lost", "xid",

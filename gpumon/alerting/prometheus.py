@@ -68,7 +68,9 @@ GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
      lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
     ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
 ]
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
+# `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
+# is "amd4", "intel5" where NVIDIA's is "nvidia0").
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor"]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
@@ -135,8 +137,8 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
              per_host: bool = False) -> Iterator[GaugeMetricFamily]:
     """The exposition of these hosts' cards. `per_host`: the series that are not about one card
     (sample age, rules firing) get a Hostname label too, as one exporter speaks for many hosts."""
-    labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, r.host, g.pci_bus_id or ""]
-              for r in readings for g in r.snapshot.gpus}
+    labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"{g.vendor}{g.index}", g.name, r.host,
+                                  g.pci_bus_id or "", g.vendor] for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
     for name, doc, read in GAUGES:
         family = GaugeMetricFamily(name, doc, labels=LABELS)

@@ -22,13 +22,26 @@ def load_settings(args: argparse.Namespace) -> Config:
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:
         args.interval = config.interval or 1.0
-    if getattr(args, "path_procfs", None) or config.owners:
-        _use_host_paths(getattr(args, "path_procfs", None), config)
+    _, procfs = filesystem_roots(args, config)
+    if procfs or config.owners:
+        _use_host_paths(procfs, config)
     return config
 
 
+def filesystem_roots(args: argparse.Namespace, config: Config | None = None) -> tuple[str | None, str | None]:
+    """Where sysfs and procfs are: --path.sysfs/--path.procfs, else the config's [paths]; None for
+    /sys and /proc. Resolved once into `args` (the TUI opens the driver before it reads the config)."""
+    if not getattr(args, "roots_resolved", False):
+        if config is None:
+            config = load_config(getattr(args, "config", None))
+        args.path_sysfs = getattr(args, "path_sysfs", None) or config.path_sysfs
+        args.path_procfs = getattr(args, "path_procfs", None) or config.path_procfs
+        args.roots_resolved = True
+    return args.path_sysfs, args.path_procfs
+
+
 def _use_host_paths(procfs: str | None, config: Config) -> None:
-    """Where this host's /proc and records of who runs what are (--path.procfs, config [owners])."""
+    """Where this host's /proc and records of who runs what are (--path.procfs or [paths] procfs, [owners])."""
     from pathlib import Path
 
     from gpumon.monitor.owners import HostPaths, use_host_paths
@@ -36,9 +49,9 @@ def _use_host_paths(procfs: str | None, config: Config) -> None:
     given = {key: Path(value).expanduser() for key, value in config.owners.items()}
     if procfs:
         given["procfs"] = Path(procfs).expanduser()
-    if "procfs" in given and not (given["procfs"] / "self").is_dir():
-        where = "--path.procfs" if procfs else f"config {config.path}: [owners] procfs"
-        raise UsageError(f"{where} {str(given['procfs'])!r} is not a proc filesystem (it has no 'self')")
+        if not (given["procfs"] / "self").is_dir():
+            raise UsageError(f"--path.procfs (or [paths] procfs) {str(given['procfs'])!r} is not a proc "
+                             "filesystem (it has no 'self')")
     use_host_paths(HostPaths(**given))
 
 
@@ -55,8 +68,9 @@ def fleet_requested(args: argparse.Namespace) -> bool:
 def backend_args(args: argparse.Namespace) -> dict[str, Any]:
     """How to open the same data source again: the TUI's and `run`'s jobs' supervisors use it."""
     demo = args.demo or args.scenario is not None
+    sysfs, procfs = filesystem_roots(args)
     return {"demo": (args.scenario or "default") if demo else None, "seed": args.seed,
-            "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB")}
+            "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB"), "sysfs": sysfs, "procfs": procfs}
 
 
 def open_source(args: argparse.Namespace, timeout: float | None = None):
@@ -70,7 +84,8 @@ def open_source(args: argparse.Namespace, timeout: float | None = None):
         raise UsageError("--demo and --replay cannot be used together")
 
     def open_it():
-        return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed)
+        return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed,
+                            sysfs=opened["sysfs"], procfs=opened["procfs"])
 
     if timeout is None:
         return open_it()

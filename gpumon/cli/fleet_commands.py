@@ -64,7 +64,7 @@ def select_hosts(args: argparse.Namespace) -> int:
     if args.verbose:
         for reason in best.choice.reasons:
             print(f"gpumon: {best.host}: {reason}", file=sys.stderr)
-    print(f"{best.host}\t{','.join(g.uuid for g in best.choice.gpus)}")
+    print(f"{best.host}\t{','.join(g.ref or '' for g in best.choice.gpus)}")
     return EXIT_OK
 
 
@@ -165,7 +165,7 @@ def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[Ho
                                   request.max_util)
     if best is None:
         raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(reasons))
-    uuids = ",".join(g.uuid for g in best.choice.gpus)
+    uuids = ",".join(g.ref or "" for g in best.choice.gpus)
     print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
     return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
 

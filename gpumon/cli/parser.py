@@ -15,7 +15,7 @@ from gpumon.errors import UsageError
 MIN_INTERVAL = 0.1
 # The demo's scenarios, repeated here so parsing never imports the demo backend (a test checks
 # that the two lists agree).
-DEMO_SCENARIOS = ("default", "workstation", "hot", "lost")
+DEMO_SCENARIOS = ("default", "workstation", "hot", "lost", "mixed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,10 +138,16 @@ def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay:
         g.add_argument("--replay", default=_default(None, suppress), metavar="FILE", help="play back a recording")
     g.add_argument("--nvml-lib", default=_default(None, suppress), metavar="PATH",
                    help="load this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
-    g.add_argument("--path.procfs", dest="path_procfs", default=_default(None, suppress), metavar="PATH",
-                   help="the host's /proc, where gpumon runs in a container that mounts it elsewhere "
-                        "(also config [owners] procfs)")
+    _add_path_options(g, suppress)
     _add_config_option(g, suppress)
+
+
+def _add_path_options(g, suppress: bool) -> None:
+    """Where the kernel's file systems are (node_exporter's names): a host's, mounted in a container."""
+    g.add_argument("--path.sysfs", dest="path_sysfs", default=_default(None, suppress), metavar="PATH",
+                   help="sysfs, for AMD and Intel cards (default /sys; config [paths] sysfs)")
+    g.add_argument("--path.procfs", dest="path_procfs", default=_default(None, suppress), metavar="PATH",
+                   help="procfs, for their processes (default /proc; config [paths] procfs)")
 
 
 def _add_ssh_options(g, suppress: bool) -> None:
@@ -188,7 +194,7 @@ def _add_record_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA machines.")
+    parser = _Parser(prog="gpumon", description="Terminal GPU monitor and launcher for NVIDIA, AMD and Intel cards.")
     parser.add_argument("--version", action="version", version=f"gpumon {__version__}")
     _add_source_options(parser, suppress=False)
     _add_fleet_options(parser, suppress=False)

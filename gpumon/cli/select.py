@@ -1,9 +1,11 @@
-"""`gpumon select`: a CUDA_VISIBLE_DEVICES value (UUIDs) for the best free cards.
+"""`gpumon select`: a CUDA_VISIBLE_DEVICES value (UUIDs) for the best free cards (on an AMD
+host ROCR_VISIBLE_DEVICES', on an Intel one ZE_AFFINITY_MASK').
 
 `--export` prints shell commands instead, so `eval "$(gpumon select --export)"` pins the shell
-itself: CUDA_VISIBLE_DEVICES by UUID and CUDA_DEVICE_ORDER=PCI_BUS_ID, quoted for the shell (the
-UUIDs come from the driver). With no free card nothing is printed on stdout (the reason goes to
-stderr, exit status 1), so the eval does nothing.
+itself: CUDA_VISIBLE_DEVICES by UUID and CUDA_DEVICE_ORDER=PCI_BUS_ID (or the AMD or Intel
+variables of jobs/pinning.py), quoted for the shell (the UUIDs come from the driver). With no
+free card nothing is printed on stdout (the reason goes to stderr, exit status 1), so the eval
+does nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.jobs.pinning import VISIBLE, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
 from gpumon.monitor.sampler import read_topology, sample_once
 
@@ -48,17 +51,20 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ALERT  # like grep: ran fine, found nothing
     if args.verbose:
         _explain(choice.reasons)
-    uuids = ",".join(g.uuid or "" for g in choice.gpus)
-    print(exports({"CUDA_VISIBLE_DEVICES": uuids, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, args.shell)
-          if args.export else uuids)
+    env, unset = vendor_env(list(choice.gpus))
+    visible = next(env[name] for name in VISIBLE.values() if name in env)
+    print(exports(env, args.shell, unset) if args.export else visible)
     return EXIT_OK
 
 
-def exports(variables: dict[str, str], shell: str | None) -> str:
-    """Commands that set `variables` in the caller's shell, each value quoted for that shell."""
+def exports(variables: dict[str, str], shell: str | None, unset: tuple[str, ...] = ()) -> str:
+    """Commands that set `variables` (and remove `unset`) in the caller's shell, each value quoted
+    for that shell."""
     if shell == "fish":
-        return "\n".join(f"set -gx {name} {fish_quote(value)};" for name, value in variables.items())
-    return "\n".join(f"export {name}={shlex.quote(value)};" for name, value in variables.items())
+        return "\n".join([f"set -e {name};" for name in unset]
+                         + [f"set -gx {name} {fish_quote(value)};" for name, value in variables.items()])
+    return "\n".join([f"unset {name};" for name in unset]
+                     + [f"export {name}={shlex.quote(value)};" for name, value in variables.items()])
 
 
 def fish_quote(text: str) -> str:

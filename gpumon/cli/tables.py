@@ -95,9 +95,11 @@ def snapshot_text(snapshot: Snapshot) -> str:
             notes.append(f"GPU {g.index}: {_state_words(g)}")
         if g.fabric not in (None, "ready"):
             notes.append(f"GPU {g.index}: NVSwitch fabric {FABRIC_WORDS.get(g.fabric, g.fabric)}")
-        if g.state != "ok" and g.utilization_gpu is None:
-            gpu_rows.append([str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), "", "", "", "", "", "", "",
-                             g.pci_bus_id or NA])
+        if g.asleep and g.state == "ok":
+            notes.append(f"GPU {g.index}: asleep (the kernel suspended it); not read, so as not to wake it")
+        if (g.state != "ok" and g.utilization_gpu is None) or (g.asleep and g.state == "ok"):
+            gpu_rows.append([str(g.index), fit(g.name, NAME_CELLS), "ASLEEP" if g.asleep else g.state.upper(),
+                             "", "", "", "", "", "", "", g.pci_bus_id or NA])
             continue
         gpu_rows.append([
             str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), _fmt(g.utilization_gpu, "%"), _memory(g),
@@ -134,7 +136,8 @@ TOPOLOGY_LEGEND = """Legend:
   PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
   PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
   PIX  = Connection traversing at most a single PCIe bridge
-  NV#  = Connection traversing a bonded set of # NVLinks"""
+  NV#  = Connection traversing a bonded set of # NVLinks
+  XGMI = AMD cards of one xGMI hive (Infinity Fabric); how many links sysfs does not say"""
 
 
 def topology_text(topo: Topology) -> str:

@@ -84,11 +84,11 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
         _check_limit(request.mem_limit, limit, gpus or snapshot.gpus, chosen=bool(gpus))
     elif len(gpus) == 1:
-        limit = card_limits().get(gpus[0].uuid)  # the card's default, set with `m` in the TUI
+        limit = card_limits().get(gpus[0].ref)  # the card's default, set with `m` in the TUI
     name = request.name or program_name(request.command)
     return jobs.JobSpec(
         id=jobs.new_job_id(), name=name, command=list(request.command), gpu_spec=request.gpu_spec, cwd=cwd,
-        created=time.time(), gpus=[g.uuid for g in gpus] if not request.wait else [],
+        created=time.time(), gpus=[g.ref for g in gpus] if not request.wait else [],
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
         backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
@@ -197,7 +197,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     needs_topo = request.gpu_spec.startswith("auto:") and request.gpu_spec != "auto:1"
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
     if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
-        for gpu in (g for g in snapshot.gpus if g.uuid in spec.gpus):
+        for gpu in (g for g in snapshot.gpus if g.ref in spec.gpus):
             if note := busy_note(gpu):
                 print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
     directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)

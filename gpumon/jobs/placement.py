@@ -3,9 +3,7 @@
 - `resolve_spec` turns a GPU SPEC (index, UUID, MIG UUID, PCI bus id, list, auto[:N]) into cards.
 - `choose` picks the N free-enough cards with the best links among them (then the least loaded);
   `gpumon select`, `--gpu auto:N` and queued jobs all use it.
-- `pin` is the environment every launch path gives a job: cards by UUID (MIG slices by MIG UUID)
-  with CUDA_DEVICE_ORDER=PCI_BUS_ID, so neither CUDA's "fastest first" order nor an inherited
-  CUDA_VISIBLE_DEVICES can move the job to another card; CPUs next to the cards.
+- `pin` (jobs/pinning.py) is the environment every launch path gives a job, per vendor.
 """
 
 from __future__ import annotations
@@ -13,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from dataclasses import dataclass
 
 from gpumon.errors import UsageError
-from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.jobs.pinning import Pinning, local_cpus, one_vendor, pin  # noqa: F401 - where launches find them
+from gpumon.model import VENDOR_NAMES, GpuSample, Snapshot, Topology
 from gpumon.monitor.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
 from gpumon.sanitize import printable
-from gpumon.units import format_bytes, parse_cpu_list, parse_size
+from gpumon.units import format_bytes, parse_size
 
 MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedily instead
 # A card someone else is using is not free, unless the user lowers the bar (--max-util, --max-used):
@@ -144,7 +142,14 @@ def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: 
                 max_used: str | None, reasons: list[str]) -> list[GpuSample]:
     """Free whole cards and, for a single card, free MIG slices; why each other card is not."""
     eligible = []
+    # A program is built for one vendor's runtime: a set is one vendor's cards, the host's first
+    # (NVIDIA's on a host that has both); other vendors' cards are used when named (--gpu 4).
+    vendor = snapshot.gpus[0].vendor if snapshot.gpus else "nvidia"
     for gpu in snapshot.gpus:
+        if gpu.vendor != vendor:
+            reasons.append(f"GPU {gpu.index} skipped: an {VENDOR_NAMES.get(gpu.vendor, gpu.vendor)} card; auto "
+                           f"chooses among the {VENDOR_NAMES.get(vendor, vendor)} cards (--gpu {gpu.index} uses it)")
+            continue
         if gpu.state == "ok" and gpu.mig_mode:
             if count > 1:
                 reasons.append(f"GPU {gpu.index} skipped: in MIG mode, and a program sees one MIG slice at most")
@@ -250,6 +255,10 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
         if gpu in chosen:
             raise UsageError(f"bad --gpu {spec!r}: card {gpu.index} is named twice")
         chosen.append(gpu)
+    try:
+        one_vendor(chosen)
+    except UsageError as exc:
+        raise UsageError(f"bad --gpu {spec!r}: {exc}") from None
     return chosen
 
 
@@ -259,7 +268,7 @@ def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
         match = [g for g in gpus if g.index == int(part)]
         if not match:
             raise UsageError(f"bad --gpu {spec!r}: no card {part} (cards are {_indices(snapshot)})")
-        if match[0].uuid is None:  # jobs are pinned by UUID: a card that never answered has none
+        if match[0].ref is None:  # jobs name cards by UUID (or bus id): a card that never answered has none
             raise UsageError(f"--gpu {spec}: card {part} cannot be used: {match[0].error or match[0].state}")
         return match[0]
     if part.upper().startswith("MIG-"):
@@ -285,36 +294,3 @@ def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
 
 def _indices(snapshot: Snapshot) -> str:
     return ", ".join(str(g.index) for g in snapshot.gpus) or "none"
-
-
-@dataclass(frozen=True)
-class Pinning:
-    uuids: tuple[str, ...]
-    indices: tuple[int, ...]
-    cpus: tuple[int, ...] | None  # None: leave affinity alone
-    env: dict[str, str]
-
-
-def local_cpus(gpus: list[GpuSample]) -> tuple[int, ...] | None:
-    """The CPUs next to the cards (NVML affinity), within the CPUs this process may use."""
-    near: set[int] = set()
-    for gpu in gpus:
-        if gpu.cpu_affinity:
-            near.update(parse_cpu_list(gpu.cpu_affinity))
-    if not near:
-        return None
-    allowed = os.sched_getaffinity(0)
-    both = near & allowed
-    return tuple(sorted(both)) if both else None  # none of them usable here: do not pin at all
-
-
-def pin(gpus: list[GpuSample], job_id: str, numa: bool = True) -> Pinning:
-    env = {
-        "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "GPUMON_JOB_ID": job_id,
-    }
-    return Pinning(
-        uuids=tuple(g.uuid for g in gpus), indices=tuple(g.index for g in gpus),
-        cpus=local_cpus(gpus) if numa else None, env=env,
-    )

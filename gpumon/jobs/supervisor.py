@@ -227,7 +227,8 @@ class Supervisor:
             self._mark_log(number, why_moved)
         started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
         try:
-            self.child = self._spawn(dict(os.environ) | env_added)
+            inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}
+            self.child = self._spawn(inherited | env_added)
         except OSError as exc:
             self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
             return False

@@ -26,7 +26,7 @@ SHORT_ID = 12  # a container's id as its engine shows it
 
 @dataclass(frozen=True, slots=True)
 class HostPaths:
-    """Where this host's records are (config [owners], --path.procfs)."""
+    """Where this host's records are (config [owners]; procfs: --path.procfs or [paths] procfs)."""
 
     procfs: Path = Path("/proc")
     pods_dir: Path = Path("/var/log/pods")

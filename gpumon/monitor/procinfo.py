@@ -25,6 +25,7 @@ import psutil
 
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample
 from gpumon.monitor.owners import OwnerReader, container_label, on_mapped_card
+from gpumon.monitor.procroot import RootProcess
 from gpumon.sanitize import printable
 
 # A command line that changes without the process name changing is noticed within this long.
@@ -68,7 +69,7 @@ def _read_stat(pid: int, procfs: str = "/proc") -> _Stat | None:
 
 @dataclass(slots=True)
 class _Known:
-    process: psutil.Process
+    process: psutil.Process | RootProcess
     user: str | None
     command: str | None
     started: float
@@ -124,11 +125,12 @@ def _uid(proc: psutil.Process) -> int | None:
 
 
 class ProcessEnricher:
-    def __init__(self, clock=time.monotonic, owners: OwnerReader | None = None) -> None:
+    def __init__(self, clock=time.monotonic, owners: OwnerReader | None = None, procfs: str | None = None) -> None:
+        """`procfs`: where /proc is (a host's, mounted in a container); else the owners' paths say."""
         self._known: dict[int, _Known] = {}
         self._clock = clock
         self.owners = owners or OwnerReader()
-        self._procfs = str(self.owners.paths.procfs)
+        self._procfs = procfs or str(self.owners.paths.procfs)
 
     def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """Every card's processes, each pid read once; forgets pids no card lists any more."""
@@ -150,7 +152,7 @@ class ProcessEnricher:
     def _lookup(self, pid: int, stat: _Stat) -> _Known | None:
         """What never changes for this process, read once; None if psutil cannot see it."""
         try:
-            proc = psutil.Process(pid)
+            proc = psutil.Process(pid) if self._procfs == "/proc" else RootProcess(pid, self._procfs)
             with proc.oneshot():
                 user = _user(proc)
                 owner = self.owners.read(pid, user)

@@ -51,6 +51,11 @@ def read_topology(backend: Backend, wait_s: float | None = None,
     return backend.topology()
 
 
+def _enricher(backend: Backend) -> ProcessEnricher:
+    """Reads the processes where the backend finds them (a host's /proc mounted elsewhere)."""
+    return ProcessEnricher(procfs=getattr(backend, "procfs", None))
+
+
 class History:
     """Per card (by UUID: a card that comes back after a reset continues its history), the last
     `capacity` values of each charted metric."""
@@ -133,7 +138,7 @@ class Sampler:
         self.interval = interval
         self._enrich = enrich
         # psutil is asked about every GPU process each sample: only when someone will show it.
-        self.enricher = ProcessEnricher() if backend is not None and enrich and backend.real_pids else None
+        self.enricher = _enricher(backend) if backend is not None and enrich and backend.real_pids else None
         # Interval 0 (replaying as fast as possible) sizes history as if sampled every 0.1 s.
         self.history = History(capacity=int(history_seconds / max(interval, 0.1)) + 1)
         self.latest: Snapshot | None = None
@@ -147,7 +152,7 @@ class Sampler:
             assert self.opener is not None, "a Sampler needs a backend or an opener"
             backend = await run_in_daemon_thread(self.opener)
             self.backend = backend
-            self.enricher = ProcessEnricher() if self._enrich and backend.real_pids else None
+            self.enricher = _enricher(backend) if self._enrich and backend.real_pids else None
         return self.backend
 
     async def topology(self, on_progress: Callable[[Topology], None] | None = None,

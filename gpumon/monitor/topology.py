@@ -1,6 +1,7 @@
 """How good a link between two cards is, in nvidia-smi's legend, best first: NVLink (more links
-better) > PIX (one PCIe switch) > PXB (several switches) > PHB (same host bridge) > NODE (same NUMA
-node) > SYS (across sockets). Used by placement, `gpumon topo` and the TUI's topology view."""
+better) > XGMI (AMD's Infinity Fabric) > PIX (one PCIe switch) > PXB (several switches) > PHB
+(same host bridge) > NODE (same NUMA node) > SYS (across sockets). Used by placement, `gpumon topo`
+and the TUI's topology view."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from collections.abc import Sequence
 
 from gpumon.model import GpuSample, Topology
 
-LINK_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
+# XGMI: AMD cards of one xGMI hive (Infinity Fabric), how many links sysfs does not say: below
+# NVLink's counts, above any PCIe path.
+LINK_RANK = {"XGMI": 0.995, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 UNKNOWN_RANK = 6
-LINK_WORDS = {"PIX": "one PCIe switch", "PXB": "several PCIe switches", "PHB": "same PCIe host bridge",
-              "NODE": "same NUMA node", "SYS": "across CPU sockets"}
+LINK_WORDS = {"XGMI": "AMD xGMI (one hive)", "PIX": "one PCIe switch", "PXB": "several PCIe switches",
+              "PHB": "same PCIe host bridge", "NODE": "same NUMA node", "SYS": "across CPU sockets"}
 
 
 def link_rank(link: str | None) -> float:
@@ -49,7 +52,7 @@ def best_partners(topo: Topology, index: int) -> list[tuple[int, str | None]]:
 def unknown_links(gpus: Sequence[GpuSample]) -> Topology:
     """What is known before any link is read: the cards, their CPUs and NUMA nodes; links None.
     Cards that cannot be asked are left out."""
-    usable = [g for g in gpus if g.state in ("ok", "error") and g.uuid is not None]
+    usable = [g for g in gpus if g.state in ("ok", "error") and g.ref is not None]
     left_out = tuple((g.index, g.error or g.state) for g in gpus if g not in usable)
     return Topology(
         indices=tuple(g.index for g in usable),

@@ -50,13 +50,13 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
     if problem:
         app.notify(problem, severity="warning", timeout=6)
         return
-    if gpu.state != "ok" or gpu.uuid is None:
+    if gpu.state != "ok" or gpu.ref is None:
         app.notify(f"{status.card_id(gpu.index)} is {gpu.state}: select a working card", severity="warning")
         return
     local = fleet.specs[host].is_local
     card = where(status, gpu)
     simulated = local and not getattr(app, "local_real_pids", True)  # `local` in --demo
-    dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.uuid), launch_cwd if local else "",
+    dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.ref), launch_cwd if local else "",
                        where=card + (f" ({why})" if why else ""), remote=not local,
                        note=SIMULATED_NOTE if simulated else "")
     app.push_screen(dialog, lambda choice: launch(app, fleet, host, gpu, choice, card, launched) if choice else None)
@@ -65,7 +65,7 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
 def launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, choice: RunChoice, card: str,
            launched: Callable[[], Any] = lambda: None) -> None:
     """`gpumon run --gpu UUID … -- /bin/sh -c TYPED` on the host: the command as typed, byte for byte."""
-    request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
+    request = shell_request(choice.command, gpu.ref, mem_limit=choice.mem_limit, numa=choice.numa,
                             foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None,
                             failover=choice.failover)
     jobs.remember_command(choice.command)  # the dialog's history is this machine's

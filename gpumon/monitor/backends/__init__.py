@@ -30,7 +30,12 @@ def open_backend(
     replay: str | None = None,
     nvml_lib: str | None = None,
     seed: int = 0,
+    sysfs: str | None = None,
+    procfs: str | None = None,
 ) -> Backend:
+    """The demo, a recording, or this machine's cards: NVIDIA's through NVML, AMD's and Intel's
+    through the kernel (`sysfs`, `procfs`: where /sys and /proc are). NoDriverError (exit 3) only
+    when no vendor has a card here."""
     # Imported on demand: --demo and --replay never load the NVML bindings, and the reverse.
     if demo is not None:
         from gpumon.monitor.backends.demo import DemoBackend
@@ -40,6 +45,24 @@ def open_backend(
         from gpumon.monitor.backends.replay import ReplayBackend
 
         return ReplayBackend(replay)
-    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.errors import NoDriverError
+    from gpumon.monitor.backends.drm import DrmBackend
+    from gpumon.monitor.backends.nvml import NO_DRIVER_HINT, NvmlBackend
 
-    return NvmlBackend(lib_path=nvml_lib)
+    try:
+        nvml, no_nvidia = NvmlBackend(lib_path=nvml_lib), None
+    except NoDriverError as exc:
+        nvml, no_nvidia = None, exc
+    drm = DrmBackend(sysfs=sysfs or "/sys", procfs=procfs or "/proc", first_index=len(nvml.cards) if nvml else 0)
+    if not drm.cards:
+        if nvml is None:
+            assert no_nvidia is not None
+            said = str(no_nvidia).removesuffix(f"; {NO_DRIVER_HINT}")
+            raise NoDriverError(f"{said}, and no AMD or Intel GPU under {drm.sysfs}/class/drm; {NO_DRIVER_HINT}") \
+                from None
+        return nvml
+    if nvml is None:
+        return drm
+    from gpumon.monitor.backends.composite import CompositeBackend
+
+    return CompositeBackend(nvml, drm)

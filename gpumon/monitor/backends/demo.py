@@ -29,6 +29,7 @@ class _CardSpec:
     max_mem_clock: int
     ecc: bool = True
     fan: bool = False
+    vendor: str = "nvidia"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ A100 = _CardSpec("NVIDIA A100-SXM4-80GB", 80, 400.0, 1410, 1593)
 RTX3090 = _CardSpec("NVIDIA GeForce RTX 3090", 24, 350.0, 1695, 9751, ecc=False, fan=True)
 RTX4090 = _CardSpec("NVIDIA GeForce RTX 4090", 24, 450.0, 2520, 10501, ecc=False, fan=True)
 H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619)
+MI300X = _CardSpec("AMD Instinct MI300X", 192, 750.0, 2100, 1300, vendor="amd")
+ARC = _CardSpec("Intel Arc A770", 16, 225.0, 2400, 2187, ecc=False, fan=True, vendor="intel")
 
 _SLURM_JOB = ProcessOwner("slurm", "4242.0", "llama-7b", "alice")
 _TRAINING = [
@@ -79,6 +82,12 @@ SCENARIOS: dict[str, tuple[list[_CardSpec], list[_JobSpec]]] = {
             "k8s", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "ml/eval-5b8d4 (eval)", "erin")),
     ]),
     "lost": ([A100] * 4, _TRAINING),
+    # NVIDIA, AMD and Intel cards on one host (read through NVML and the kernel).
+    "mixed": ([H100, H100, MI300X, MI300X, ARC],
+              [_JobSpec(0, 61200, "frank", "torchrun --nproc 2 train.py --model llama-13b", 71.0, 0.92),
+               _JobSpec(1, 61201, "frank", "torchrun --nproc 2 train.py --model llama-13b --rank 1", 70.2, 0.9),
+               _JobSpec(2, 63410, "grace", "python -m vllm.entrypoints.openai.api_server --model mixtral", 150.0, 0.6),
+               _JobSpec(4, 2291, "henry", "python encode.py --codec av1", 3.1, 0.35)]),
 }
 LOST_AFTER_SAMPLES = 15  # scenario "lost": card 2 falls off the bus after this many samples
 DRIVER, CUDA = "550.54.15", "12.4"
@@ -123,9 +132,19 @@ class DemoBackend:
         h = "%032x" % rng.getrandbits(128)
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
+    def _vendor_identity(self, index: int, spec: _CardSpec) -> dict:
+        """AMD and Intel cards: ROCm's UUID form (Intel has none), the card's number in its runtime."""
+        if spec.vendor == "nvidia":
+            return dict(uuid=self._uuid(index))
+        number = sum(1 for s in self.specs[:index] if s.vendor == spec.vendor)
+        uuid = f"GPU-{random.Random(f'{self.seed}-amd-{index}').getrandbits(64):016x}" if spec.vendor == "amd" else None
+        return dict(uuid=uuid, vendor=spec.vendor, vendor_index=number, vbios="113-M3000100-102"
+                    if spec.vendor == "amd" else None, pcie_link_speed=32.0, pcie_link_width=16,
+                    pcie_link_speed_max=32.0, pcie_link_width_max=16, asleep=False)
+
     def _card(self, index: int, spec: _CardSpec) -> GpuSample:
         identity = dict(
-            index=index, uuid=self._uuid(index), name=spec.name,
+            index=index, name=spec.name, **self._vendor_identity(index, spec),
             pci_bus_id=f"00000000:{[0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD][index % 8]:02X}:00.0",
             numa_node=0 if index < max(1, len(self.specs) // 2) else 1,
             cpu_affinity=self._cpu_affinity(index),
@@ -160,6 +179,16 @@ class DemoBackend:
             )
             for j in jobs
         )
+        if spec.vendor != "nvidia":  # what the kernel gives (no P-states, throttle reasons, ECC or PCIe rates)
+            return GpuSample(
+                **identity, utilization_gpu=util, utilization_memory=int(util * 0.6) if spec.vendor == "amd" else None,
+                memory_total=total, memory_used=used if spec.vendor == "amd" else None,
+                memory_free=total - used if spec.vendor == "amd" else None, temperature=int(temp),
+                temperature_junction=int(temp + 9) if spec.vendor == "amd" else None,
+                temperature_memory=int(temp + 4), fan=int(30 + 0.6 * util) if spec.fan else None,
+                power_draw=round(min(power, spec.power_limit), 1), power_limit=spec.power_limit,
+                clock_sm=clock_sm, clock_mem=spec.max_mem_clock if spec.vendor == "amd" else None,
+                perf_level="auto" if spec.vendor == "amd" else None, processes=processes)
         return GpuSample(
             **identity,
             utilization_gpu=util, utilization_memory=int(util * 0.6),
@@ -187,9 +216,10 @@ class DemoBackend:
                 if i == j:
                     row.append("X")
                     nv.append(0)
-                elif i // 2 == j // 2 and self.specs[i].ecc:  # datacenter cards: NVLink pairs
-                    row.append("NV12")
-                    nv.append(12)
+                elif i // 2 == j // 2 and self.specs[i].ecc and self.specs[i].vendor == self.specs[j].vendor:
+                    amd = self.specs[i].vendor == "amd"  # datacenter cards: NVLink (or xGMI) pairs
+                    row.append("XGMI" if amd else "NV12")
+                    nv.append(0 if amd else 12)
                 elif (i < half) == (j < half):
                     row.append("NODE")
                     nv.append(0)

@@ -80,7 +80,7 @@ CARD_METRICS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "gpumon_gpu_lost"
 
 KEY_LABELS = (*HOST_LABELS, "instance", "gpu", "GPU_I_ID")
 INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "GPU_I_PROFILE",
-               "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container")
+               "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container", "vendor")
 OWNER_LABELS = ("pod", "namespace", "container")
 
 _SELECTOR = '{__name__=~"' + "|".join((*FIELDS, SAMPLE_AGE)) + '"}'
@@ -229,8 +229,14 @@ def _gpu(card: CardData) -> GpuSample:
         index=card.index, uuid=text(labels, "UUID", 128), name=text(labels, "modelName", 128) or "?",  # type: ignore[arg-type]
         pci_bus_id=text(labels, "pci_bus_id", 64), state="lost" if values.get("lost") == 1 else "ok",  # type: ignore[arg-type]
         memory_total=total, owner=", ".join(card.owners) or None, processes=tuple(card.processes),
-        mig_devices=migs, **fields,  # type: ignore[arg-type]
+        mig_devices=migs, vendor=_vendor(labels), **fields,  # type: ignore[arg-type]
     )
+
+
+def _vendor(labels) -> str:
+    """gpumon's exporter says whose card it is (AMD and Intel cards too); dcgm-exporter's are NVIDIA's."""
+    vendor = text(labels, "vendor", 16)
+    return vendor if vendor in ("nvidia", "amd", "intel") else "nvidia"
 
 
 def _slice_total(part: CardData) -> int | None:

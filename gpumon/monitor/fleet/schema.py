@@ -29,14 +29,17 @@ MAX_CARDS = 256
 MAX_PROCESSES = 20000  # per host
 MAX_TEXT = 1024
 GPU_STATES = ("ok", "lost", "error", "stale")
-BACKENDS = ("nvml", "demo", "replay")
+BACKENDS = ("nvml", "demo", "replay", "drm")
 _THROTTLE_NAMES = frozenset(THROTTLE_REASONS.values())
 
 _INT_FIELDS = ("utilization_gpu", "utilization_memory", "memory_total", "memory_used", "memory_free", "temperature",
                "fan", "clock_sm", "clock_mem", "ecc_errors_uncorrected", "pcie_tx", "pcie_rx", "encoder_util",
-               "decoder_util", "numa_node")
-_FLOAT_FIELDS = ("power_draw", "power_limit", "stale_s")
-_TEXT_FIELDS = ("pstate", "cpu_affinity")
+               "decoder_util", "numa_node",
+               # AMD and Intel cards' (model.GpuSample: vendor)
+               "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_width",
+               "pcie_link_width_max")
+_FLOAT_FIELDS = ("power_draw", "power_limit", "stale_s", "pcie_link_speed", "pcie_link_speed_max")
+_TEXT_FIELDS = ("pstate", "cpu_affinity", "vbios", "serial", "perf_level")
 
 
 class SchemaError(ValueError):
@@ -160,6 +163,9 @@ def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:
     values["fabric"] = fabric if fabric in FABRIC_STATES else None
     mig_mode = get("mig_mode")
     values["mig_mode"] = mig_mode if type(mig_mode) is bool else None
+    asleep = get("asleep")
+    values["asleep"] = asleep if type(asleep) is bool else None
+    values["vendor"] = _text(get("vendor") or "nvidia", where, "vendor", nullable=False, limit=16)
     processes = _list(get("processes", []), f"{where}.processes", MAX_PROCESSES)
     budget[0] -= len(processes)
     if budget[0] < 0:
@@ -199,7 +205,7 @@ def snapshot_from_remote(doc: Any) -> Snapshot:
     )
 
 
-_LINKS = frozenset({"X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS"})
+_LINKS = frozenset({"X", "NV", "XGMI", "PIX", "PXB", "PHB", "NODE", "SYS"})
 
 
 def topology_from_remote(doc: Any) -> Topology:

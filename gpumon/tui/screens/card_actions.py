@@ -32,13 +32,13 @@ class CardActions:
         if gpu is None or gpu.state != "ok":
             self.notify("select a working card first", severity="warning")
             return
-        default = card_limits().get(gpu.uuid)
+        default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else SIMULATED_NOTE
         self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd, note=note),
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
     def _launch(self, gpu, choice: RunChoice) -> None:
-        request = shell_request(choice.command, gpu.uuid, mem_limit=choice.mem_limit, numa=choice.numa,
+        request = shell_request(choice.command, gpu.ref, mem_limit=choice.mem_limit, numa=choice.numa,
                                 foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
                                 failover=choice.failover)
         try:
@@ -72,7 +72,7 @@ class CardActions:
         """The card's default limit, kept here by its UUID: `r` fills it in (and a fleet host's
         view passes it to the host's gpumon as --mem-limit)."""
         gpu = self.selected_gpu
-        if gpu is None or gpu.uuid is None:
+        if gpu is None or gpu.ref is None:
             return
         card = self.card_label(gpu)
 
@@ -80,11 +80,11 @@ class CardActions:
             if value is None:
                 return
             limit = parse_size(value, gpu.memory_total) if value else None
-            card_limits().set(gpu.uuid, limit)
+            card_limits().set(gpu.ref, limit)
             self.notify(f"{card}: jobs launched here are capped at {format_bytes(limit)}" if limit
                         else f"{card}: no default memory limit")
 
-        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.uuid), where=card), chosen)
+        self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.ref), where=card), chosen)
 
     def action_jobs(self) -> None:
         def closed(job_id: str | None) -> None:

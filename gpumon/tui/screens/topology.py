@@ -20,7 +20,7 @@ from gpumon.monitor.topology import best_partners, describe_link, link_rank
 from gpumon.sanitize import printable
 from gpumon.tui.plain import plain
 
-LEGEND = ("X self · NV# NVLinks · PIX one PCIe switch · PXB several switches · "
+LEGEND = ("X self · NV# NVLinks · XGMI AMD xGMI hive · PIX one PCIe switch · PXB several switches · "
           "PHB host bridge · NODE same NUMA node · SYS across sockets")
 
 

@@ -28,6 +28,7 @@ MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop t
 BADGE_CELLS = 30  # the most a compact row keeps for its badges (alerts, XIDs, no answer)
 MARGIN = 1  # cells each side of a panel's text; the left one carries the selection mark
 SELECTION_MARK = "▌"
+RUNTIME = {"amd": "ROCm", "intel": "L0"}  # whose device numbers vendor_index is
 FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
                 "failed": "fabric failed", "degraded": "fabric degraded"}
 
@@ -173,6 +174,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             right.append(gpu.uuid[:12])
         if self.ordinal is not None:
             right.append(f"  CUDA {self.ordinal}")
+        if gpu.vendor_index is not None:  # its number in ROCm or Level Zero (PCI order)
+            right.append(f"  {RUNTIME.get(gpu.vendor, gpu.vendor)} {gpu.vendor_index}")
         if gpu.pci_bus_id:
             right.append("  " + gpu.pci_bus_id.split(":", 1)[-1])
         if gpu.numa_node is not None:
@@ -202,6 +205,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             badge.append(f"  {gpu.state.upper()} ", style=self._style("lost"))
         if self.stale:
             badge.append("  no new data", style=self._style("warn"))
+        if gpu.asleep:
+            badge.append("  asleep", style=self._style("muted"))
         if gpu.fabric in FABRIC_BADGE:
             badge.append(f"  {FABRIC_BADGE[gpu.fabric]}", style=self._style("crit" if gpu.fabric != "in_progress"
                                                                              else "warn"))
@@ -227,6 +232,10 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             return lines
         if gpu.state == "error":
             lines.append(Text(f"  ERROR: {gpu.error}", style=self._style("crit")))
+        if gpu.asleep and gpu.state == "ok":
+            lines.append(Text("  Asleep (the kernel suspended it): not read, so as not to wake it.",
+                              style=self._style("muted")))
+            return lines
         if gpu.state == "stale" and gpu.utilization_gpu is None and gpu.memory_used is None:
             lines.append(Text(f"  No answer for {gpu.stale_s or 0:.0f} s: its driver calls hang; the other cards "
                               "keep updating.", style=self._style("warn")))
@@ -265,6 +274,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         return [
             self._field("TEMP", f"{gpu.temperature}°C" if gpu.temperature is not None else None, 5,
                         level(gpu.temperature, 80, 87)),
+            *([self._field("HOTSPOT", f"{hot}°C" if (hot := gpu.temperature_junction) is not None else None, 5,
+                           level(hot, 95, 105))] if gpu.vendor == "amd" else []),
             self._field("FAN", _pct(gpu.fan), 4),
             self._field("POWER", _power(gpu), 9, level(gpu.power_percent, 90, 98)),
             self._field("SM", f"{gpu.clock_sm}MHz" if gpu.clock_sm is not None else None, 7),
@@ -339,8 +350,10 @@ def _power(gpu: GpuSample) -> str | None:
 
 
 def _pcie(gpu: GpuSample) -> str | None:
-    if gpu.pcie_tx is None and gpu.pcie_rx is None:
-        return None
+    if gpu.pcie_tx is None and gpu.pcie_rx is None:  # the kernel gives the link, not its traffic
+        if gpu.pcie_link_speed is None:
+            return None
+        return f"{gpu.pcie_link_speed:g}GT/s x{gpu.pcie_link_width or '?'}"
     return f"▲{format_bytes(gpu.pcie_tx)}/s ▼{format_bytes(gpu.pcie_rx)}/s"
 
 

@@ -1,0 +1,208 @@
+"""AMD (amdgpu) and Intel (i915, xe) cards, read from sysfs and /proc/PID/fdinfo: no library.
+
+Each sample reads a card's runtime PM status first: a card the kernel has put to sleep is shown
+asleep and nothing else of it is read (reading its sensors would wake it, and keep it awake).
+A card whose sysfs entry goes away (unplugged, unbound) stays in the list as "lost"; the list is
+looked at again every DISCOVER_S for cards that come back or arrive (new ones get the next index).
+
+Values the kernel does not give are None: an Intel card's memory in use, an AMD card's encoder
+load. An Intel card's utilisation has no sysfs file: it is the busiest compute engine's time,
+added up over the DRM clients gpumon can read (every client when run as root).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
+from gpumon.monitor.backends.drm import amdgpu, intel
+from gpumon.monitor.backends.drm.fdinfo import COMPUTE_ENGINES, ClientUse, DrmClients
+from gpumon.monitor.backends.drm.hwmon import Hwmon, find_hwmon
+from gpumon.monitor.backends.drm.names import PCI_IDS, card_name
+from gpumon.monitor.backends.drm.sysfs import CardNode, find_cards, link_speed, link_width, runtime_status
+from gpumon.monitor.backends.drm.topology import link_matrix, pci_path
+
+log = logging.getLogger(__name__)
+DISCOVER_S = 5.0
+ASLEEP = ("suspended", "suspending")
+
+
+@dataclass(slots=True)
+class _Card:
+    node: CardNode
+    index: int
+    vendor_index: int | None = None  # its number among its vendor's cards (ROCm, Level Zero)
+    present: bool = True
+    identity: amdgpu.AmdIdentity | None = None  # AMD: read once the card is awake
+    hwmon: Hwmon | None = None
+    hwmon_found: bool = False
+    energy: tuple[float, int] | None = None  # (when, µJ): the last reading of the energy counter
+
+
+class DrmBackend:
+    name = "drm"
+    real_pids = True
+
+    def __init__(self, sysfs: str = "/sys", procfs: str = "/proc", first_index: int = 0,
+                 pci_ids: tuple[str, ...] = PCI_IDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sysfs, self.procfs = sysfs, procfs
+        self.first_index = first_index
+        self.pci_ids = pci_ids
+        self.clock = clock
+        self.host = socket.gethostname()
+        self.cards: list[_Card] = []
+        self.clients = DrmClients(procfs=procfs, sysfs=sysfs, clock=clock)
+        self._discover_at = 0.0
+        self._discover()
+
+    def _discover(self) -> None:
+        """Cards that arrived or came back; vendor numbers as ROCm and Level Zero count them."""
+        self._discover_at = self.clock() + DISCOVER_S
+        known = {card.node.pci_address: card for card in self.cards}
+        for node in find_cards(self.sysfs):
+            card = known.get(node.pci_address)
+            if card is None:
+                self.cards.append(_Card(node, self.first_index + len(self.cards)))
+            elif not card.present or card.node != node:  # back (maybe as another cardN)
+                card.node, card.present, card.hwmon_found, card.energy = node, True, False, None
+        for vendor in ("amd", "intel"):
+            # ROCm numbers AMD cards as KFD's topology lists them, which is PCI bus order; Level
+            # Zero, with ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 (set with ZE_AFFINITY_MASK), PCI order too.
+            present = sorted((c for c in self.cards if c.node.vendor == vendor and c.present),
+                             key=lambda c: c.node.pci_address)
+            for number, card in enumerate(present):
+                card.vendor_index = number
+
+    def sample(self) -> Snapshot:
+        for card in self.cards:
+            if card.present and not os.path.isdir(card.node.device):
+                card.present = False
+        if self.clock() >= self._discover_at:
+            self._discover()
+        uses: dict[str, list[ClientUse]] = {}
+        for use in self.clients.read():
+            uses.setdefault(use.pci_address, []).append(use)
+        gpus = tuple(self._card(card, uses.get(card.node.pci_address, [])) for card in self.cards)
+        return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=None,
+                        cuda_driver_version=None, gpus=gpus)
+
+    def identity(self, wait_s: float = 0.0) -> Snapshot:
+        """The cards' names and ids without values, for a first frame."""
+        return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=None,
+                        cuda_driver_version=None, gpus=tuple(GpuSample(**self._identity(c)) for c in self.cards))
+
+    def _identity(self, card: _Card) -> dict[str, Any]:
+        node, ident = card.node, card.identity
+        return dict(index=card.index, uuid=ident.uuid if ident else None,
+                    name=card_name(node.vendor, node.pci_id, ident.product_name if ident else None, self.pci_ids),
+                    pci_bus_id=node.pci_bus_id, vendor=node.vendor, numa_node=node.numa_node,
+                    cpu_affinity=node.local_cpus, vendor_index=card.vendor_index,
+                    vbios=ident.vbios if ident else None, serial=ident.serial if ident else None)
+
+    def _card(self, card: _Card, uses: list[ClientUse]) -> GpuSample:
+        if not card.present:
+            return GpuSample(**self._identity(card), state="lost",
+                             error=f"gone from {self.sysfs}/class/drm (unplugged, or its driver unbound)")
+        processes = _processes(uses)
+        if runtime_status(card.node) in ASLEEP:
+            return GpuSample(**self._identity(card), asleep=True, processes=processes)
+        try:
+            if card.node.vendor == "amd" and card.identity is None:
+                card.identity = amdgpu.read_identity(card.node.device)
+            if not card.hwmon_found:
+                card.hwmon, card.hwmon_found = find_hwmon(card.node.device), True
+            values = self._amd(card) if card.node.vendor == "amd" else self._intel(card, uses)
+        except Exception as exc:  # a bug, or a file answering nonsense: this card only
+            log.warning("%s: %s", card.node.name, exc, exc_info=True)
+            return GpuSample(**self._identity(card), state="error", error=f"{type(exc).__name__}: {exc}",
+                             processes=processes)
+        device = card.node.device
+        return GpuSample(**self._identity(card), asleep=False, processes=processes,
+                         pcie_link_speed=link_speed(os.path.join(device, "current_link_speed")),
+                         pcie_link_width=link_width(os.path.join(device, "current_link_width")),
+                         pcie_link_speed_max=link_speed(os.path.join(device, "max_link_speed")),
+                         pcie_link_width_max=link_width(os.path.join(device, "max_link_width")), **values)
+
+    def _amd(self, card: _Card) -> dict[str, Any]:
+        v = amdgpu.read_values(card.node.device, card.hwmon)
+        free = v.vram_total - v.vram_used if v.vram_total is not None and v.vram_used is not None else None
+        return dict(utilization_gpu=v.busy_percent, utilization_memory=v.memory_busy_percent,
+                    memory_total=v.vram_total, memory_used=v.vram_used, memory_free=free,
+                    gtt_total=v.gtt_total, gtt_used=v.gtt_used, temperature=v.temperature,
+                    temperature_junction=v.temperature_junction, temperature_memory=v.temperature_memory,
+                    fan=v.fan_percent, power_draw=_watts(v.power_w), power_limit=_watts(v.power_cap_w),
+                    clock_sm=v.sclk_mhz, clock_mem=v.mclk_mhz, perf_level=v.perf_level)
+
+    def _intel(self, card: _Card, uses: list[ClientUse]) -> dict[str, Any]:
+        v = intel.read_values(card.node, card.hwmon)
+        power = None
+        if v.energy_uj is not None:
+            now = self.clock()
+            if card.energy is not None and now > card.energy[0] and v.energy_uj >= card.energy[1]:
+                power = _watts((v.energy_uj - card.energy[1]) / 1e6 / (now - card.energy[0]))
+            card.energy = (now, v.energy_uj)
+        used = v.vram_total - v.vram_free if v.vram_total is not None and v.vram_free is not None else None
+        return dict(utilization_gpu=_engine_load(uses), memory_total=v.vram_total, memory_used=used,
+                    memory_free=v.vram_free if used is not None else None, temperature=v.temperature,
+                    temperature_memory=v.temperature_memory, fan=v.fan_percent, power_draw=power,
+                    power_limit=_watts(v.power_cap_w), clock_sm=v.clock_mhz)
+
+    def topology(self) -> Topology:
+        present = [c for c in self.cards if c.present]
+        for card in present:  # xGMI hives are in the identity, read once a card is awake
+            if card.node.vendor == "amd" and card.identity is None and runtime_status(card.node) not in ASLEEP:
+                card.identity = amdgpu.read_identity(card.node.device)
+        return link_matrix(
+            [c.index for c in present], [pci_path(c.node.device) for c in present],
+            [c.node.numa_node for c in present], [c.node.local_cpus for c in present],
+            [c.identity.xgmi_hive if c.identity else None for c in present],
+            left_out=[(c.index, "gone from sysfs") for c in self.cards if not c.present])
+
+    def close(self) -> None:
+        pass
+
+
+def _watts(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _engine_load(uses: list[ClientUse]) -> int | None:
+    """The card's busiest compute engine, % of its time, from its clients' shares. None until two
+    samples have been taken (busy time is a difference)."""
+    measured = [use.busy for use in uses if use.busy is not None]
+    if not measured and any(use.busy is None for use in uses):
+        return None
+    engines: dict[str, float] = {}
+    for busy in measured:
+        for engine, percent in busy.items():
+            if engine in COMPUTE_ENGINES:
+                engines[engine] = engines.get(engine, 0.0) + percent
+    return round(min(100.0, max(engines.values(), default=0.0)))
+
+
+def _processes(uses: list[ClientUse]) -> tuple[ProcessSample, ...]:
+    """One entry per process on the card: its clients' VRAM added up, and its busiest compute
+    engine (each engine's share added up over its clients)."""
+    by_pid: dict[int, list[ClientUse]] = {}
+    for use in uses:
+        by_pid.setdefault(use.pid, []).append(use)
+    out = []
+    for pid, mine in by_pid.items():
+        sizes = [u.vram for u in mine if u.vram is not None]
+        engines: dict[str, float] = {}
+        for use in mine:
+            for engine, percent in (use.busy or {}).items():
+                if engine in COMPUTE_ENGINES:
+                    engines[engine] = engines.get(engine, 0.0) + percent
+        measured = any(use.busy is not None for use in mine)
+        out.append(ProcessSample(
+            pid=pid, type="graphics" if any(u.primary for u in mine) else "compute",
+            gpu_memory=sum(sizes) if sizes else None,
+            sm_util=round(min(100.0, max(engines.values(), default=0.0))) if measured else None))
+    return tuple(out)
