@@ -300,7 +300,7 @@ def test_the_fleet_checks_a_remote_owner():
 @pytest.mark.parametrize(("config", "message"), [
     ('[owners]\nprocs = "/proc"\n', "line 2: unknown key 'owners.procs'"),
     ("[owners]\npods_dir = 5\n", "'owners.pods_dir' must be str, not int"),
-    ('[paths]\nprocfs = "/nonexistent"\n', "[paths] procfs) '/nonexistent' is not a proc filesystem"),
+    ('[paths]\nprocfs = "/nonexistent"\n', "[paths] procfs) '/nonexistent' is not a directory"),
 ])
 def test_bad_owner_paths_in_the_config_are_usage_errors(tmp_path, config, message):
     import subprocess

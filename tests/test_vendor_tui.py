@@ -37,7 +37,8 @@ def test_a_mixed_host_in_a_real_terminal(fake_driver, fake_kernel, idle_processe
     tmux = tmux_session(140, 45)
     tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon {paths} --interval 0.5; "
                f"echo $? > {status}")
-    screen = tmux.wait_for(lambda s: "AMD Instinct MI210" in s and "--rocm" in s, what="the AMD card and its process")
+    screen = tmux.wait_for(lambda s: "AMD Instinct MI210" in s and f" {trainer.pid} " in s,
+                           what="the AMD card and its process")
     assert "A100-SXM4-80GB" in screen and "37%" in screen and "3.0G/64G" in screen
     assert "ROCm 0" in screen and "ROCm 1" in screen and "L0 0" in screen and "HOTSPOT 52°C" in screen
     assert "asleep" in screen and "so as not to wake it" in screen, screen

@@ -49,9 +49,8 @@ def _use_host_paths(procfs: str | None, config: Config) -> None:
     given = {key: Path(value).expanduser() for key, value in config.owners.items()}
     if procfs:
         given["procfs"] = Path(procfs).expanduser()
-        if not (given["procfs"] / "self").is_dir():
-            raise UsageError(f"--path.procfs (or [paths] procfs) {str(given['procfs'])!r} is not a proc "
-                             "filesystem (it has no 'self')")
+        if not given["procfs"].is_dir():
+            raise UsageError(f"--path.procfs (or [paths] procfs) {str(given['procfs'])!r} is not a directory")
     use_host_paths(HostPaths(**given))
 
 

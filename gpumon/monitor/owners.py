@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from gpumon.model import ProcessOwner
 from gpumon.monitor.cgroups import parse_cgroup
 from gpumon.monitor.owner_records import ContainerNames, JobMap, PodNames, slurm_environment, slurm_job_id
@@ -39,11 +37,11 @@ _host_paths = HostPaths()
 
 
 def use_host_paths(paths: HostPaths) -> None:
-    """Read this host's records there from now on: every reader made afterwards, and psutil
-    (which reads /proc for the processes' users, command lines and start times) too."""
+    """Read this host's records there from now on: every reader made afterwards. (Not psutil's
+    process-wide root: gpumon's own jobs and supervisors live in this /proc; the processes of the
+    host's /proc are read through monitor/procroot.)"""
     global _host_paths
     _host_paths = paths
-    psutil.PROCFS_PATH = str(paths.procfs)
 
 
 def host_paths() -> HostPaths:
