@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.counters import NO_COUNTERS, CardCounters, Health
+
 SCHEMA_VERSION = 1
 
 # NVML clock-event (throttle) reason bits, by the names docs/design.md gives them.
@@ -53,6 +55,7 @@ class ProcessSample:
                              started, uid, container)
 
 
+_NESTED = ("counters", "health")  # objects of their own, not plain JSON values
 _PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started")
 
 
@@ -108,6 +111,10 @@ class GpuSample:
     mig_mode: bool | None = None  # MIG on: CUDA sees the slices, never the whole card
     fabric: str | None = None  # one of FABRIC_STATES; None: no NVSwitch fabric (or not reported)
     stale_s: float | None = None  # with state "stale": seconds since the card last answered
+    # Reliability counters (read every few seconds: the same object between reads) and the verdict
+    # drawn from them (gpumon/counters.py); JSON: each counter a key of the card, and "health".
+    counters: CardCounters | None = None
+    health: Health | None = None
 
     @property
     def key(self) -> str:
@@ -155,7 +162,7 @@ class Snapshot:
         """Inverse of to_dict (for recordings); raises ValueError/TypeError/KeyError on bad data."""
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"unsupported schema version {data.get('schema')!r}")
-        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes", "mig_devices"}
+        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes", "mig_devices", *_NESTED}
         proc_fields = {f.name for f in dataclasses.fields(ProcessSample)}
         gpus = []
         for raw in data["gpus"]:
@@ -166,7 +173,8 @@ class Snapshot:
                 ProcessSample(**{k: v for k, v in p.items() if k in proc_fields})
                 for p in raw.get("processes", ())
             )
-            gpus.append(GpuSample(**values, processes=procs))
+            gpus.append(GpuSample(**values, processes=procs, counters=CardCounters.from_dict(raw),
+                                  health=Health.from_dict(raw.get("health"))))
         return cls(
             time=float(data["time"]),
             host=str(data["host"]),
@@ -184,6 +192,10 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
     out["processes"] = [{name: getattr(p, name) for name in _PROCESS_JSON_FIELDS} for p in gpu.processes]
+    out.pop("counters")
+    out.pop("health")
+    out.update(gpu.counters.to_dict() if gpu.counters is not None else NO_COUNTERS)
+    out["health"] = gpu.health.to_dict() if gpu.health is not None else None
     return out
 
 

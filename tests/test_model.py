@@ -18,6 +18,15 @@ SCHEMA_GPU_KEYS = {
     "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "owner", "processes",
     # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
     "mig_mode", "fabric", "stale_s",
+    # Added by issue 27 (card health): the verdict and the raw counters, each under its own key.
+    "health", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+    "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+    "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
+    "pcie_replay_counter", "pcie_replay_rate", "memory_temperature", "memory_temperature_max", "energy_j",
+    "energy_source", "nvlink_tx", "nvlink_rx", "nvlink_tx_total", "nvlink_rx_total", "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "clock_event_s",
+    "throttled_power_pct", "throttled_thermal_pct", "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active",
+    "sm_occupancy", "tensor_active", "dram_active",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started"}
 
