@@ -24,6 +24,11 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [fleet.groups]
     lab = ["gpu01", "gpu02", "me@gpu03"]   # --hosts @lab
 
+    [health]                  # the card health rules (gpumon/monitor/health.py checks this table)
+    window = "10m"
+    [health.rules.pcie_replays]
+    threshold = 20
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -46,6 +51,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
+    "health": {"window": (str,), "rules": (dict,)},
 }
 
 
@@ -70,6 +76,7 @@ class Config:
     fleet_prometheus_url: str | None = None
     fleet_prometheus_user: str | None = None
     fleet_prometheus_password_file: str | None = None  # ~ expanded; relative to the config file's folder
+    health: dict = field(default_factory=dict)  # the [health] table, as written
 
 
 def default_path() -> Path:
@@ -145,6 +152,7 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
     config.fleet_prometheus_url = fleet.get("prometheus_url")
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
+    config.health = dict(data.get("health", {}))
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
     return config

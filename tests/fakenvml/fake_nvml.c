@@ -26,7 +26,8 @@
  *   fabric_info_max 2                  # nvmlDeviceGetGpuFabricInfoV knows struct v2 only
  *
  * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s); "v+R/s"
- * (or "lo..hi+R/s") also climbs by R a second since nvmlInit (a counter going up).
+ * (or "lo..hi+R/s") also climbs by R a second since the config file was written (a counter
+ * going up, across gpumon processes, as a card's counters do).
  * Faults: per card lost_after=SECONDS (and back_after=SECONDS: the card answers
  * again from then on, as after a reset), handle_error=CODE, unsupported=f1,f2,
  * fail=field:code,..., slow=MS (every call on this card takes MS longer: a card
@@ -51,14 +52,14 @@
  * - Health counters (see health_set): each is NOT_SUPPORTED until the card's line
  *   gives it, as on a card or driver without it. remap_cor= remap_unc=
  *   remap_pending= remap_failure= (nvmlDeviceGetRemappedRows; remap_pending_after=S
- *   makes a remap pending S seconds after nvmlInit), retired_sbe= retired_dbe=
+ *   makes a remap pending S seconds after the file was written), retired_sbe= retired_dbe=
  *   retired_pending= (page retirement), ecc_corrected= ecc_corrected_agg=
  *   ecc_uncorrected_agg=, pcie_replay=, mem_temp= mem_temp_max=, energy_mj=
  *   (the counter then grows by the card's power every call), nvlink_tx_kibs=
  *   nvlink_rx_kibs= (KiB/s per active NVLink), nvlink_crc_flit= nvlink_crc_data=
  *   nvlink_replay= nvlink_recovery=, clk_sw_power= clk_sync_boost= clk_sw_thermal=
- *   clk_hw_thermal= clk_hw_power_brake= (percent of the time since nvmlInit the
- *   clocks were held down), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
+ *   clk_hw_thermal= clk_hw_power_brake= (percent of the time since the file was
+ *   written that the clocks were held down), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
  *   gpm_occupancy= gpm_tensor= gpm_dram=; other cards answer NOT_SUPPORTED).
  *
  * scan_env (see its block below): every real process whose /proc/PID/environ has
@@ -210,7 +211,15 @@ static double now_mono(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static double since_init(void) { return now_mono() - init_time; }
+/* Seconds since the config file was written: climbing counters count from then, so they keep
+ * climbing across gpumon processes (each calls nvmlInit) as a real card's do, until a test
+ * writes the file again. */
+static double since_config(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = ts.tv_sec + ts.tv_nsec / 1e9 - (loaded_mtime.tv_sec + loaded_mtime.tv_nsec / 1e9);
+    return t > 0 ? t : 0;
+}
 
 static unsigned long long now_us(void) {
     struct timespec ts;
@@ -219,7 +228,7 @@ static unsigned long long now_us(void) {
 }
 
 static double value(val_t v) {
-    double climbed = v.rate ? v.rate * since_init() : 0;
+    double climbed = v.rate ? v.rate * since_config() : 0;
     if (v.lo == v.hi) return v.lo + climbed;
     double phase = now_mono() / 10.0;
     phase -= (long long)phase;
@@ -1280,7 +1289,7 @@ nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigne
 #define NEED(v) if (!(v).set) LEAVE(E_NOT_SUPPORTED)
 
 static unsigned int remap_pending_now(struct gpu *g) {
-    if (g->remap_pending_after >= 0 && since_init() >= g->remap_pending_after) return 1;
+    if (g->remap_pending_after >= 0 && since_config() >= g->remap_pending_after) return 1;
     return value(g->remap_pending) >= 1;
 }
 
@@ -1388,7 +1397,7 @@ typedef struct {
 
 /* The value of one field, NOT_SUPPORTED when the card's line does not give it. */
 static int field_value(struct gpu *g, nvmlFieldValue_t *f) {
-    double t = since_init();
+    double t = since_config();
     val_t *v = NULL;
     double scale = 1;
     f->valueType = VALUE_TYPE_UNSIGNED_LONG_LONG;
@@ -1401,13 +1410,13 @@ static int field_value(struct gpu *g, nvmlFieldValue_t *f) {
     case 45: v = &g->nvlink_crc_data; break;
     case 52: v = &g->nvlink_replay; break;
     case 59: v = &g->nvlink_recovery; break;
-    /* Clock-event times (ns): the configured percent of the time since nvmlInit. */
+    /* Clock-event times (ns): the configured percent of the time since the config was written. */
     case 74: v = &g->clk_sw_power; scale = t * 1e7; break;
     case 76: v = &g->clk_sync_boost; scale = t * 1e7; break;
     case 269: v = &g->clk_sw_thermal; scale = t * 1e7; break;
     case 270: v = &g->clk_hw_thermal; scale = t * 1e7; break;
     case 271: v = &g->clk_hw_power_brake; scale = t * 1e7; break;
-    /* NVLink data (KiB) on link scopeId: the configured KiB/s since nvmlInit. */
+    /* NVLink data (KiB) on link scopeId: the configured KiB/s since the config was written. */
     case 138: case 139:
         if (f->scopeId >= (unsigned)all_links(g)) return E_INVALID_ARGUMENT;
         v = f->fieldId == 138 ? &g->nvlink_tx_kibs : &g->nvlink_rx_kibs;

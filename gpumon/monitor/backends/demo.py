@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpumon.counters import CardCounters
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
+from gpumon.monitor.health_history import HealthTracker
 
 GIB = 1 << 30
 
@@ -27,8 +29,9 @@ class _CardSpec:
     power_limit: float
     max_sm: int
     max_mem_clock: int
-    ecc: bool = True
+    ecc: bool = True  # a datacenter card: ECC, HBM (with its temperature), row remapping
     fan: bool = False
+    gpm: bool = False  # Hopper: GPM metrics
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class _JobSpec:
 A100 = _CardSpec("NVIDIA A100-SXM4-80GB", 80, 400.0, 1410, 1593)
 RTX3090 = _CardSpec("NVIDIA GeForce RTX 3090", 24, 350.0, 1695, 9751, ecc=False, fan=True)
 RTX4090 = _CardSpec("NVIDIA GeForce RTX 4090", 24, 450.0, 2520, 10501, ecc=False, fan=True)
-H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619)
+H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619, gpm=True)
 
 _TRAINING = [
     _JobSpec(0, 48213, "alice", "python train.py --model llama-7b --batch-size 32", 61.5, 0.95),
@@ -97,6 +100,8 @@ class DemoBackend:
         self.clock = clock
         self.started = clock()
         self.host = "demo-" + socket.gethostname()
+        self.health = HealthTracker()
+        self._energy = [0.0] * count  # joules since "the driver loaded" (the demo's start)
 
     def sample(self) -> Snapshot:
         self.step += 1
@@ -118,8 +123,10 @@ class DemoBackend:
             numa_node=0 if index < max(1, len(self.specs) // 2) else 1,
             cpu_affinity=self._cpu_affinity(index),
         )
+        now = self.clock()
         if self.scenario == "lost" and index == 2 and self.step > LOST_AFTER_SAMPLES:
-            return GpuSample(**identity, state="lost", error="GPU is lost")
+            verdict = self.health.card(identity["uuid"], "lost", now)[1]  # type: ignore[arg-type]
+            return GpuSample(**identity, state="lost", error="GPU is lost", health=verdict)
         rng = random.Random(f"{self.seed}-{index}-{self.step}")
         wave = 0.5 + 0.5 * math.sin(self.step / 9.0 + index)
         jobs = self.jobs_by_card[index]
@@ -148,16 +155,34 @@ class DemoBackend:
             )
             for j in jobs
         )
+        power = round(min(power, spec.power_limit), 1)
+        self._energy[index] += power
+        raw = self._counters(spec, index, util, int(temp), power)
+        counters, verdict = self.health.card(identity["uuid"], "ok", now, raw, None,  # type: ignore[arg-type]
+                                             0 if spec.ecc else None)
         return GpuSample(
-            **identity,
+            **identity, counters=counters, health=verdict,
             utilization_gpu=util, utilization_memory=int(util * 0.6),
             memory_total=total, memory_used=used, memory_free=total - used,
             temperature=int(temp), fan=int(30 + 0.6 * util) if spec.fan else None,
-            power_draw=round(min(power, spec.power_limit), 1), power_limit=spec.power_limit,
+            power_draw=power, power_limit=spec.power_limit,
             clock_sm=clock_sm, clock_mem=spec.max_mem_clock, pstate="P0" if util else "P8",
             throttle_reasons=throttle, ecc_errors_uncorrected=0 if spec.ecc else None,
             pcie_tx=int(util * 1.2e8), pcie_rx=int(util * 2.5e8),
             encoder_util=0, decoder_util=0, processes=processes,
+        )
+
+    def _counters(self, spec: _CardSpec, index: int, util: int, temp: int, power: float) -> CardCounters:
+        hbm = spec.ecc
+        return CardCounters(
+            remapped_rows_correctable=0 if hbm else None, remapped_rows_uncorrectable=0 if hbm else None,
+            remapped_rows_pending=False if hbm else None, remapped_rows_failure=False if hbm else None,
+            ecc_errors_corrected=0 if hbm else None, pcie_replay_counter=0,
+            memory_temperature=temp + 4 if hbm else None, memory_temperature_max=95 if hbm else None,
+            energy_j=round(self._energy[index], 1), energy_source="driver",
+            sm_active=round(util * 0.8, 1) if spec.gpm else None,
+            tensor_active=round(util * 0.45, 1) if spec.gpm else None,
+            dram_active=round(util * 0.3, 1) if spec.gpm else None,
         )
 
     def _cpu_affinity(self, index: int) -> str:
