@@ -4,6 +4,7 @@ One schema-1 document per line (compact JSON), one per sample, until stdin or st
 ssh, stdin is the connection: when it dies, or the reading side closes it, this ends at once,
 whatever the sampling interval, and leaves nothing running (a driver call that hangs is in a
 daemon thread). Samples that are late are not repeated: the reading side notices the silence.
+XIDs are listened for meanwhile, so the cards' health verdicts count them, as locally.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpumon.cli.common import load_settings, open_source
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
 from gpumon.monitor.sampler import Sampler
+from gpumon.monitor.xid import XidListener
 
 
 def stdin_is_a_connection() -> bool:
@@ -69,7 +71,17 @@ async def _stream(sampler: Sampler) -> None:
     watch_stdin(loop, sampler.stop)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, sampler.stop)
-    await sampler.run()
+    await sampler.open()
+    # The backend counts each XID in its card's verdict as it hands it out: nothing to do with them here.
+    listener = XidListener(sampler.backend, lambda index, code, when: None) \
+        if XidListener.available(sampler.backend) else None
+    if listener is not None:
+        listener.start(loop)
+    try:
+        await sampler.run()
+    finally:
+        if listener is not None:
+            listener.stop()
 
 
 def run_stream(args: argparse.Namespace) -> int:

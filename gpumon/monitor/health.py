@@ -209,7 +209,9 @@ _OK = Health("ok")
 
 def _words(settings: HealthSettings) -> str:
     seconds = settings.window_s
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
