@@ -105,9 +105,10 @@ class DemoBackend:
 
     def sample(self) -> Snapshot:
         self.step += 1
-        gpus = tuple(self._card(i, spec) for i, spec in enumerate(self.specs))
+        now = self.clock()  # once a sample: screenshots and tests run the demo on a ticking clock
+        gpus = tuple(self._card(i, spec, now) for i, spec in enumerate(self.specs))
         return Snapshot(
-            time=self.clock(), host=self.host, backend=self.name,
+            time=now, host=self.host, backend=self.name,
             driver_version=DRIVER, cuda_driver_version=CUDA, gpus=gpus,
         )
 
@@ -116,14 +117,13 @@ class DemoBackend:
         h = "%032x" % rng.getrandbits(128)
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
-    def _card(self, index: int, spec: _CardSpec) -> GpuSample:
+    def _card(self, index: int, spec: _CardSpec, now: float) -> GpuSample:
         identity = dict(
             index=index, uuid=self._uuid(index), name=spec.name,
             pci_bus_id=f"00000000:{[0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD][index % 8]:02X}:00.0",
             numa_node=0 if index < max(1, len(self.specs) // 2) else 1,
             cpu_affinity=self._cpu_affinity(index),
         )
-        now = self.clock()
         if self.scenario == "lost" and index == 2 and self.step > LOST_AFTER_SAMPLES:
             verdict = self.health.card(identity["uuid"], "lost", now)[1]  # type: ignore[arg-type]
             return GpuSample(**identity, state="lost", error="GPU is lost", health=verdict)
