@@ -51,7 +51,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
-    "health": {"window": (str,), "rules": (dict,)},
+    "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
 }
 
 

@@ -14,8 +14,8 @@ from conftest import GIB, Card
 from test_cli import assert_one_line_error
 
 from gpumon.counters import COUNTER_KEYS
+from gpumon.monitor import health as health_rules
 from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.backends.nvml import counters as nvml_counters
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -67,14 +67,22 @@ def test_snapshot_has_every_counter_under_its_own_key_null_where_unsupported(fak
     assert geforce["health"]["verdict"] == "ok"
 
 
-def test_rates_gpm_and_throttled_time_over_two_reads(fake_driver):
-    """Between two counter reads (5 s apart): the PCIe replay rate, NVLink throughput, the share
-    of time throttled, and GPM's metrics on the Hopper card (none on the Ampere one)."""
+def read_every(tmp_path, interval: str = "2s") -> str:
+    """A config that reads the health counters this often (30 s by default)."""
+    config = tmp_path / "every.toml"
+    config.write_text(f'[health]\ninterval = "{interval}"\n')
+    return str(config)
+
+
+def test_rates_gpm_and_throttled_time_over_two_reads(fake_driver, tmp_path):
+    """Between two counter reads: the PCIe replay rate, NVLink throughput, the share of time
+    throttled, and GPM's metrics on the Hopper card (none on the Ampere one)."""
     m = fake_driver.machine
     m.cards = [Card(H100, extra={**EVERY_COUNTER, "pcie_replay": "0+2/s"}),
                Card(A100, extra=dict(mem_temp=60, power_mw=100_000))]
     fake_driver.write()
-    proc = subprocess.Popen([sys.executable, "-m", "gpumon", "snapshot", "--json", "--stream", "--interval", "0.5"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpumon", "snapshot", "--json", "--stream", "--interval", "0.5",
+                             "--config", read_every(tmp_path, "5s")],
                             env=fake_driver.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 40
@@ -108,10 +116,10 @@ def calls(lib, fn: str) -> int:
     return counter(fn.encode())
 
 
-def test_what_a_card_lacks_is_never_asked_again(fake_driver, monkeypatch):
-    monkeypatch.setattr(nvml_counters, "COUNTERS_INTERVAL_S", 0.0)  # read the counters every sample
+def test_what_a_card_lacks_is_never_asked_again(fake_driver):
     fake_driver.machine.cards = [Card(A100, extra=dict(mem_temp=50))]  # no remaps, no GPM, no energy
     fake_driver.write()
+    health_rules.configure({"interval": "0s"})  # read the counters every sample
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
     try:
         for _ in range(5):
@@ -119,6 +127,7 @@ def test_what_a_card_lacks_is_never_asked_again(fake_driver, monkeypatch):
         assert gpu.counters.memory_temperature == 50 and gpu.counters.remapped_rows_correctable is None
     finally:
         backend.close()
+        health_rules.configure({})
     lib = fake_driver.lib
     for fn in ("nvmlDeviceGetRemappedRows", "nvmlGpmQueryDeviceSupport", "nvmlDeviceGetTotalEnergyConsumption",
                "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetTemperatureThreshold"):
@@ -227,7 +236,8 @@ def test_config_overrides_a_rule(fake_driver, tmp_path):
     assert health(fake_driver, "--config", str(config)).returncode == 0
     for bad, words in (('[health.rules.nope]\nverdict = "off"\n', ("nope", "no such rule")),
                        ('[health.rules.mem_temp]\nverdict = "maybe"\n', ("verdict",)),
-                       ('[health]\nwindow = "soon"\n', ("soon",))):
+                       ('[health]\nwindow = "soon"\n', ("soon",)),
+                       ('[health]\ninterval = 30\n', ("health.interval",))):
         config.write_text(bad)
         result = health(fake_driver, "--config", str(config))
         assert result.stdout == ""

@@ -30,6 +30,13 @@ def events_of(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
+def read_every(tmp_path, interval: str = "1s") -> str:
+    """A config that reads the health counters this often (30 s by default)."""
+    config = tmp_path / "every.toml"
+    config.write_text(f'[health]\ninterval = "{interval}"\n')
+    return str(config)
+
+
 def test_watch_health_rule_fires_with_reasons_and_hooks_get_them(fake_driver, tmp_path):
     """A pending remap appearing after 2 s on card 0; an XID 79 on card 1, then the card lost."""
     m = fake_driver.machine
@@ -38,6 +45,7 @@ def test_watch_health_rule_fires_with_reasons_and_hooks_get_them(fake_driver, tm
     fake_driver.write()
     hook_out = tmp_path / "reasons"
     result = fake_driver.run("watch", "--alert", "health", "--interval", "0.5", "--count", "24",
+                             "--config", read_every(tmp_path),
                              "--on-alert", f'printf "%s|%s\\n" "$GPUMON_GPU" "$GPUMON_REASONS" >> {hook_out}',
                              timeout=90)
     assert result.returncode == 0, result.stderr
@@ -52,13 +60,14 @@ def test_watch_health_rule_fires_with_reasons_and_hooks_get_them(fake_driver, tm
     assert "0|remap_pending: a row remap is pending" in hooked and "-> reset the card to apply" in hooked
 
 
-def test_watch_counter_rules(fake_driver):
+def test_watch_counter_rules(fake_driver, tmp_path):
     fake_driver.machine.cards = [Card(A100, extra={**REMAPS, "pcie_replay": "0+1/s", "mem_temp": 93,
                                                    "remap_pending": 1}),
                                  Card(A100, extra={**REMAPS, "pcie_replay": 5, "mem_temp": 60})]
     fake_driver.write()
     result = fake_driver.run("watch", "--alert", "pcie_replay_rate > 10/min", "--alert", "mem_temp > 90",
-                             "--alert", "remap_pending", "--interval", "0.5", "--count", "14", timeout=90)
+                             "--alert", "remap_pending", "--interval", "0.5", "--count", "14",
+                             "--config", read_every(tmp_path, "2s"), timeout=90)
     assert result.returncode == 0, result.stderr
     fired = {(e["metric"], e["gpu"]) for e in events_of(result.stdout) if e["event"] == "firing"}
     assert fired == {("pcie_replay_rate", 0), ("mem_temp", 0), ("remap_pending", 0)}
@@ -68,13 +77,13 @@ def test_watch_counter_rules(fake_driver):
     assert bad.returncode == 2 and bad.stdout == "" and "expected a rate like 10/min" in bad.stderr
 
 
-def test_exporter_has_dcgm_exporter_names_and_the_verdict(fake_driver):
+def test_exporter_has_dcgm_exporter_names_and_the_verdict(fake_driver, tmp_path):
     m = fake_driver.machine
     m.cards = [Card(A100, extra={**REMAPS, "remap_pending": 1, "remap_cor": 4, "mem_temp": 70, "pcie_replay": 9,
                                  "energy_mj": 5000, "ecc_corrected": 3, "gpm": 1, "gpm_sm": 50}),
                Card("Tesla V100-SXM2-32GB", extra=dict(retired_sbe=2, retired_dbe=0, retired_pending=0))]
     fake_driver.write()
-    exporter = Exporter(fake_driver.env, "node-1").start()
+    exporter = Exporter({**fake_driver.env, "GPUMON_CONFIG": read_every(tmp_path)}, "node-1").start()
     try:
         def scraped() -> str | None:
             with urllib.request.urlopen(f"http://{exporter.target}/metrics", timeout=5) as answer:
@@ -161,7 +170,7 @@ def test_prometheus_source_reads_the_verdicts_back(fake_lib, tmp_path):
     driver.write()
     things: list = []
     try:
-        things.append(Exporter(driver.env, "gpumon-node").start())
+        things.append(Exporter({**driver.env, "GPUMON_CONFIG": read_every(tmp_path)}, "gpumon-node").start())
         static = StaticServer()
         things.append(static)
         static.page("/metrics", DCGM_EXPOSITION)

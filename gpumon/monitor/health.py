@@ -7,6 +7,7 @@ and NVIDIA's XID catalogue. The config's `[health]` table overrides a rule's thr
 
     [health]
     window = "10m"
+    interval = "30s"      # how often the counters are read
     [health.rules.pcie_replays]
     threshold = 20        # replays a minute
     [health.rules.mem_temp]
@@ -32,6 +33,7 @@ from gpumon.monitor.xid import FATAL_XIDS, XID_ACTIONS
 from gpumon.units import parse_duration
 
 DEFAULT_WINDOW_S = 600.0
+DEFAULT_INTERVAL_S = 30.0
 FABRIC_NOT_READY = {"not_started": "has not started", "in_progress": "is still registering the card",
                     "failed": "failed to register the card"}
 _OPS: dict[str, Callable[[float, float], bool]] = {">": operator.gt, ">=": operator.ge, "<": operator.lt,
@@ -129,6 +131,7 @@ class HealthValues:
 class HealthSettings:
     rules: tuple[HealthRule, ...] = RULES
     window_s: float = DEFAULT_WINDOW_S
+    interval_s: float = DEFAULT_INTERVAL_S  # how often a backend reads the counters
 
 
 _settings = HealthSettings()
@@ -149,13 +152,14 @@ def configure(table: Mapping[str, Any] | None, where: str = "config") -> HealthS
 def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSettings:
     known = {rule.code: rule for rule in RULES}
     for key in table:
-        if key not in ("window", "rules"):
-            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, rules)")
-    window = DEFAULT_WINDOW_S
-    if "window" in table:
-        if not isinstance(table["window"], str):
-            raise UsageError(f"{where}: 'health.window' must be a duration like \"10m\"")
-        window = parse_duration(table["window"])
+        if key not in ("window", "interval", "rules"):
+            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules)")
+    durations = {"window": DEFAULT_WINDOW_S, "interval": DEFAULT_INTERVAL_S}
+    for key in durations:
+        if key in table:
+            if not isinstance(table[key], str):
+                raise UsageError(f"{where}: 'health.{key}' must be a duration like \"10m\"")
+            durations[key] = parse_duration(table[key])
     overrides = table.get("rules", {})
     if not isinstance(overrides, Mapping):
         raise UsageError(f"{where}: [health.rules] must be a table of rules by code")
@@ -166,7 +170,7 @@ def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSet
         if not isinstance(change, Mapping):
             raise UsageError(f"{where}: [health.rules.{code}] must be a table")
         rules[code] = _override(known[code], change, f"{where}: [health.rules.{code}]")
-    return HealthSettings(tuple(rules.values()), window)
+    return HealthSettings(tuple(rules.values()), durations["window"], durations["interval"])
 
 
 def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> HealthRule:

@@ -1,8 +1,10 @@
 """What a card's counters did lately, and its verdict: rates, what climbed within the window, the
-fatal XIDs it reported. A backend hands each card's raw counters (read every few seconds, the same
-object in between) to `HealthTracker.card` once per sample; it answers the counters with their
-rates filled in and the card's verdict, both worked out again only when something they depend on
-changed, so a sample costs a few attribute reads per card.
+fatal XIDs it reported. A backend hands each card's raw counters (a dict of CardCounters' fields,
+read every few seconds, the same dict in between) to `HealthTracker.card` once per sample; it
+answers the CardCounters, rates filled in, and the card's verdict, both worked out again only when
+something they depend on changed, so a sample costs a few attribute reads per card. (The raw
+counters are a dict, not a CardCounters, so the object is built once a read, rates and all:
+copying a 38-field frozen dataclass costs 20 µs.)
 
 XIDs are events: the backend passes each one it delivers (to `watch` or the TUI) to `note_xid`.
 A card that comes back after being lost (a reset) starts with a clean slate of XIDs.
@@ -10,13 +12,12 @@ A card that comes back after being lost (a reset) starts with a clean slate of X
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, Health
+from gpumon.counters import CLOCK_EVENT_TIMES, COUNTER_KEYS, CardCounters, Health
 from gpumon.monitor import health
 
 RATE_SPAN_S = 60.0  # rates and throttled shares are over the last minute
@@ -26,13 +27,19 @@ _GROUPS = {  # throttled shares: which clock-event reasons make up each group
     "throttled_thermal_pct": ("sw_thermal", "hw_thermal"),
     "throttled_hw_slowdown_pct": ("hw_thermal", "hw_power_brake"),
 }
+# What a later reading is compared with: the counters rates and climbing are measured on.
+_CLIMBING = {"pcie_replay_counter", "remapped_rows_correctable", "nvlink_replay_errors", "nvlink_recovery_errors",
+             "nvlink_tx_total", "nvlink_rx_total"}
 _GROUP_INDICES = {name: tuple(CLOCK_EVENT_TIMES.index(r) for r in reasons) for name, reasons in _GROUPS.items()}
+
+
+Raw = dict[str, Any]  # CardCounters' fields, as read
 
 
 @dataclass
 class _Card:
-    readings: deque[tuple[float, CardCounters]] = field(default_factory=lambda: deque(maxlen=MAX_READINGS))
-    raw: CardCounters | None = None  # the last raw counters seen, and what they became
+    readings: deque[tuple[float, Raw]] = field(default_factory=lambda: deque(maxlen=MAX_READINGS))
+    raw: Raw | None = None  # the last raw counters seen, and what they became
     counters: CardCounters | None = None
     xids: list[tuple[int, float]] = field(default_factory=list)  # fatal XIDs: (code, unix time), newest first
     xid_version: int = 0
@@ -56,7 +63,7 @@ class HealthTracker:
             card.xids = [(code, when), *card.xids][:16]
             card.xid_version += 1
 
-    def card(self, key: str, state: str, now: float, raw: CardCounters | None = None, fabric: str | None = None,
+    def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
              ecc_uncorrected: int | None = None) -> tuple[CardCounters | None, Health]:
         """The card's counters (with rates) and verdict. `key`: its UUID (or "index:N"); `now`: unix
         time of the sample; `raw`: the counters as read (None: not read, e.g. lost)."""
@@ -110,14 +117,14 @@ class HealthTracker:
         before it: a check run every so often compares with its last run)."""
         if not card.readings:
             return None
-        newest = getattr(card.readings[-1][1], name)
-        base = _baseline(card.readings, now - window)
-        old = getattr(base[1], name) if base is not None else None
+        newest = card.readings[-1][1].get(name)
+        # The readings start one before the window (or at the first): the baseline, as _baseline would find.
+        old = card.readings[0][1].get(name)
         if newest is None or old is None:
             return None
         return max(0, newest - old)
 
-    def _with_rates(self, card: _Card, raw: CardCounters, now: float) -> CardCounters:
+    def _with_rates(self, card: _Card, raw: Raw, now: float) -> CardCounters:
         readings = card.readings
         window = health.settings().window_s
         while len(readings) > 1 and readings[1][0] <= now - window:  # keep one reading from before it
@@ -125,26 +132,27 @@ class HealthTracker:
         previous = readings[-1] if readings else None
         minute = _baseline(readings, now - RATE_SPAN_S)
         readings.append((now, raw))
-        rates: dict[str, Any] = {}
+        values = dict(raw)
+        get = raw.get
         if minute is not None and now > minute[0]:
             span, old = now - minute[0], minute[1]
-            rates["pcie_replay_rate"] = _rate(raw.pcie_replay_counter, old.pcie_replay_counter, span)
+            values["pcie_replay_rate"] = _rate(get("pcie_replay_counter"), old.get("pcie_replay_counter"), span)
             for group, indices in _GROUP_INDICES.items():
-                rates[group] = _share(raw.clock_event_s, old.clock_event_s, indices, span)
+                values[group] = _share(get("clock_event_s"), old.get("clock_event_s"), indices, span)
         if previous is not None and now > previous[0]:
             span, old = now - previous[0], previous[1]
             for name, total in (("nvlink_tx", "nvlink_tx_total"), ("nvlink_rx", "nvlink_rx_total")):
-                rate = _rate(getattr(raw, total), getattr(old, total), span)
-                rates[name] = None if rate is None else round(rate)
-        rates = {k: v for k, v in rates.items() if v is not None}
-        return dataclasses.replace(raw, **rates) if rates else raw
+                rate = _rate(get(total), old.get(total), span)
+                values[name] = None if rate is None else round(rate)
+        return CardCounters(**values)
 
     # -- for one-shot checks that run every so often (`gpumon health`) --
 
     def export_readings(self) -> dict[str, list[tuple[float, dict[str, Any]]]]:
         """Each card's readings within the window (plus the one before it), to remember until the
         next run: what climbing is measured against."""
-        return {key: [(t, c.to_dict()) for t, c in card.readings] for key, card in self._cards.items() if card.readings}
+        return {key: [(t, CardCounters(**raw).to_dict()) for t, raw in card.readings]
+                for key, card in self._cards.items() if card.readings}
 
     def import_readings(self, saved: dict[str, Any], now: float) -> None:
         window = health.settings().window_s
@@ -153,20 +161,21 @@ class HealthTracker:
             for when, raw in readings[-MAX_READINGS:]:
                 counters = CardCounters.from_dict(raw) if isinstance(raw, dict) else None
                 if counters is not None and isinstance(when, (int, float)) and when < now:
-                    card.readings.append((float(when), counters))
+                    values = {name: getattr(counters, name) for name in COUNTER_KEYS}
+                    # Only numbers (a file edited by hand must not break the sampling later).
+                    card.readings.append((float(when), {k: v for k, v in values.items()
+                                                        if isinstance(v, (int, float)) and k in _CLIMBING}))
             while len(card.readings) > 1 and card.readings[1][0] <= now - window:
                 card.readings.popleft()
 
 
-def _baseline(readings: deque[tuple[float, CardCounters]], since: float) -> tuple[float, CardCounters] | None:
+def _baseline(readings: deque[tuple[float, Raw]], since: float) -> tuple[float, Raw] | None:
     """The newest reading at or before `since` (so the span is at least the whole period), else the
-    oldest one."""
-    best = None
-    for reading in readings:
-        if reading[0] > since:
-            break
-        best = reading
-    return best if best is not None else (readings[0] if readings else None)
+    oldest one. Searched from the newest end: a minute back is a dozen readings."""
+    for reading in reversed(readings):
+        if reading[0] <= since:
+            return reading
+    return readings[0] if readings else None
 
 
 def _flag(value: bool | None) -> int | None:

@@ -13,8 +13,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from gpumon.counters import CardCounters
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
 from gpumon.monitor.health_history import HealthTracker
@@ -172,9 +172,9 @@ class DemoBackend:
             encoder_util=0, decoder_util=0, processes=processes,
         )
 
-    def _counters(self, spec: _CardSpec, index: int, util: int, temp: int, power: float) -> CardCounters:
+    def _counters(self, spec: _CardSpec, index: int, util: int, temp: int, power: float) -> dict[str, Any]:
         hbm = spec.ecc
-        return CardCounters(
+        return dict(
             remapped_rows_correctable=0 if hbm else None, remapped_rows_uncorrectable=0 if hbm else None,
             remapped_rows_pending=False if hbm else None, remapped_rows_failure=False if hbm else None,
             ecc_errors_corrected=0 if hbm else None, pcie_replay_counter=0,

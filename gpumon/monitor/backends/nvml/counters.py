@@ -1,28 +1,31 @@
-"""A card's reliability counters, read every COUNTERS_INTERVAL_S on its lane: row remapping or page
-retirement, ECC (volatile and aggregate), PCIe replays, memory temperature and its maximum, energy,
-NVLink traffic and errors, clock-event times, and GPM metrics on Hopper and later.
+"""A card's reliability counters, read on its lane every `[health] interval` (monitor/health.py:
+30 s unless the config says otherwise), the cards in turn rather than all in one sample: row
+remapping or page retirement, ECC (volatile and aggregate), PCIe replays, memory temperature and
+its maximum, energy, NVLink traffic and errors, clock-event times, and GPM metrics on Hopper and
+later.
 
-They change slowly, and some calls are costly, so between reads every sample gets the same
-`CardCounters` object. Most come in one `nvmlDeviceGetFieldValues` call; a field the card answers
-NOT_SUPPORTED for is left out of the request from then on, and a function the card or driver lacks
-is never called again (Card.read remembers it). Where the driver has no energy counter (before
-Volta), the power readings of every sample are integrated instead (`integrate_power`).
+They change slowly, and some calls are costly, so between reads every sample gets the same dict
+(and so the same `CardCounters`, from the health tracker). Most come in one
+`nvmlDeviceGetFieldValues` call; a field the card answers NOT_SUPPORTED for is left out of the
+request from then on, and a function the card or driver lacks is never called again (Card.read
+remembers it). Where the driver has no energy counter (before Volta), the power readings of every
+sample are integrated instead (`integrate_power`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from typing import Any
 
 import pynvml
 
-from gpumon.counters import CardCounters
+from gpumon.monitor import health
 from gpumon.monitor.backends.nvml import gpm
 from gpumon.monitor.backends.nvml.library import Card, CardLost
 
 log = logging.getLogger(__name__)
-COUNTERS_INTERVAL_S = 5.0
 MAX_NVLINKS = 18
 _NS = 1e-9
 _KIB = 1024
@@ -52,12 +55,34 @@ _VALUE = {  # valueType -> the union's member
 }
 
 
-def read_counters(card: Card) -> CardCounters | None:
-    """The card's counters: read again when COUNTERS_INTERVAL_S has passed, else the last ones."""
+class _Value(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort)]
+
+
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t, laid out as the bindings' c_nvmlFieldValue_t. Declared here because the
+    bindings' structures run Python code on every attribute read: a read of 21 fields cost 110 µs
+    through them, every few seconds per card."""
+
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", _Value)]
+
+
+assert ctypes.sizeof(_FieldValue) == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+
+
+def read_counters(card: Card) -> dict[str, Any]:
+    """The card's counters (CardCounters' fields, for HealthTracker.card): read again when the
+    interval has passed, else the same dict as last time."""
     now = time.monotonic()
-    if card.counters is not None and now - card.counters_read_at < COUNTERS_INTERVAL_S:
+    interval = health.settings().interval_s
+    if card.counters is not None and now - card.counters_read_at < interval:
         return card.counters
-    card.counters_read_at = now
+    # The first read is at once (a one-off snapshot has them); after it the cards take turns.
+    card.counters_read_at = now if card.counters is not None else now - interval * (card.index % 10) / 10
     fields = _field_values(card)
     remap = card.read("remap", pynvml.nvmlDeviceGetRemappedRows)
     retired = _retired_pages(card) if remap is None else (None, None, None)
@@ -67,7 +92,7 @@ def read_counters(card: Card) -> CardCounters | None:
                                                 pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)
     clocks = tuple(None if (ns := fields.get(name)) is None else round(ns * _NS, 3) for name in _CLOCKS)
     tx, rx = fields.get("nvlink_tx"), fields.get("nvlink_rx")
-    card.counters = CardCounters(
+    card.counters = dict(
         remapped_rows_correctable=remap[0] if remap else None,
         remapped_rows_uncorrectable=remap[1] if remap else None,
         remapped_rows_pending=bool(remap[2]) if remap else None,
@@ -106,18 +131,20 @@ def integrate_power(card: Card, watts: float | None) -> None:
 def _field_values(card: Card) -> dict[str, Any]:
     """Every field still asked for, in one call; NVLink traffic summed over the active links."""
     if card.fields is None:
-        card.fields = [(name, (fid, 0)) for name, fid in _FIELDS.items()]
+        wanted = [(name, fid, 0) for name, fid in _FIELDS.items()]
         for link in _active_links(card):
-            card.fields += [("nvlink_tx", (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)),
-                            ("nvlink_rx", (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))]
-    if not card.fields:
+            wanted += [("nvlink_tx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link),
+                       ("nvlink_rx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)]
+        card.fields = _request(wanted)
+    names, request = card.fields
+    if not names or "fields" in card.skip:
         return {}
-    answers = card.read("fields", pynvml.nvmlDeviceGetFieldValues, [ids for _, ids in card.fields])
-    if answers is None:
+    if card.read("fields", _get_field_values, request) is None:
         return {}
     out: dict[str, Any] = {}
-    keep = []
-    for (name, ids), answer in zip(card.fields, answers, strict=False):
+    dropped = []
+    for i, name in enumerate(names):
+        answer = request[i]
         code = answer.nvmlReturn
         if code == pynvml.NVML_SUCCESS:
             value = getattr(answer.value, _VALUE.get(answer.valueType, "ullVal"))
@@ -127,10 +154,25 @@ def _field_values(card: Card) -> dict[str, Any]:
         elif code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION,
                       pynvml.NVML_ERROR_INVALID_ARGUMENT):
             log.info("NVML: card %d: field %s unavailable (%s)", card.index, name, pynvml.NVMLError(code))
-            continue
-        keep.append((name, ids))
-    card.fields = keep
+            dropped.append(i)
+    if dropped:  # never asked again
+        card.fields = _request([(names[i], request[i].fieldId, request[i].scopeId)
+                                for i in range(len(names)) if i not in dropped])
     return out
+
+
+def _request(wanted: list[tuple[str, int, int]]) -> tuple[list[str], Any]:
+    """(names, the nvmlFieldValue_t array asking for them), made once and reused."""
+    request = (_FieldValue * len(wanted))()
+    for i, (_, field, scope) in enumerate(wanted):
+        request[i].fieldId, request[i].scopeId = field, scope
+    return [name for name, _, _ in wanted], request
+
+
+def _get_field_values(handle: Any, request: Any) -> Any:
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(request)), request))
+    return request
 
 
 def _active_links(card: Card) -> list[int]:

@@ -148,7 +148,7 @@ class Card:
         # Health counters (backends/nvml/counters.py): the last ones read, and when (monotonic s).
         self.counters: Any = None
         self.counters_read_at = 0.0
-        self.fields: list[tuple[str, tuple[int, int]]] | None = None  # field values still asked for
+        self.fields: Any = None  # (names, request) of the field values still asked for
         self.memory_temperature_max: int | None = None
         self.energy_integrated: float | None = None  # joules, where the driver has no energy counter
         self.power_at: float | None = None
