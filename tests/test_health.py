@@ -18,6 +18,7 @@ from gpumon.monitor import health as health_rules
 from gpumon.monitor.backends.nvml import NvmlBackend
 
 H100 = "NVIDIA H100 80GB HBM3"
+REMAPS_OK = dict(remap_cor=0, remap_unc=0, remap_pending=0, remap_failure=0)
 A100 = "NVIDIA A100-SXM4-80GB"
 # Every counter the fake serves, at fixed values.
 EVERY_COUNTER = dict(
@@ -260,3 +261,17 @@ def test_select_and_run_auto_never_choose_a_failing_card(fake_driver):
     assert "GPU-00000001-aaaa-bbbb-cccc-000000000001" in ran.stdout
     two = fake_driver.run("select", "--count", "2")
     assert two.returncode == 1 and two.stdout == ""
+
+
+def test_a_card_that_does_not_answer_warns(fake_driver):
+    """A card whose calls hang has no fresh verdict: `health` says it is not responding (warn)
+    within --timeout, and judges the others."""
+    fake_driver.machine.cards = [Card(A100, extra=REMAPS_OK), Card(A100, extra=dict(slow=20000))]
+    fake_driver.write()
+    started = time.monotonic()
+    result = health(fake_driver, "--timeout", "3")
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1, result.stdout + result.stderr
+    ok, silent = result.stdout.splitlines()
+    assert ok.split()[:3] == ["GPU", "0", "ok"]
+    assert silent.split()[:3] == ["GPU", "1", "WARN"] and "not_responding" in silent
