@@ -135,7 +135,7 @@ def _load(tracker: Any, path: Path) -> None:
     try:
         saved = json.loads(path.read_text())
         if isinstance(saved, dict):
-            tracker.import_readings(saved, time.time())
+            tracker.import_readings({k: v for k, v in saved.items() if isinstance(v, list)}, time.time())
     except FileNotFoundError:
         pass
     except (OSError, ValueError, TypeError) as exc:  # a damaged file: start again from this run

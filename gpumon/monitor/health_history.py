@@ -1,6 +1,6 @@
 """What a card's counters did lately, and its verdict: rates, what climbed within the window, the
 fatal XIDs it reported. A backend hands each card's raw counters (a dict of CardCounters' fields,
-read every few seconds, the same dict in between) to `HealthTracker.card` once per sample; it
+read every `[health] interval`, the same dict in between) to `HealthTracker.card` once per sample; it
 answers the CardCounters, rates filled in, and the card's verdict, both worked out again only when
 something they depend on changed, so a sample costs a few attribute reads per card. (The raw
 counters are a dict, not a CardCounters, so the object is built once a read, rates and all:
@@ -17,11 +17,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumon.counters import CLOCK_EVENT_TIMES, COUNTER_KEYS, CardCounters, Health
+from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, Health
 from gpumon.monitor import health
 
 RATE_SPAN_S = 60.0  # rates and throttled shares are over the last minute
-MAX_READINGS = 512  # per card: a reading every few seconds over the window
+MAX_READINGS = 512  # per card: the readings within the window (a few dozen at the default interval)
 _GROUPS = {  # throttled shares: which clock-event reasons make up each group
     "throttled_power_pct": ("sw_power_cap", "hw_power_brake"),
     "throttled_thermal_pct": ("sw_thermal", "hw_thermal"),
@@ -151,7 +151,8 @@ class HealthTracker:
     def export_readings(self) -> dict[str, list[tuple[float, dict[str, Any]]]]:
         """Each card's readings within the window (plus the one before it), to remember until the
         next run: what climbing is measured against."""
-        return {key: [(t, CardCounters(**raw).to_dict()) for t, raw in card.readings]
+        return {key: [(t, {k: v for k, v in raw.items() if k in _CLIMBING and v is not None})
+                      for t, raw in card.readings]
                 for key, card in self._cards.items() if card.readings}
 
     def import_readings(self, saved: dict[str, Any], now: float) -> None:
@@ -159,12 +160,10 @@ class HealthTracker:
         for key, readings in saved.items():
             card = self._cards.setdefault(key, _Card())
             for when, raw in readings[-MAX_READINGS:]:
-                counters = CardCounters.from_dict(raw) if isinstance(raw, dict) else None
-                if counters is not None and isinstance(when, (int, float)) and when < now:
-                    values = {name: getattr(counters, name) for name in COUNTER_KEYS}
+                if isinstance(raw, dict) and isinstance(when, (int, float)) and when < now:
                     # Only numbers (a file edited by hand must not break the sampling later).
-                    card.readings.append((float(when), {k: v for k, v in values.items()
-                                                        if isinstance(v, (int, float)) and k in _CLIMBING}))
+                    card.readings.append((float(when), {k: v for k, v in raw.items() if k in _CLIMBING
+                                                        and type(v) in (int, float)}))
             while len(card.readings) > 1 and card.readings[1][0] <= now - window:
                 card.readings.popleft()
 
