@@ -5,6 +5,11 @@ and of AMD cards read from a fake sysfs, with their processes from a fake procfs
 Shows that the cost per sample grows about linearly with cards and processes. Run from the repo
 root: `python benchmarks/sampler_cost.py`. Needs a C compiler (builds the test suite's fake driver).
 Printed, not asserted: timings on shared machines are noisy.
+
+The last rows are cards that report every health counter (row remaps, ECC, PCIe replays, memory
+temperature, energy, 4 NVLinks, clock events, GPM): a sample between two counter reads, and a
+sample that reads them (every 30 s per card by default), whose extra cost is spread over the
+samples between.
 """
 
 from __future__ import annotations
@@ -27,24 +32,43 @@ def spawn_idle(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen(["sleep", "600"]) for _ in range(count)]
 
 
-def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path, lib: Path) -> float:
+# Every health counter the fake driver serves (tests/fakenvml/fake_nvml.c).
+HEALTH = dict(remap_cor=0, remap_unc=0, remap_pending=0, remap_failure=0, ecc_corrected=0, ecc_corrected_agg=0,
+              ecc_uncorrected_agg=0, pcie_replay=0, mem_temp="40..60", mem_temp_max=95, energy_mj=1000,
+              switch_links=4, nvlink_tx_kibs=1000, nvlink_rx_kibs=1000, nvlink_crc_flit=0, nvlink_crc_data=0,
+              nvlink_replay=0, nvlink_recovery=0, clk_sw_power=1, clk_sync_boost=0, clk_sw_thermal=0,
+              clk_hw_thermal=0, clk_hw_power_brake=0, gpm=1, gpm_gr=50, gpm_sm=40, gpm_occupancy=30,
+              gpm_tensor=20, gpm_dram=10)
+
+
+def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path, lib: Path,
+            health: bool = False, read_counters: bool = False) -> float:
+    """CPU seconds a pass; `health`: every card reports every health counter; `read_counters`:
+    each pass reads them (as one pass in every `[health] interval` does)."""
+    from gpumon.monitor import health as rules
     from gpumon.monitor.backends.nvml import NvmlBackend
     from gpumon.monitor.sampler import Sampler
 
+    extra = dict(util="10..90", temp="40..80", power_mw="100000..300000", **(HEALTH if health else {}))
     machine = FakeMachine(
-        cards=[Card(extra=dict(util="10..90", temp="40..80", power_mw="100000..300000")) for _ in range(cards)],
+        cards=[Card(extra=extra) for _ in range(cards)],
         procs=[dict(gpu=i % cards, pid=p.pid, mem=GIB, sm="0..100") for i, p in enumerate(procs)],
     )
-    config = workdir / f"bench-{cards}-{len(procs)}.conf"
+    config = workdir / f"bench-{cards}-{len(procs)}-{health}.conf"
     machine.write(config)
     os.environ["FAKE_NVML_CONFIG"] = str(config)
     backend = NvmlBackend(lib_path=str(lib))
     sampler = Sampler(backend)
     sampler.collect()  # warm the caches, as in a long-running monitor
-    start = time.process_time()
-    for _ in range(passes):
-        sampler.collect()
-    cost = (time.process_time() - start) / passes
+    if read_counters:
+        rules.configure({"interval": "0s"})
+    try:
+        start = time.process_time()
+        for _ in range(passes):
+            sampler.collect()
+        cost = (time.process_time() - start) / passes
+    finally:
+        rules.configure({})
     backend.close()
     return cost
 
@@ -104,6 +128,15 @@ def main() -> None:
             cost, scans = measure_drm(cards, pool[:nprocs], others, passes=30, workdir=workdir, rescan_s=rescan)
             how = "every sample" if rescan == 0.0 else "cached"
             print(f"{cards:>5} {nprocs:>5} {others:>5} {how:>12} {cost * 1000:>14.2f} {scans / 30:>16.0f}")
+
+        from gpumon.monitor.health import DEFAULT_INTERVAL_S
+
+        between = measure(8, [], passes=20, workdir=workdir, lib=lib, health=True)
+        reading = measure(8, [], passes=20, workdir=workdir, lib=lib, health=True, read_counters=True)
+        spread = between + (reading - between) / DEFAULT_INTERVAL_S
+        print(f"8 cards, every health counter: {between * 1000:.2f} ms between counter reads, "
+              f"{reading * 1000:.2f} ms in a pass that reads them; at 1 Hz (a read every "
+              f"{DEFAULT_INTERVAL_S:g} s): {spread * 1000:.2f} ms a sample")
     finally:
         for p in pool:
             p.kill()

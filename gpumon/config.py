@@ -34,6 +34,11 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     podman_dir = "/host/var/lib/containers/storage"
     job_map_dir = "/run/gpu-jobs"     # a file per card (index or UUID) with its jobs, from the prolog
 
+    [health]                  # the card health rules (gpumon/monitor/health.py checks this table)
+    window = "10m"
+    [health.rules.pcie_replays]
+    threshold = 20
+
 A bad file is a usage error naming the file, the line and the key.
 """
 
@@ -58,6 +63,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
     "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
     "paths": {"sysfs": (str,), "procfs": (str,)},
+    "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
 }
 
 
@@ -85,6 +91,7 @@ class Config:
     owners: dict[str, str] = field(default_factory=dict)  # [owners]: where the host's records are
     path_sysfs: str | None = None  # [paths]: where /sys and /proc are (AMD and Intel cards, processes)
     path_procfs: str | None = None
+    health: dict = field(default_factory=dict)  # the [health] table, as written
 
 
 def default_path() -> Path:
@@ -160,6 +167,7 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
     config.fleet_prometheus_url = fleet.get("prometheus_url")
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
+    config.health = dict(data.get("health", {}))
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}

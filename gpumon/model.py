@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.counters import NO_COUNTERS, CardCounters, Health
+
 SCHEMA_VERSION = 1
 
 # NVML clock-event (throttle) reason bits, by the names docs/design.md gives them.
@@ -95,6 +97,7 @@ class ProcessSample:
                              started, uid, container, owner)
 
 
+_NESTED = ("counters", "health")  # objects of their own, not plain JSON values
 _PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started")
 
 
@@ -187,6 +190,10 @@ class GpuSample:
     # Not in the JSON schema: the card's number in its vendor's runtime (ROCm's order for AMD, Level
     # Zero's for Intel), for pinning a job to it. None for NVIDIA (pinned by UUID).
     vendor_index: int | None = None
+    # Reliability counters (read every few seconds: the same object between reads) and the verdict
+    # drawn from them (gpumon/counters.py); JSON: each counter a key of the card, and "health".
+    counters: CardCounters | None = None
+    health: Health | None = None
 
     @property
     def key(self) -> str:
@@ -240,7 +247,7 @@ class Snapshot:
         """Inverse of to_dict (for recordings); raises ValueError/TypeError/KeyError on bad data."""
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"unsupported schema version {data.get('schema')!r}")
-        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes", "mig_devices"}
+        gpu_fields = {f.name for f in dataclasses.fields(GpuSample)} - {"processes", "mig_devices", *_NESTED}
         proc_fields = {f.name for f in dataclasses.fields(ProcessSample)}
         gpus = []
         for raw in data["gpus"]:
@@ -248,7 +255,8 @@ class Snapshot:
             if values.get("throttle_reasons") is not None:
                 values["throttle_reasons"] = tuple(values["throttle_reasons"])
             procs = tuple(_process_from_dict(p, proc_fields) for p in raw.get("processes", ()))
-            gpus.append(GpuSample(**values, processes=procs))
+            gpus.append(GpuSample(**values, processes=procs, counters=CardCounters.from_dict(raw),
+                                  health=Health.from_dict(raw.get("health"))))
         return cls(
             time=float(data["time"]),
             host=str(data["host"]),
@@ -267,6 +275,10 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
     out["processes"] = [_process_to_dict(p) for p in gpu.processes]
+    out.pop("counters")
+    out.pop("health")
+    out.update(gpu.counters.to_dict() if gpu.counters is not None else NO_COUNTERS)
+    out["health"] = gpu.health.to_dict() if gpu.health is not None else None
     return out
 
 

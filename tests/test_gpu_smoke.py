@@ -17,7 +17,8 @@ def test_gpu_smoke_passes_on_the_fake_driver(tmp_path, build_fake):
     assert result.returncode == 0, result.stdout + result.stderr
     report = (out / "report.txt").read_text()
     assert "FAIL" not in report and "checks passed" in report
-    for artefact in ("snapshot.json", "nvidia-smi.csv", "topo.txt", "job.json", "watch.jsonl", "tui.svg"):
+    for artefact in ("snapshot.json", "nvidia-smi.csv", "topo.txt", "job.json", "watch.jsonl", "tui.svg",
+                     "health.json", "nvidia-smi-q.txt"):
         assert (out / artefact).exists(), artefact
 
 

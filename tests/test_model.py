@@ -21,6 +21,15 @@ SCHEMA_GPU_KEYS = {
     # Added by issue 28: whose card, and what the kernel says of AMD and Intel cards (null from NVML).
     "vendor", "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_speed",
     "pcie_link_width", "pcie_link_speed_max", "pcie_link_width_max", "vbios", "serial", "perf_level", "asleep",
+    # Added by issue 27 (card health): the verdict and the raw counters, each under its own key.
+    "health", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+    "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+    "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
+    "pcie_replay_counter", "pcie_replay_rate", "memory_temperature", "memory_temperature_max", "energy_j",
+    "energy_source", "nvlink_tx", "nvlink_rx", "nvlink_tx_total", "nvlink_rx_total", "nvlink_crc_flit_errors",
+    "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "clock_event_s",
+    "throttled_power_pct", "throttled_thermal_pct", "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active",
+    "sm_occupancy", "tensor_active", "dram_active",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
                     # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).

@@ -48,9 +48,10 @@ class EventWriter:
             return
         where = f"HOST {event.host}" if event.gpu is None else (
             f"GPU {event.host}:{event.gpu}" if self.show_hosts else f"GPU {event.gpu}")
+        why = "; ".join(f"{r.code}: {r.text}" for r in event.reasons)
         self._line(f"{when}  {event.event.upper():8}  {where}  {event.rule}  "
                    f"({event.metric}={_number(event.value)}, threshold {_number(event.threshold)})  "
-                   f"{event.uuid or event.error or ''}".rstrip())
+                   f"{event.uuid or event.error or ''}{'  ' + why if why else ''}".rstrip())
 
     def metrics(self, snapshot: Snapshot, host: str | None = None) -> None:
         if self.fmt == "jsonl":

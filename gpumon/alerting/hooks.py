@@ -45,6 +45,8 @@ def hook_environment(event: AlertEvent | FailoverEvent) -> dict[str, str]:
     })
     if event.error is not None:
         env["GPUMON_ERROR"] = event.error
+    if event.metric == "health":  # the verdict's reasons, one a line: "code: what is wrong -> what fixes it"
+        env["GPUMON_REASONS"] = "\n".join(f"{r.code}: {r.text} -> {r.action}" for r in event.reasons)
     return env
 
 

@@ -25,6 +25,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpumon.alerting.prometheus_health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_rule_expr, health_value
 from gpumon.alerting.rules import AlertEngine, Rule
 from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
@@ -140,7 +141,7 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
     labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"{g.vendor}{g.index}", g.name, r.host,
                                   g.pci_bus_id or "", g.vendor] for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
-    for name, doc, read in GAUGES:
+    for name, doc, read in GAUGES + HEALTH_GAUGES:
         family = GaugeMetricFamily(name, doc, labels=LABELS)
         for _, g, card in cards:
             value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
@@ -171,6 +172,11 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         if g.fabric in FABRIC_STATUS:
             fabric.add_metric(card, float(FABRIC_STATUS[g.fabric]))
     yield fabric
+    verdicts = GaugeMetricFamily(HEALTH, HEALTH_HELP, labels=LABELS + ["reason"])
+    for _, g, card in cards:  # a lost card's verdict too: it fails
+        if (verdict := health_value(g)) is not None:
+            verdicts.add_metric(card + [verdict[1]], verdict[0])
+    yield verdicts
     lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
     for _, g, card in cards:
         lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
@@ -278,6 +284,8 @@ def rule_expr(rule: Rule) -> str:
     sel = "" if rule.gpus is None else '{gpu=~"' + "|".join(str(i) for i in sorted(rule.gpus)) + '"}'
     if rule.metric == "xid":
         return _xid_expr(rule)
+    if (health := health_rule_expr(rule, sel)) is not None:
+        return health
     if rule.metric == "lost":
         return f"gpumon_gpu_lost{sel} == 1"
     if rule.metric == "fabric":  # exported only for cards on an NVSwitch fabric
@@ -326,7 +334,8 @@ def prometheus_rules(rules: list[Rule]) -> str:
 
 def _summary(rule: Rule) -> str:
     where = " on GPU {{ $labels.gpu }} ({{ $labels.modelName }})"
-    what = ": XID {{ $labels.xid }}" if rule.metric == "xid" else ""
+    what = ": XID {{ $labels.xid }}" if rule.metric == "xid" else (
+        ": {{ $labels.reason }}" if rule.metric == "health" else "")
     return f"gpumon rule {rule.text!r}{where}{what}"
 
 

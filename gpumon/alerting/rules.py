@@ -7,7 +7,10 @@ so a noisy value does not flap.
 
 Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or the groups
 `thermal` and `power`), `ecc > 0`, `fabric` (an NVSwitch board's card not registered with the
-fabric: fabric manager not running, still starting, or failed), and `unreachable` (a fleet host,
+fabric: fabric manager not running, still starting, or failed), `health` (the card's verdict is
+warn or fail; `health fail`: fail only; the event carries the reasons), the health counters
+`remap_pending`, `remap_failure`, `mem_temp > 90`, `correctable_remaps > 0` and
+`pcie_replay_rate > 10/min` (a rate needs its unit: /s, /min or /h), and `unreachable` (a fleet host,
 evaluated per host by alerting.fleet_watch; never true of a card). An XID is an event, not a level:
 an `xid` rule fires once per XID error (its code is the event's value) and resolves once no XID has
 come for its quiet period, the rule's `for` (default 10 minutes).
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.counters import HealthReason
 from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 from gpumon.units import format_cpu_list, parse_duration, parse_size
@@ -47,8 +51,20 @@ METRICS: dict[str, Callable[[GpuSample], float | None]] = {
     "clock_sm": lambda g: g.clock_sm,
     "procs": lambda g: len(g.processes) if g.state == "ok" else None,
     "ecc": lambda g: g.ecc_errors_uncorrected,
+    # Card health counters (gpumon/counters.py); the rate is kept per second.
+    "mem_temp": lambda g: g.counters.memory_temperature if g.counters else None,
+    "pcie_replay_rate": lambda g: g.counters.pcie_replay_rate if g.counters else None,
+    "correctable_remaps": lambda g: g.counters.remapped_rows_correctable if g.counters else None,
 }
-SPECIAL = ("lost", "xid", "throttle", "fabric", "unreachable")
+# Yes-or-no health counters, written alone like `lost`.
+FLAGS: dict[str, Callable[[GpuSample], bool | None]] = {
+    "remap_pending": lambda g: g.counters.remapped_rows_pending if g.counters else None,
+    "remap_failure": lambda g: g.counters.remapped_rows_failure if g.counters else None,
+}
+RATES = {"pcie_replay_rate"}
+PER_SECOND = {"/s": 1.0, "/min": 60.0, "/h": 3600.0}
+VERDICT_LEVEL = {"ok": 0.0, "warn": 1.0, "fail": 2.0}
+SPECIAL = ("lost", "xid", "throttle", "fabric", "health", *FLAGS, "unreachable")
 XID_QUIET_S = 600.0  # an xid rule resolves after this long without an XID, unless `for` says otherwise
 FABRIC_NOT_READY = {"not_started", "in_progress", "failed"}
 
@@ -78,8 +94,13 @@ class Rule:
             return 1.0 if gpu.state == "lost" else 0.0
         if self.metric == "unreachable":
             return None  # a host's condition, not a card's
+        if self.metric == "health":  # a lost card's verdict is news: it fails
+            return None if gpu.health is None or gpu.state == "stale" else VERDICT_LEVEL[gpu.health.verdict]
         if gpu.state in ("lost", "stale"):  # a card that does not answer says nothing new
             return None
+        if self.metric in FLAGS:
+            flag = FLAGS[self.metric](gpu)
+            return None if flag is None else float(flag)
         if self.metric == "fabric":
             return None if gpu.fabric is None else float(gpu.fabric in FABRIC_NOT_READY)
         if self.metric == "throttle":
@@ -125,8 +146,14 @@ def parse_rule(text: str) -> Rule:
     word, start, end = take()  # type: ignore[misc]
     metric = word.lower()
     fields: dict[str, Any] = {"text": text, "metric": metric}
-    if metric in ("lost", "fabric", "unreachable"):
+    if metric in ("lost", "fabric", "unreachable", *FLAGS):
         fields.update(op="==", threshold=1.0)
+    elif metric == "health":
+        level = "warn" if pos >= len(tokens) or tokens[pos][0].lower() in ("for", "on") else take()[0]  # type: ignore[index]
+        if level.lower() not in ("warn", "fail"):
+            bad = tokens[pos - 1]
+            raise _fail(text, bad[1], bad[2], f"health takes warn or fail, not {level!r}")
+        fields.update(op=">=", threshold=VERDICT_LEVEL[level.lower()])
     elif metric == "throttle":
         reason = take()
         if reason is None:
@@ -169,7 +196,7 @@ def parse_rule(text: str) -> Rule:
                 raise _fail(text, arg[1], arg[2],
                             f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
-            if metric in ("lost", "throttle", "xid", "fabric", "unreachable"):
+            if metric in SPECIAL:
                 raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
             fields["clear"], _ = _value(metric, arg, text)
         else:
@@ -182,6 +209,15 @@ def parse_rule(text: str) -> Rule:
 
 def _value(metric: str, tok: tuple[str, int, int], text: str) -> tuple[float, bool]:
     raw = tok[0]
+    if metric in RATES:
+        unit = next((u for u in PER_SECOND if raw.lower().endswith(u)), None)
+        try:
+            if unit is None:
+                raise ValueError
+            return float(raw[: -len(unit)]) / PER_SECOND[unit], False
+        except ValueError:
+            raise _fail(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected a rate like 10/min "
+                                              "(per /s, /min or /h)") from None
     try:
         if metric == "mem_used":
             return float(parse_size(raw)), False
@@ -226,6 +262,7 @@ class AlertEvent:
     name: str = ""  # the card's name (from the driver); in hook environments, not in the JSON
     host: str | None = None  # the host of the card (the fleet's name for it, else the snapshot's)
     error: str | None = None  # unreachable: why
+    reasons: tuple[HealthReason, ...] = ()  # a health rule: the card's verdict's reasons
 
     def to_dict(self) -> dict[str, Any]:
         out = {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
@@ -233,6 +270,8 @@ class AlertEvent:
                "host": self.host}
         if self.error is not None:
             out["error"] = self.error
+        if self.metric == "health":
+            out["reasons"] = [r.to_dict() for r in self.reasons]
         return out
 
 
@@ -330,7 +369,9 @@ class AlertEngine:
 
     @staticmethod
     def _event(kind: str, rule: Rule, gpu: GpuSample, value: float, now: float) -> AlertEvent:
-        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid or "", rule.metric, value, rule.threshold, now, gpu.name)
+        reasons = gpu.health.reasons if rule.metric == "health" and gpu.health is not None else ()
+        return AlertEvent(kind, rule.text, gpu.index, gpu.uuid or "", rule.metric, value, rule.threshold, now, gpu.name,
+                          reasons=reasons)
 
 
 def parse_rules(texts: Iterable[str]) -> list[Rule]:

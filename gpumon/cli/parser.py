@@ -219,6 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="snapshot")
 
+    p = sub.add_parser("health", help="is any card going bad? exit 0 ok, 1 warn, 2 fail (or a usage error)",
+                       description="One line per card with its verdict, reasons and actions. Exit status: 0 all "
+                                   "ok, 1 a card warns, 2 a card fails; a usage error is 2 too, told apart by "
+                                   "its one line on stderr and nothing on stdout.")
+    p.add_argument("--json", action="store_true", help="the verdicts and counters as JSON")
+    _add_timeout_option(p)
+    _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="health")
+
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")
     _add_timeout_option(p)

@@ -6,6 +6,7 @@ whatever the sampling interval, and leaves nothing running (a driver call that h
 included, is in a daemon thread). The driver is opened and read with the TUI's timeouts (a card
 that hangs is marked stale, the others keep their interval); samples that are late as a whole are
 not repeated: the reading side notices the silence.
+XIDs are listened for meanwhile, so the cards' health verdicts count them, as locally.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
 from gpumon.monitor.connection import stdin_connection
 from gpumon.monitor.sampler import Sampler
+from gpumon.monitor.xid import XidListener
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:
@@ -65,7 +67,7 @@ async def _stream(sampler: Sampler) -> None:
         loop.add_signal_handler(sig, ended.set)
     # The sampler opens the driver in a daemon thread, as the TUI does: an nvmlInit that hangs on
     # a sick machine leaves this listening for the end of its connection all the same.
-    running = asyncio.ensure_future(sampler.run())
+    running = asyncio.ensure_future(_sample(sampler, loop))
     ending = asyncio.ensure_future(ended.wait())
     done, _ = await asyncio.wait({running, ending}, return_when=asyncio.FIRST_COMPLETED)
     ending.cancel()
@@ -75,6 +77,20 @@ async def _stream(sampler: Sampler) -> None:
     sampler.stop()
     running.cancel()  # it may still be waiting for the driver to open
     await asyncio.gather(running, return_exceptions=True)
+
+
+async def _sample(sampler: Sampler, loop: asyncio.AbstractEventLoop) -> None:
+    await sampler.open()
+    # The backend counts each XID in its card's verdict as it hands it out: nothing to do with them here.
+    listener = XidListener(sampler.backend, lambda index, code, when: None) \
+        if XidListener.available(sampler.backend) else None
+    if listener is not None:
+        listener.start(loop)
+    try:
+        await sampler.run()
+    finally:
+        if listener is not None:
+            listener.stop()
 
 
 def run_stream(args: argparse.Namespace) -> int:

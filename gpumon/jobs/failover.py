@@ -1,10 +1,11 @@
 """When a job's card has failed, in words: what makes the supervisor move a `--failover` job.
 
 A card has failed (for a job's purposes) when it is lost (fell off the bus: NVML answers
-GPU_IS_LOST), when it reports one of the XIDs below, or when its NVSwitch fabric registration
-failed. A card that is merely busy, slow ("not responding") or whose driver is being reloaded has
-not failed: a job on it is left alone. A job that exits with an error on a healthy card is not
-moved either: that is the program's fault, not the card's.
+GPU_IS_LOST), when it reports one of the FATAL_XIDS (NVIDIA's catalogue, in monitor/xid.py: the
+health verdict uses the same list), or when its NVSwitch fabric registration failed. A card that
+is merely busy, slow ("not responding") or whose driver is being reloaded has not failed: a job
+on it is left alone. A job that exits with an error on a healthy card is not moved either: that
+is the program's fault, not the card's.
 """
 
 from __future__ import annotations
@@ -13,21 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpumon.model import GpuSample, Snapshot
-
-# XIDs after which the card cannot be trusted with the job until it is reset (NVIDIA's XID catalog):
-# the programs on it have lost their context or their memory may be corrupt.
-FATAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapping failure",
-    74: "NVLink error",
-    79: "fell off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
+from gpumon.monitor.xid import FATAL_XIDS
 
 
 @dataclass(frozen=True)

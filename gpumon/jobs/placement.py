@@ -2,7 +2,8 @@
 
 - `resolve_spec` turns a GPU SPEC (index, UUID, MIG UUID, PCI bus id, list, auto[:N]) into cards.
 - `choose` picks the N free-enough cards with the best links among them (then the least loaded);
-  `gpumon select`, `--gpu auto:N` and queued jobs all use it.
+  `gpumon select`, `--gpu auto:N`, queued jobs and failover all use it. A card whose health
+  verdict is "fail" is never free.
 - `pin` (jobs/pinning.py) is the environment every launch path gives a job, per vendor.
 """
 
@@ -84,6 +85,8 @@ def free_enough(gpu: GpuSample, min_free: str | None = None, max_util: float | N
         if not gpu.error:
             return f"card is {gpu.state}"
         return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
+    if gpu.health is not None and gpu.health.verdict == "fail":  # never chosen, however free it looks
+        return "failing its health check: " + "; ".join(r.text for r in gpu.health.reasons)
     if gpu.mig_mode:
         return "in MIG mode: programs see its slices, never the whole card"
     util_bar = BUSY_UTIL if max_util is None else max_util

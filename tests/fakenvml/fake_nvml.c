@@ -25,7 +25,9 @@
  *   nvswitches 4                       # NVSwitch chips that switch_links= go to
  *   fabric_info_max 2                  # nvmlDeviceGetGpuFabricInfoV knows struct v2 only
  *
- * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s).
+ * A value written "lo..hi" moves between lo and hi (triangle wave, 10 s); "v+R/s"
+ * (or "lo..hi+R/s") also climbs by R a second since the config file was written (a counter
+ * going up, across gpumon processes, as a card's counters do).
  * Faults: per card lost_after=SECONDS (and back_after=SECONDS: the card answers
  * again from then on, as after a reset), handle_error=CODE, unsupported=f1,f2,
  * fail=field:code,..., slow=MS (every call on this card takes MS longer: a card
@@ -46,6 +48,19 @@
  * - Live MIG: mig=N (N >= 0: MIG mode on, N slices) may change while the
  *   library runs; handles of destroyed slices answer INVALID_ARGUMENT.
  *   mig_used=B0,B1,... is each slice's used memory.
+ *
+ * - Health counters (see health_set): each is NOT_SUPPORTED until the card's line
+ *   gives it, as on a card or driver without it. remap_cor= remap_unc=
+ *   remap_pending= remap_failure= (nvmlDeviceGetRemappedRows; remap_pending_after=S
+ *   makes a remap pending S seconds after the file was written), retired_sbe= retired_dbe=
+ *   retired_pending= (page retirement), ecc_corrected= ecc_corrected_agg=
+ *   ecc_uncorrected_agg=, pcie_replay=, mem_temp= mem_temp_max=, energy_mj=
+ *   (the counter then grows by the card's power every call), nvlink_tx_kibs=
+ *   nvlink_rx_kibs= (KiB/s per active NVLink), nvlink_crc_flit= nvlink_crc_data=
+ *   nvlink_replay= nvlink_recovery=, clk_sw_power= clk_sync_boost= clk_sw_thermal=
+ *   clk_hw_thermal= clk_hw_power_brake= (percent of the time since the file was
+ *   written that the clocks were held down), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
+ *   gpm_occupancy= gpm_tensor= gpm_dram=; other cards answer NOT_SUPPORTED).
  *
  * scan_env (see its block below): every real process whose /proc/PID/environ has
  * CUDA_VISIBLE_DEVICES naming a card's UUID (one entry of its comma list) is a
@@ -85,7 +100,11 @@
 #define MAX_NVLINKS 18
 #define CPU_WORDS 16 /* 1024 CPUs */
 
-typedef struct { double lo, hi; } val_t;
+typedef struct {
+    double lo, hi;
+    double rate; /* per second since nvmlInit: a counter that climbs */
+    int set;     /* given in the config: a health counter is NOT_SUPPORTED until it is */
+} val_t;
 
 typedef struct {
     char field[24];
@@ -121,6 +140,14 @@ struct gpu {
     int fabric_state; /* 0: no fabric (NOT_SUPPORTED); 1 not started, 2 in progress, 3 completed */
     int fabric_status;
     int fabric_health;
+    /* health counters (health_set) */
+    val_t remap_cor, remap_unc, remap_pending, remap_failure, retired_sbe, retired_dbe, retired_pending,
+        ecc_corrected, ecc_corrected_agg, ecc_uncorrected_agg, pcie_replay, mem_temp, mem_temp_max, energy_mj,
+        nvlink_tx_kibs, nvlink_rx_kibs, nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery,
+        clk_sw_power, clk_sync_boost, clk_sw_thermal, clk_hw_thermal, clk_hw_power_brake,
+        gpm_gr, gpm_sm, gpm_occupancy, gpm_tensor, gpm_dram;
+    double remap_pending_after; /* < 0: never */
+    int gpm;
 };
 
 #define MAX_MIGS 7
@@ -184,6 +211,16 @@ static double now_mono(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Seconds since the config file was written: climbing counters count from then, so they keep
+ * climbing across gpumon processes (each calls nvmlInit) as a real card's do, until a test
+ * writes the file again. */
+static double since_config(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = ts.tv_sec + ts.tv_nsec / 1e9 - (loaded_mtime.tv_sec + loaded_mtime.tv_nsec / 1e9);
+    return t > 0 ? t : 0;
+}
+
 static unsigned long long now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -191,18 +228,24 @@ static unsigned long long now_us(void) {
 }
 
 static double value(val_t v) {
-    if (v.lo == v.hi) return v.lo;
+    double climbed = v.rate ? v.rate * since_config() : 0;
+    if (v.lo == v.hi) return v.lo + climbed;
     double phase = now_mono() / 10.0;
     phase -= (long long)phase;
     double tri = phase < 0.5 ? phase * 2 : (1 - phase) * 2;
-    return v.lo + (v.hi - v.lo) * tri;
+    return v.lo + (v.hi - v.lo) * tri + climbed;
 }
 
 static val_t parse_val(const char *s) {
     val_t v;
+    memset(&v, 0, sizeof v);
     const char *dots = strstr(s, "..");
-    v.lo = strtod(s, NULL);
-    v.hi = dots ? strtod(dots + 2, NULL) : v.lo;
+    char *end;
+    v.lo = strtod(s, &end);
+    v.hi = dots ? strtod(dots + 2, &end) : v.lo;
+    size_t n = strlen(s);
+    if (*end == '+' && n >= 2 && !strcmp(s + n - 2, "/s")) v.rate = strtod(end + 1, NULL); /* "v+R/s" */
+    v.set = 1;
     return v;
 }
 
@@ -265,6 +308,28 @@ static char *next_token(char **p, char **key, char **val) {
     return *key;
 }
 
+/* The health counters' keys; 1 when `k` is one of them. */
+static int health_set(struct gpu *g, const char *k, const char *v) {
+#define NUM(f) if (!strcmp(k, #f)) { g->f = parse_val(v); return 1; }
+    NUM(remap_cor) NUM(remap_unc) NUM(remap_pending) NUM(remap_failure) NUM(retired_sbe) NUM(retired_dbe)
+    NUM(retired_pending) NUM(ecc_corrected) NUM(ecc_corrected_agg) NUM(ecc_uncorrected_agg) NUM(pcie_replay)
+    NUM(mem_temp) NUM(mem_temp_max) NUM(energy_mj) NUM(nvlink_tx_kibs) NUM(nvlink_rx_kibs) NUM(nvlink_crc_flit)
+    NUM(nvlink_crc_data) NUM(nvlink_replay) NUM(nvlink_recovery) NUM(clk_sw_power) NUM(clk_sync_boost)
+    NUM(clk_sw_thermal) NUM(clk_hw_thermal) NUM(clk_hw_power_brake) NUM(gpm_gr) NUM(gpm_sm) NUM(gpm_occupancy)
+    NUM(gpm_tensor) NUM(gpm_dram)
+#undef NUM
+    if (!strcmp(k, "remap_pending_after")) {
+        g->remap_pending_after = atof(v);
+        if (!g->remap_pending.set) g->remap_pending = parse_val("0");
+        return 1;
+    }
+    if (!strcmp(k, "gpm")) {
+        g->gpm = atoi(v);
+        return 1;
+    }
+    return 0;
+}
+
 static void gpu_set(struct gpu *g, const char *k, const char *v) {
 #define NUM(f) if (!strcmp(k, #f)) { g->f = parse_val(v); return; }
     NUM(mem_total) NUM(mem_used) NUM(mem_reserved) NUM(util) NUM(mem_util) NUM(temp)
@@ -300,7 +365,7 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
                         : !strcmp(v, "completed") ? 3 : 0;
     } else if (!strcmp(k, "fabric_status")) g->fabric_status = atoi(v);
     else if (!strcmp(k, "fabric_health")) g->fabric_health = atoi(v);
-    else fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
+    else if (!health_set(g, k, v)) fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
 }
 
 static void gpu_defaults(struct gpu *g, int index) {
@@ -316,6 +381,7 @@ static void gpu_defaults(struct gpu *g, int index) {
     g->numa = -1;
     g->lost_after = -1;
     g->back_after = -1;
+    g->remap_pending_after = -1;
 }
 
 static void load_config(const char *path) {
@@ -1216,4 +1282,241 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+/* ---- health counters: each NOT_SUPPORTED until the card's config line gives it ---- */
+
+#define NEED(v) if (!(v).set) LEAVE(E_NOT_SUPPORTED)
+
+static unsigned int remap_pending_now(struct gpu *g) {
+    if (g->remap_pending_after >= 0 && since_config() >= g->remap_pending_after) return 1;
+    return value(g->remap_pending) >= 1;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failure) {
+    ENTER(dev, "remap");
+    NEED(dev->remap_cor);
+    *corr = (unsigned int)value(dev->remap_cor);
+    *unc = (unsigned int)value(dev->remap_unc);
+    *pending = remap_pending_now(dev);
+    *failure = value(dev->remap_failure) >= 1;
+    LEAVE(OK);
+}
+
+/* Retired pages: the first call asks the count (INSUFFICIENT_SIZE when there are some), the second
+ * fills the addresses (and, _v2, the times). */
+static nvmlReturn_t retired_pages(struct gpu *g, int cause, unsigned int *count, unsigned long long *addresses,
+                                  unsigned long long *times) {
+    val_t *v = cause == 0 ? &g->retired_sbe : &g->retired_dbe;
+    if (!v->set) return E_NOT_SUPPORTED;
+    unsigned int n = (unsigned int)value(*v);
+    if (!addresses || *count < n) {
+        *count = n;
+        return n ? E_INSUFFICIENT_SIZE : OK;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        addresses[i] = 0x100000ULL * (i + 1) + (unsigned long long)cause;
+        if (times) times[i] = (unsigned long long)time(NULL) - 3600 * (i + 1);
+    }
+    *count = n;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, int cause, unsigned int *count, unsigned long long *a) {
+    ENTER(dev, "retired");
+    LEAVE(retired_pages(dev, cause, count, a, NULL));
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t dev, int cause, unsigned int *count, unsigned long long *a,
+                                          unsigned long long *t) {
+    ENTER(dev, "retired");
+    LEAVE(retired_pages(dev, cause, count, a, t));
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, unsigned int *pending) {
+    ENTER(dev, "retired");
+    NEED(dev->retired_pending);
+    *pending = value(dev->retired_pending) >= 1;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int *count) {
+    ENTER(dev, "pcie_replay");
+    NEED(dev->pcie_replay);
+    *count = (unsigned int)value(dev->pcie_replay);
+    LEAVE(OK);
+}
+
+/* Energy counts up with the card's power: each call adds power x time since the last one. Kept
+ * outside the config, so rewriting the file never winds the counter back. */
+static double energy_acc[MAX_GPUS], energy_at[MAX_GPUS];
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long *mj) {
+    ENTER(dev, "energy");
+    NEED(dev->energy_mj);
+    int i = dev->index >= 0 && dev->index < MAX_GPUS ? dev->index : 0;
+    double t = now_mono();
+    if (energy_at[i] == 0) energy_acc[i] = value(dev->energy_mj);
+    else energy_acc[i] += value(dev->power_mw) * (t - energy_at[i]); /* mW x s = mJ */
+    energy_at[i] = t;
+    *mj = (unsigned long long)energy_acc[i];
+    LEAVE(OK);
+}
+
+#define TEMPERATURE_THRESHOLD_MEM_MAX 2
+
+nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, int threshold, unsigned int *temp) {
+    ENTER(dev, "temp_threshold");
+    if (threshold != TEMPERATURE_THRESHOLD_MEM_MAX) LEAVE(E_NOT_SUPPORTED);
+    NEED(dev->mem_temp_max);
+    *temp = (unsigned int)value(dev->mem_temp_max);
+    LEAVE(OK);
+}
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    int nvmlReturn;
+    union {
+        double dVal;
+        unsigned int uiVal;
+        unsigned long ulVal;
+        unsigned long long ullVal;
+        long long sllVal;
+        int siVal;
+        unsigned short usVal;
+    } value;
+} nvmlFieldValue_t;
+
+#define VALUE_TYPE_UNSIGNED_INT 1
+#define VALUE_TYPE_UNSIGNED_LONG_LONG 3
+
+/* The value of one field, NOT_SUPPORTED when the card's line does not give it. */
+static int field_value(struct gpu *g, nvmlFieldValue_t *f) {
+    double t = since_config();
+    val_t *v = NULL;
+    double scale = 1;
+    f->valueType = VALUE_TYPE_UNSIGNED_LONG_LONG;
+    switch (f->fieldId) {
+    case 82: v = &g->mem_temp; f->valueType = VALUE_TYPE_UNSIGNED_INT; break; /* NVML_FI_DEV_MEMORY_TEMP */
+    case 3: v = &g->ecc_corrected; break;                                     /* ECC_SBE_VOL_TOTAL */
+    case 5: v = &g->ecc_corrected_agg; break;                                 /* ECC_SBE_AGG_TOTAL */
+    case 6: v = &g->ecc_uncorrected_agg; break;                               /* ECC_DBE_AGG_TOTAL */
+    case 38: v = &g->nvlink_crc_flit; break;                                  /* NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL */
+    case 45: v = &g->nvlink_crc_data; break;
+    case 52: v = &g->nvlink_replay; break;
+    case 59: v = &g->nvlink_recovery; break;
+    /* Clock-event times (ns): the configured percent of the time since the config was written. */
+    case 74: v = &g->clk_sw_power; scale = t * 1e7; break;
+    case 76: v = &g->clk_sync_boost; scale = t * 1e7; break;
+    case 269: v = &g->clk_sw_thermal; scale = t * 1e7; break;
+    case 270: v = &g->clk_hw_thermal; scale = t * 1e7; break;
+    case 271: v = &g->clk_hw_power_brake; scale = t * 1e7; break;
+    /* NVLink data (KiB) on link scopeId: the configured KiB/s since the config was written. */
+    case 138: case 139:
+        if (f->scopeId >= (unsigned)all_links(g)) return E_INVALID_ARGUMENT;
+        v = f->fieldId == 138 ? &g->nvlink_tx_kibs : &g->nvlink_rx_kibs;
+        scale = t;
+        break;
+    default: return E_NOT_SUPPORTED;
+    }
+    if (!v->set) return E_NOT_SUPPORTED;
+    double x = value(*v) * scale;
+    if (f->valueType == VALUE_TYPE_UNSIGNED_INT) f->value.uiVal = (unsigned int)x;
+    else f->value.ullVal = (unsigned long long)x;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
+    ENTER(dev, "fields");
+    if (count < 0 || (count && !values)) LEAVE(E_INVALID_ARGUMENT);
+    for (int i = 0; i < count; i++) {
+        values[i].timestamp = (long long)now_us();
+        values[i].latencyUsec = 0;
+        values[i].nvmlReturn = field_value(dev, &values[i]);
+    }
+    LEAVE(OK);
+}
+
+/* ---- GPM (Hopper): metrics between two samples ---- */
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+struct gpm_sample {
+    struct gpu *dev;
+    double at;
+};
+typedef struct gpm_sample *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int metricId;
+    int nvmlReturn;
+    double value;
+    struct {
+        char *shortName, *longName, *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[1]; /* numMetrics of them: the caller's array is NVML_GPM_METRIC_MAX long */
+} nvmlGpmMetricsGet_t;
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support) {
+    ENTER(dev, "gpm");
+    if (support->version != 1) LEAVE(E_ARGUMENT_VERSION_MISMATCH);
+    if (!dev->gpm) LEAVE(E_NOT_SUPPORTED); /* before Hopper */
+    support->isSupportedDevice = 1;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    *sample = calloc(1, sizeof(struct gpm_sample));
+    return *sample ? OK : E_UNKNOWN;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    free(sample);
+    return OK;
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    ENTER(dev, "gpm");
+    if (!dev->gpm) LEAVE(E_NOT_SUPPORTED);
+    if (!sample) LEAVE(E_INVALID_ARGUMENT);
+    sample->dev = dev;
+    sample->at = now_mono();
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    pthread_mutex_lock(&lock);
+    count_call(__func__);
+    maybe_reload();
+    int rc = library_error();
+    if (!rc && m->version != 1) rc = E_ARGUMENT_VERSION_MISMATCH;
+    if (!rc && (!m->sample1 || !m->sample2 || !m->sample1->dev || m->sample1->dev != m->sample2->dev ||
+                m->sample2->at <= m->sample1->at))
+        rc = E_INVALID_ARGUMENT;
+    if (!rc) rc = gpu_error(m->sample1->dev, "gpm");
+    for (unsigned int i = 0; !rc && i < m->numMetrics; i++) {
+        nvmlGpmMetric_t *x = &m->metrics[i];
+        struct gpu *g = m->sample1->dev;
+        val_t *v = x->metricId == 1 ? &g->gpm_gr : x->metricId == 2 ? &g->gpm_sm : x->metricId == 3 ? &g->gpm_occupancy
+                 : x->metricId == 5 ? &g->gpm_tensor : x->metricId == 10 ? &g->gpm_dram : NULL;
+        x->nvmlReturn = v && v->set ? OK : E_NOT_SUPPORTED;
+        x->value = v && v->set ? value(*v) : 0;
+        x->metricInfo.shortName = x->metricInfo.longName = x->metricInfo.unit = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }

@@ -13,9 +13,11 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, Topology
+from gpumon.monitor.health_history import HealthTracker
 
 GIB = 1 << 30
 
@@ -27,9 +29,10 @@ class _CardSpec:
     power_limit: float
     max_sm: int
     max_mem_clock: int
-    ecc: bool = True
+    ecc: bool = True  # a datacenter card: ECC, HBM (with its temperature), row remapping
     fan: bool = False
     vendor: str = "nvidia"
+    gpm: bool = False  # Hopper: GPM metrics
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class _JobSpec:
 A100 = _CardSpec("NVIDIA A100-SXM4-80GB", 80, 400.0, 1410, 1593)
 RTX3090 = _CardSpec("NVIDIA GeForce RTX 3090", 24, 350.0, 1695, 9751, ecc=False, fan=True)
 RTX4090 = _CardSpec("NVIDIA GeForce RTX 4090", 24, 450.0, 2520, 10501, ecc=False, fan=True)
-H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619)
+H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619, gpm=True)
 MI300X = _CardSpec("AMD Instinct MI300X", 192, 750.0, 2100, 1300, vendor="amd")
 ARC = _CardSpec("Intel Arc A770", 16, 225.0, 2400, 2187, ecc=False, fan=True, vendor="intel")
 
@@ -118,12 +121,15 @@ class DemoBackend:
         self.clock = clock
         self.started = clock()
         self.host = "demo-" + socket.gethostname()
+        self.health = HealthTracker()
+        self._energy = [0.0] * count  # joules since "the driver loaded" (the demo's start)
 
     def sample(self) -> Snapshot:
         self.step += 1
-        gpus = tuple(self._card(i, spec) for i, spec in enumerate(self.specs))
+        now = self.clock()  # once a sample: screenshots and tests run the demo on a ticking clock
+        gpus = tuple(self._card(i, spec, now) for i, spec in enumerate(self.specs))
         return Snapshot(
-            time=self.clock(), host=self.host, backend=self.name,
+            time=now, host=self.host, backend=self.name,
             driver_version=DRIVER, cuda_driver_version=CUDA, gpus=gpus,
         )
 
@@ -142,7 +148,7 @@ class DemoBackend:
                     if spec.vendor == "amd" else None, pcie_link_speed=32.0, pcie_link_width=16,
                     pcie_link_speed_max=32.0, pcie_link_width_max=16, asleep=False)
 
-    def _card(self, index: int, spec: _CardSpec) -> GpuSample:
+    def _card(self, index: int, spec: _CardSpec, now: float) -> GpuSample:
         identity = dict(
             index=index, name=spec.name, **self._vendor_identity(index, spec),
             pci_bus_id=f"00000000:{[0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD][index % 8]:02X}:00.0",
@@ -150,7 +156,8 @@ class DemoBackend:
             cpu_affinity=self._cpu_affinity(index),
         )
         if self.scenario == "lost" and index == 2 and self.step > LOST_AFTER_SAMPLES:
-            return GpuSample(**identity, state="lost", error="GPU is lost")
+            verdict = self.health.card(identity["uuid"], "lost", now)[1]  # type: ignore[arg-type]
+            return GpuSample(**identity, state="lost", error="GPU is lost", health=verdict)
         rng = random.Random(f"{self.seed}-{index}-{self.step}")
         wave = 0.5 + 0.5 * math.sin(self.step / 9.0 + index)
         jobs = self.jobs_by_card[index]
@@ -189,16 +196,34 @@ class DemoBackend:
                 power_draw=round(min(power, spec.power_limit), 1), power_limit=spec.power_limit,
                 clock_sm=clock_sm, clock_mem=spec.max_mem_clock if spec.vendor == "amd" else None,
                 perf_level="auto" if spec.vendor == "amd" else None, processes=processes)
+        power = round(min(power, spec.power_limit), 1)
+        self._energy[index] += power
+        raw = self._counters(spec, index, util, int(temp), power)
+        counters, verdict = self.health.card(identity["uuid"], "ok", now, raw, None,  # type: ignore[arg-type]
+                                             0 if spec.ecc else None)
         return GpuSample(
-            **identity,
+            **identity, counters=counters, health=verdict,
             utilization_gpu=util, utilization_memory=int(util * 0.6),
             memory_total=total, memory_used=used, memory_free=total - used,
             temperature=int(temp), fan=int(30 + 0.6 * util) if spec.fan else None,
-            power_draw=round(min(power, spec.power_limit), 1), power_limit=spec.power_limit,
+            power_draw=power, power_limit=spec.power_limit,
             clock_sm=clock_sm, clock_mem=spec.max_mem_clock, pstate="P0" if util else "P8",
             throttle_reasons=throttle, ecc_errors_uncorrected=0 if spec.ecc else None,
             pcie_tx=int(util * 1.2e8), pcie_rx=int(util * 2.5e8),
             encoder_util=0, decoder_util=0, processes=processes,
+        )
+
+    def _counters(self, spec: _CardSpec, index: int, util: int, temp: int, power: float) -> dict[str, Any]:
+        hbm = spec.ecc
+        return dict(
+            remapped_rows_correctable=0 if hbm else None, remapped_rows_uncorrectable=0 if hbm else None,
+            remapped_rows_pending=False if hbm else None, remapped_rows_failure=False if hbm else None,
+            ecc_errors_corrected=0 if hbm else None, pcie_replay_counter=0,
+            memory_temperature=temp + 4 if hbm else None, memory_temperature_max=95 if hbm else None,
+            energy_j=round(self._energy[index], 1), energy_source="driver",
+            sm_active=round(util * 0.8, 1) if spec.gpm else None,
+            tensor_active=round(util * 0.45, 1) if spec.gpm else None,
+            dram_active=round(util * 0.3, 1) if spec.gpm else None,
         )
 
     def _cpu_affinity(self, index: int) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, throttle_names
+from gpumon.monitor.fleet.dcgm_health import COUNTER_FIELDS, card_health
 from gpumon.monitor.fleet.dcgm_hosts import HOST_LABELS, host_names, host_of, text
 from gpumon.monitor.fleet.hosts import MAX_HOSTS
 from gpumon.monitor.fleet.prometheus_api import Series
@@ -83,7 +84,7 @@ INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_D
                "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container", "vendor")
 OWNER_LABELS = ("pod", "namespace", "container")
 
-_SELECTOR = '{__name__=~"' + "|".join((*FIELDS, SAMPLE_AGE)) + '"}'
+_SELECTOR = '{__name__=~"' + "|".join((*FIELDS, *COUNTER_FIELDS, SAMPLE_AGE)) + '"}'
 # The few queries one refresh makes, whatever the number of hosts (benchmarks/prometheus_source.py
 # measured the alternatives: every series with all its labels is 2.5x the bytes and costs
 # Prometheus more to encode than this aggregation costs it; a query per host costs more of both):
@@ -225,11 +226,14 @@ def _gpu(card: CardData) -> GpuSample:
     migs = tuple(MigSample(uuid=f"{text(labels, 'UUID', 128) or '?'}/{gi}", name=text(s.labels, "GPU_I_PROFILE") or gi,
                            memory_total=_slice_total(s), memory_used=_value(s.values, "memory_used"))  # type: ignore[arg-type]
                  for gi, s in sorted(card.slices.items()))
+    lost = values.get("lost") == 1
+    counters, verdict = card_health(values, lost, fields["ecc_errors_uncorrected"])  # type: ignore[arg-type]
     return GpuSample(
         index=card.index, uuid=text(labels, "UUID", 128), name=text(labels, "modelName", 128) or "?",  # type: ignore[arg-type]
-        pci_bus_id=text(labels, "pci_bus_id", 64), state="lost" if values.get("lost") == 1 else "ok",  # type: ignore[arg-type]
+        pci_bus_id=text(labels, "pci_bus_id", 64), state="lost" if lost else "ok",  # type: ignore[arg-type]
         memory_total=total, owner=", ".join(card.owners) or None, processes=tuple(card.processes),
-        mig_devices=migs, vendor=_vendor(labels), **fields,  # type: ignore[arg-type]
+        mig_devices=migs, vendor=_vendor(labels), counters=counters, health=verdict,
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -335,7 +339,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
             if host is not None:
                 host.sample_age = value
             continue
-        spec = FIELDS.get(metric)  # type: ignore[arg-type]
+        spec = FIELDS.get(metric) or COUNTER_FIELDS.get(metric)  # type: ignore[arg-type]
         card = by_key.get(_raw_key(labels)) if spec is not None else None
         if card is not None and value < spec[2]:  # NaN is not less either
             card.values[spec[0]] = value * spec[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpumon.counters import CLOCK_EVENT_TIMES, ENERGY_SOURCES, VERDICTS, CardCounters, Health, HealthReason
 from gpumon.model import (
     FABRIC_STATES,
     OWNER_KINDS,
@@ -40,6 +41,17 @@ _INT_FIELDS = ("utilization_gpu", "utilization_memory", "memory_total", "memory_
                "pcie_link_width_max")
 _FLOAT_FIELDS = ("power_draw", "power_limit", "stale_s", "pcie_link_speed", "pcie_link_speed_max")
 _TEXT_FIELDS = ("pstate", "cpu_affinity", "vbios", "serial", "perf_level")
+# Card health (gpumon/counters.py): counters by kind, and the verdict's reasons.
+_COUNTER_INTS = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "retired_pages_sbe", "retired_pages_dbe",
+                 "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
+                 "pcie_replay_counter", "memory_temperature", "memory_temperature_max", "nvlink_tx", "nvlink_rx",
+                 "nvlink_tx_total", "nvlink_rx_total", "nvlink_crc_flit_errors", "nvlink_crc_data_errors",
+                 "nvlink_replay_errors", "nvlink_recovery_errors")
+_COUNTER_FLOATS = ("pcie_replay_rate", "energy_j", "throttled_power_pct", "throttled_thermal_pct",
+                   "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active",
+                   "dram_active")
+_COUNTER_FLAGS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
+MAX_REASONS = 32
 
 
 class SchemaError(ValueError):
@@ -166,6 +178,8 @@ def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:
     asleep = get("asleep")
     values["asleep"] = asleep if type(asleep) is bool else None
     values["vendor"] = _text(get("vendor") or "nvidia", where, "vendor", nullable=False, limit=16)
+    values["counters"] = _counters(raw, where)
+    values["health"] = _health(get("health"), where)
     processes = _list(get("processes", []), f"{where}.processes", MAX_PROCESSES)
     budget[0] -= len(processes)
     if budget[0] < 0:
@@ -178,6 +192,53 @@ def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:
         state=state, processes=tuple(_process(p, where, i) for i, p in enumerate(processes)),
         **values,
     )
+
+
+def _counters(raw: dict[str, Any], where: str) -> CardCounters | None:
+    """A card's health counters; None when it has none (an older gpumon)."""
+    get = raw.get
+    found: dict[str, Any] = {}
+    for name in _COUNTER_INTS:
+        value = get(name)
+        if value is not None:
+            found[name] = value if type(value) is int and -_LIMIT <= value <= _LIMIT \
+                else _number(value, where, name, integer=True)
+    for name in _COUNTER_FLOATS:
+        value = get(name)
+        if value is not None:
+            found[name] = _number(value, where, name)
+    for name in _COUNTER_FLAGS:
+        value = get(name)
+        if value is not None:
+            if type(value) is not bool:
+                raise SchemaError(f"{where}.{name} is not true or false")
+            found[name] = value
+    source = get("energy_source")
+    if source in ENERGY_SOURCES and "energy_j" in found:
+        found["energy_source"] = source
+    times = get("clock_event_s")
+    if times is not None:
+        if type(times) is not dict:
+            raise SchemaError(f"{where}.clock_event_s is not an object")
+        found["clock_event_s"] = tuple(_number(times.get(name), where, f"clock_event_s.{name}")
+                                       for name in CLOCK_EVENT_TIMES)
+    return CardCounters(**found) if found else None
+
+
+def _health(raw: Any, where: str) -> Health | None:
+    if raw is None:
+        return None
+    if type(raw) is not dict or raw.get("verdict") not in VERDICTS:
+        raise SchemaError(f"{where}.health is not a verdict")
+    reasons = []
+    for i, reason in enumerate(_list(raw.get("reasons", []), f"{where}.health.reasons", MAX_REASONS)):
+        if type(reason) is not dict:
+            raise SchemaError(f"{where}.health.reasons[{i}] is not an object")
+        at = f"{where}.health.reasons[{i}]"
+        reasons.append(HealthReason(_text(reason.get("code"), at, "code", limit=64) or "?",
+                                    _text(reason.get("text"), at, "text", limit=512) or "",
+                                    _text(reason.get("action"), at, "action", limit=512) or ""))
+    return Health(raw["verdict"], tuple(reasons))
 
 
 def snapshot_from_remote(doc: Any) -> Snapshot:

@@ -16,6 +16,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("Tab", "move focus between cards and processes"),
         ("w", "chart window: 1, 5 or 10 minutes"),
         ("t", "topology: links between cards, CPU and NUMA affinity, best partners"),
+        ("h", "health: the card's verdict (WARN/FAIL on its panel), reasons, actions, every counter"),
     ]),
     ("Processes", [
         ("a", "all cards' processes / only the selected card's"),

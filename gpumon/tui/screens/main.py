@@ -27,9 +27,11 @@ from gpumon.monitor.sampler import History
 from gpumon.monitor.topology import unknown_links
 from gpumon.tui.plain import plain
 from gpumon.tui.screens.card_actions import CardActions
+from gpumon.tui.screens.health import HealthScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.field import Field
+from gpumon.tui.widgets.gpu_panel import has_verdict
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.process_table import ProcessTable, rows_from
@@ -58,6 +60,7 @@ class MainScreen(CardActions, Screen):
         Binding("e", "not_real('no environment to show')", show=False),
         Binding("w", "cycle_window", "Window", show=False),
         Binding("t", "topology", "Topology"),
+        Binding("h", "health", "Health", show=False),
         Binding("r", "run", "Run here"),
         Binding("m", "mem_limit", "Mem limit", show=False),
         Binding("J", "jobs", "Jobs"),
@@ -187,9 +190,10 @@ class MainScreen(CardActions, Screen):
             cards = self.cards
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
+            slot = any(has_verdict(gpu) for gpu in snap.gpus)  # compact rows keep room for WARN/FAIL
             for panel, gpu in zip(cards.panels, snap.gpus):
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
-                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time))
+                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time), slot)
             self._fit_cards()
             self._update_charts()
             self._update_table()
@@ -294,6 +298,12 @@ class MainScreen(CardActions, Screen):
 
         topo = await self.app.sampler.topology(progress)
         screen.show_topology(topo, False)
+
+    def action_health(self) -> None:
+        """The selected card's verdict, reasons and actions, and every health counter."""
+        gpu = self.selected_gpu
+        if gpu is not None:
+            self.app.push_screen(HealthScreen(gpu))
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

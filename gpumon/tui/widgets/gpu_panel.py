@@ -3,7 +3,9 @@
 A panel repaints only when what it shows changed. Full panels show every field the card reports;
 compact panels (small terminals, many cards) fit a card in one line, bars included. Trouble is
 shown on the card it concerns: a card that does not answer says for how long (the others keep
-updating), an NVSwitch fabric that is not ready, recent XID errors.
+updating), an NVSwitch fabric that is not ready, recent XID errors, and its health verdict (WARN
+or FAIL; nothing when ok: `h` tells the rest). In compact rows the verdict has a slot of its own
+while any card has one (blank on the cards that are ok), so the rows line up whatever they say.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ BADGE_CELLS = 30  # the most a compact row keeps for its badges (alerts, XIDs, n
 MARGIN = 1  # cells each side of a panel's text; the left one carries the selection mark
 SELECTION_MARK = "▌"
 RUNTIME = {"amd": "ROCm", "intel": "L0"}  # whose device numbers vendor_index is
+VERDICT_WIDTH = 5  # " WARN", " FAIL", or blank: a fixed slot in compact rows
 FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
                 "failed": "fabric failed", "degraded": "fabric degraded"}
 
@@ -45,6 +48,11 @@ def bar(fraction: float | None, width: int) -> tuple[str, str]:
     if full < width:
         filled += EIGHTHS[int((cells - full) * 8)].strip()
     return filled, " " * (width - len(filled))
+
+
+def has_verdict(gpu: GpuSample) -> bool:
+    """Does the card's panel show WARN or FAIL (a LOST card's badge says it already)?"""
+    return gpu.health is not None and gpu.health.verdict != "ok" and gpu.state != "lost"
 
 
 def short_name(name: str) -> str:
@@ -82,6 +90,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         self.ordinal: str | None = None
         self.alerts: tuple[str, ...] = ()
         self.xids: tuple[str, ...] = ()
+        self.verdict_slot = False  # compact rows keep room for WARN/FAIL (some card has a verdict)
         self._shown: tuple | None = None
         self._height = 0
         self.waiting = False  # names only, before the card's first sample
@@ -96,14 +105,16 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             self.refresh()
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
-             xids: tuple[str, ...] = ()) -> None:
-        """`stale`: the whole sample is late (no new data at all); `xids`: recent XIDs, in words."""
-        key = (gpu, stale, ordinal, alerts, xids)
+             xids: tuple[str, ...] = (), verdict_slot: bool = False) -> None:
+        """`stale`: the whole sample is late (no new data at all); `xids`: recent XIDs, in words;
+        `verdict_slot`: some card of the list has a health verdict to show."""
+        key = (gpu, stale, ordinal, alerts, xids, verdict_slot)
         if key == self._shown:
             return
         self._shown = key
         self.waiting = False
         self.gpu, self.stale, self.ordinal, self.alerts, self.xids = gpu, stale, ordinal, alerts, xids
+        self.verdict_slot = verdict_slot
         width = self._text_width()
         if width:
             self.show_lines(self.lines(width), width)  # repaints only the characters that changed
@@ -182,7 +193,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             right.append(f"  NUMA {gpu.numa_node}")
         if gpu.mig_devices:
             right.append(f"  MIG×{len(gpu.mig_devices)}")
-        badge = self._badge(gpu)
+        badge = self._verdict(gpu) + self._badge(gpu)
         # Widths in cells. A long name is cut with … to leave room for the identifiers; when even
         # a short name does not fit beside them, they are dropped.
         room = width - title.cell_len - right.cell_len - badge.cell_len - 1
@@ -195,6 +206,15 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         line = title + Text(" " * gap) + right + badge
         line.truncate(width)
         return line
+
+    def _verdict(self, gpu: GpuSample, slot: bool = False) -> Text:
+        """WARN or FAIL in its colour; nothing when ok (or when LOST already says it). `slot`: always
+        VERDICT_WIDTH cells."""
+        if not has_verdict(gpu):
+            return Text(" " * VERDICT_WIDTH if slot else "")
+        verdict = gpu.health.verdict  # type: ignore[union-attr]
+        word = Text(f" {verdict.upper()}", style=self._style("crit" if verdict == "fail" else "warn"))
+        return word if slot else Text(" ") + word
 
     def _badge(self, gpu: GpuSample) -> Text:
         badge = Text()
@@ -311,15 +331,17 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             line.append(f"  LOST: {gpu.error or 'GPU is lost'}"[: width - line.cell_len], style=self._style("lost"))
             return line
         # Every part has the same width on every row, whatever it holds (a badge, N/A, no power
-        # reading), so the bars of all cards start and end in the same columns.
+        # reading, a verdict), so the bars of all cards start and end in the same columns.
         tail = Text(f" {gpu.temperature:>3}°C" if gpu.temperature is not None else " " * 6,
                     style=self._style(level(gpu.temperature, 80, 87)))
         tail.append(f" {gpu.power_draw:>4.0f}W" if gpu.power_draw is not None else " " * 6)
+        if self.verdict_slot:
+            tail.append_text(self._verdict(gpu, slot=True))
         mem_pct = gpu.memory_percent
         mem_value = (NA if gpu.memory_used is None
                      else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}").rjust(10)
         util_value = (NA if gpu.utilization_gpu is None else f"{gpu.utilization_gpu:3d}%").rjust(4)
-        room = width - line.cell_len - 2 * 4 - 4 - 10 - 12
+        room = width - line.cell_len - 2 * 4 - 4 - 10 - tail.cell_len
         badge_room = min(BADGE_CELLS, room // 3)  # kept on every row: alerts come and go
         bar_width = max(3, (room - badge_room) // 2)
         line.append(" ")

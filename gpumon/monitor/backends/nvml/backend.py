@@ -26,6 +26,7 @@ import pynvml
 from gpumon.errors import NoDriverError
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.backends.nvml import topology as links
+from gpumon.monitor.backends.nvml.counters import read_counters
 from gpumon.monitor.backends.nvml.events import XidEvents
 from gpumon.monitor.backends.nvml.lanes import Lanes
 from gpumon.monitor.backends.nvml.library import (
@@ -39,6 +40,7 @@ from gpumon.monitor.backends.nvml.library import (
 )
 from gpumon.monitor.backends.nvml.opening import PROBE_LOST_S, open_card, probe, read_slow_state
 from gpumon.monitor.backends.nvml.values import card_values
+from gpumon.monitor.health_history import HealthTracker
 
 log = logging.getLogger(__name__)
 DEFAULT_WAIT_S = 2.0  # how long sample() waits for slow cards when the caller does not say
@@ -71,6 +73,7 @@ class NvmlBackend:
         self._reinit_tries = 0
         self._topology: Topology | None = None
         self.cards: list[Card] = []
+        self.health = HealthTracker()  # each card's verdict, drawn on its lane once per sample
         self._start()
         self._xid = XidEvents(lambda: self.cards)
 
@@ -176,16 +179,25 @@ class NvmlBackend:
 
     def _sample_card(self, card: Card) -> GpuSample:
         if card.handle is None or card.state == "lost":
-            return self._identity(card, state=card.state, error=card.error)
+            return self._identity(card, state=card.state, error=card.error, health=self._verdict(card, card.state))
         card.state, card.error = "ok", None
         try:
             read_slow_state(card)
             values = card_values(card)
+            raw = read_counters(card)
         except CardLost as exc:
             card.state, card.error = "lost", str(exc)
             card.probe_at = time.monotonic() + PROBE_LOST_S
-            return self._identity(card, state="lost", error=card.error)
-        return self._identity(card, state=card.state, error=card.error, **values)
+            return self._identity(card, state="lost", error=card.error, health=self._verdict(card, "lost"))
+        counters, verdict = self.health.card(card.uuid or f"index:{card.index}", card.state, time.time(), raw,
+                                             card.fabric, values["ecc_errors_uncorrected"])
+        return self._identity(card, state=card.state, error=card.error, counters=counters, health=verdict, **values)
+
+    def _verdict(self, card: Card, state: str) -> Any:
+        """The verdict of a card that cannot be read: a lost one fails; otherwise unknown (None)."""
+        if state != "lost":
+            return None
+        return self.health.card(card.uuid or f"index:{card.index}", state, time.time())[1]
 
     def _identity(self, card: Card, **values: Any) -> GpuSample:
         return GpuSample(index=card.index, uuid=card.uuid, name=card.name, pci_bus_id=card.pci_bus_id,
@@ -225,8 +237,15 @@ class NvmlBackend:
     # -- XID events and topology --
 
     def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
-        """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread."""
-        return self._xid.wait(timeout_s)
+        """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread.
+        Each one also counts towards its card's verdict from the next sample on."""
+        events = self._xid.wait(timeout_s)
+        cards = self.cards
+        for index, code in events:
+            if 0 <= index < len(cards):
+                card = cards[index]
+                self.health.note_xid(card.uuid or f"index:{index}", code, time.time())
+        return events
 
     def topology(self, wait_s: float | None = None,
                  on_progress: Callable[[Topology], None] | None = None) -> Topology:

@@ -83,6 +83,11 @@ def _fabric_call(function: str, struct: str) -> list[Callable[..., Any]]:
     return [call]
 
 
+def _retired_pages(cause: int) -> list[Callable[..., Any]]:
+    return [lambda h: pynvml.nvmlDeviceGetRetiredPages_v2(h, cause),
+            lambda h: pynvml.nvmlDeviceGetRetiredPages(h, cause)]
+
+
 def versioned_calls() -> dict[str, list[Callable[..., Any]]]:
     """Versioned functions in the order they are tried; the first one the driver lacks is dropped."""
     return {
@@ -90,6 +95,9 @@ def versioned_calls() -> dict[str, list[Callable[..., Any]]]:
         "fabric": (_fabric_call("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t")
                    + _fabric_call("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t")
                    + _fabric_call("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")),
+        # Retired pages (the cards before row remapping): _v2 (with timestamps), else the original.
+        "retired_sbe": _retired_pages(pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+        "retired_dbe": _retired_pages(pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
         "memory": [
             lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
             pynvml.nvmlDeviceGetMemoryInfo,
@@ -137,6 +145,15 @@ class Card:
         self.slow_read_at = float("-inf")  # MIG slices and fabric state: re-read on a slow timer
         self.probe_at = 0.0  # a lost card is asked again for a new handle from then on
         self.pcie_read_at = -PCIE_INTERVAL_S
+        # Health counters (backends/nvml/counters.py): the last ones read, and when (monotonic s).
+        self.counters: Any = None
+        self.counters_read_at = 0.0
+        self.fields: Any = None  # (names, request) of the field values still asked for
+        self.memory_temperature_max: int | None = None
+        self.energy_integrated: float | None = None  # joules, where the driver has no energy counter
+        self.power_at: float | None = None
+        self.power_w = 0.0
+        self.gpm: Any = None  # backends/nvml/gpm.py's state for the card
         # The lane's bookkeeping (monotonic seconds), kept by the backend.
         self.pending: Any = None  # Future of the read in flight
         self.asked_at = 0.0

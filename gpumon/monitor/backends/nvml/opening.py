@@ -70,6 +70,7 @@ def probe(card: Card) -> bool:
         return False
     log.info("NVML: card %d (%s) answers again", card.index, card.uuid)
     card.skip.clear()
+    card.fields = card.gpm = card.counters = None  # what the card supports is asked again
     card.slow_read_at = float("-inf")
     open_card(card)
     return card.state == "ok"

@@ -10,6 +10,7 @@ from typing import Any
 import pynvml
 
 from gpumon.model import MigSample, ProcessSample, throttle_names
+from gpumon.monitor.backends.nvml.counters import integrate_power
 from gpumon.monitor.backends.nvml.library import NOT_AVAILABLE, PCIE_INTERVAL_S, Card, CardLost
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ def card_values(card: Card) -> dict[str, Any]:
     throttle = card.read_versioned("throttle")
     encoder = read("encoder", h.nvmlDeviceGetEncoderUtilization)
     decoder = read("decoder", h.nvmlDeviceGetDecoderUtilization)
+    integrate_power(card, power / 1000 if power is not None else None)
     return {
         "utilization_gpu": util.gpu if util is not None else None,
         "utilization_memory": util.memory if util is not None else None,
