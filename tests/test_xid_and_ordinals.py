@@ -106,3 +106,47 @@ def test_help_explains_the_cuda_labels():
     console.print(help_table(readonly=False))
     text = console.export_text()
     assert "CUDA ?" in text and "hidden" in text and "CUDA_DEVICE_ORDER" in text
+
+
+def test_once_the_backend_is_closed_no_xid_wait_reaches_the_driver(fake_driver, monkeypatch):
+    """A listener thread may still be waiting when the backend closes: shutdown leaves its event set
+    dangling, so the wait in flight ends first and later ones never call the driver (a leftover
+    thread once crashed the test run inside nvmlEventSetWait)."""
+    import threading
+    import time
+
+    import pynvml
+
+    fake_driver.machine.cards = [Card(), Card()]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    backend.sample()  # the cards answer: they are registered for events
+    calls: list[tuple[float, float]] = []
+    real = pynvml.nvmlEventSetWait_v2
+
+    def timed(*args):
+        started = time.monotonic()
+        try:
+            return real(*args)
+        finally:
+            calls.append((started, time.monotonic()))
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", timed)
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            backend.wait_xid(0.2)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls, "the listener never waited in the driver"
+    backend.close()
+    closed_at = time.monotonic()
+    time.sleep(0.7)
+    stop.set()
+    listener.join(2)
+    assert all(ended <= closed_at for _, ended in calls), "a wait was inside the driver after close"

@@ -260,6 +260,7 @@ class NvmlBackend:
         return topo
 
     def close(self) -> None:
+        self._xid.close(timeout_s=1.0)  # an XID listener's wait ends first: shutdown frees its event set
         # nvmlShutdown may wait for a hung call: give it a moment, never more.
         closing = threading.Thread(target=_shutdown, name="gpumon-nvml-shutdown", daemon=True)
         closing.start()

@@ -31,6 +31,16 @@ class XidEvents:
         self._event_cards: dict[int | None, int] = {}  # handle address -> card index
         self._asked: set[int] = set()  # handle addresses registered (or refused) in this set
         self._unsupported = False
+        self._waiting = threading.Lock()  # held while a wait is inside NVML
+        self._closed = False
+
+    def close(self, timeout_s: float) -> None:
+        """No more waits inside NVML: nvmlShutdown leaves the event set dangling, and a listener
+        thread may still be waiting on it (a wait ends within its own timeout)."""
+        waited = self._waiting.acquire(timeout=timeout_s)
+        self._closed = True
+        if waited:
+            self._waiting.release()
 
     def reset(self) -> None:
         """NVML was initialised again: the old set and handles are gone."""
@@ -39,16 +49,21 @@ class XidEvents:
 
     def wait(self, timeout_s: float) -> list[tuple[int, int]]:
         """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread."""
-        event_set = self._prepare()
+        error: pynvml.NVMLError | None = None
+        with self._waiting:
+            event_set = None if self._closed else self._prepare()
+            if event_set is not None:
+                try:
+                    data = pynvml.nvmlEventSetWait_v2(event_set, int(timeout_s * 1000))
+                except pynvml.NVMLError as exc:
+                    error = exc
         if event_set is None:
             time.sleep(timeout_s)
             return []
-        try:
-            data = pynvml.nvmlEventSetWait_v2(event_set, int(timeout_s * 1000))
-        except pynvml.NVMLError as exc:
-            if exc.value in DRIVER_GONE:
+        if error is not None:
+            if error.value in DRIVER_GONE:
                 self.reset()  # made again once the backend has initialised NVML again
-            if exc.value != pynvml.NVML_ERROR_TIMEOUT:
+            if error.value != pynvml.NVML_ERROR_TIMEOUT:
                 time.sleep(timeout_s)  # e.g. GPU lost: do not spin
             return []
         with self._lock:
