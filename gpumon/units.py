@@ -70,6 +70,15 @@ def format_runtime(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def format_energy(joules: float | None, shared: bool | None = None, na: str = "") -> str:
+    """A job's energy: Wh below a kWh, kWh above; `~` when other processes used its cards too."""
+    if joules is None:
+        return na
+    wh = joules / 3600
+    text = f"{wh:.1f} Wh" if wh < 1000 else f"{wh / 1000:.2f} kWh"
+    return ("~" if shared else "") + text
+
+
 def format_cpu_list(cpus: list[int] | tuple[int, ...]) -> str:
     """[0,1,2,3,8,9] -> '0-3,8-9', the form taskset and nvidia-smi use."""
     ranges: list[str] = []

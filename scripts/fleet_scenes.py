@@ -11,6 +11,7 @@ import asyncio
 import zlib
 from collections.abc import Callable, Sequence
 
+from gpumon.counters import Health, HealthReason
 from gpumon.model import GpuSample, MigSample, Snapshot
 from gpumon.monitor.fleet import Fleet, parse_hosts
 
@@ -34,7 +35,9 @@ def scene_fleet(names: Sequence[str], interval: float = 1.0, clock: Callable[[],
 
 
 def card(index: int, util: int | None = 0, mem_pct: float | None = 0.0, temp: int | None = 40, host: str = "h",
-         state: str = "ok", mig: int = 0, total: int = 80 * GIB, name: str = "NVIDIA H100 80GB HBM3") -> GpuSample:
+         state: str = "ok", mig: int = 0, total: int = 80 * GIB, name: str = "NVIDIA H100 80GB HBM3",
+         health: str | None = None) -> GpuSample:
+    """`health`: the card's verdict ("ok", "warn", "fail" with a reason of the same code), None: none."""
     used = None if mem_pct is None else int(total * mem_pct / 100)
     return GpuSample(
         index=index, uuid=f"GPU-{zlib.crc32(host.encode()):08x}-0000-1111-2222-{index:012d}", name=name,
@@ -43,7 +46,13 @@ def card(index: int, util: int | None = 0, mem_pct: float | None = 0.0, temp: in
         power_draw=None if util is None else 80.0 + 3 * util, power_limit=700.0,
         mig_mode=bool(mig) or None,
         mig_devices=tuple(MigSample(f"MIG-{index}-{i}", "1g.10gb", 10 * GIB, GIB) for i in range(mig)),
-        error="GPU is lost" if state == "lost" else None, stale_s=12.0 if state == "stale" else None)
+        error="GPU is lost" if state == "lost" else None, stale_s=12.0 if state == "stale" else None,
+        health=None if health is None else Health(health, () if health == "ok" else (VERDICT_REASONS[health],)))
+
+
+VERDICT_REASONS = {
+    "warn": HealthReason("pcie_replays", "PCIe replays climbing: 30 a minute (more than 8)", "reseat the card"),
+    "fail": HealthReason("remap_pending", "a row remap is pending", "reset the card to apply pending row remaps")}
 
 
 def machine(host: str, cards: Sequence[GpuSample], time: float = 1_767_225_600.0) -> Snapshot:

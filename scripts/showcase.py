@@ -84,10 +84,13 @@ def fleet_app(theme: str | None = None) -> FleetApp:
                         + gpus[8:], clock=lambda: clock[0])
     draw = random.Random(7)
 
+    unwell = {"gpu03": {5: "fail"}, "gpu06": {1: "warn", 6: "warn"}}  # the HEALTH column's cases
+
     def h100s(host: str, busy: int) -> list:
         return [card(i, util=draw.choice((92, 97, 100, 71)) if i < busy else draw.choice((0, 0, 3)),
                      mem_pct=draw.uniform(60, 96) if i < busy else draw.choice((0.0, 0.4, 1.2)),
-                     temp=draw.randint(62, 84) if i < busy else draw.randint(29, 36), host=host) for i in range(8)]
+                     temp=draw.randint(62, 84) if i < busy else draw.randint(29, 36), host=host,
+                     health=unwell.get(host, {}).get(i, "ok")) for i in range(8)]
 
     for host, used in zip(gpus, busy):
         lab.report(host, "live", snapshot=machine(host, h100s(host, used), FROZEN))

@@ -137,7 +137,7 @@ def test_jobs_json_has_the_contract_keys_and_the_host(fake_driver):
     job = state_of(fake_driver, "exited")
     assert set(job) == {"id", "name", "command", "gpus", "gpu_indices", "host", "state", "pid", "exit_code",
                         "signal", "started", "ended", "log", "mem_limit", "peak_gpu_memory", "reason",
-                        "failover", "attempts"}
+                        "failover", "attempts", "energy_j", "energy_shared"}
     assert job["host"] == socket.gethostname() and job["signal"] is None
     (attempt,) = job["attempts"]  # every job that started has its attempt; --failover jobs may have more
     assert set(attempt) == {"attempt", "gpus", "gpu_indices", "pid", "started", "ended", "exit_code", "signal",

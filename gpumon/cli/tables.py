@@ -13,7 +13,7 @@ from rich.cells import cell_len, set_cell_size
 
 from gpumon.jobs.attempts import describe
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.units import format_bytes, format_runtime
+from gpumon.units import format_bytes, format_energy, format_runtime
 
 NA = "N/A"
 NAME_CELLS = 36  # a card name ("NVIDIA RTX 6000 Ada Generation" is 30)
@@ -155,14 +155,16 @@ def jobs_text(jobs: list) -> str:
     """`gpumon jobs`: one row per job, oldest first."""
     if not jobs:
         return "No jobs. Start one with: gpumon run --gpu 0 -- python train.py\n"
-    rows = [["ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LIMIT", "LOG / REASON"]]
+    rows = [["ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LIMIT", "ENERGY",
+             "LOG / REASON"]]
     for job in jobs:
         exit_text = job.signal or ("" if job.exit_code is None else str(job.exit_code))
         rows.append([
             job.spec.id, fit(job.spec.name, JOB_NAME_CELLS), job.state_text,
             ",".join(map(str, job.spec.gpu_indices)) or "-",
             str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
-            format_bytes(job.spec.mem_limit, na=""), job.reason or str(job.log),
+            format_bytes(job.spec.mem_limit, na=""), format_energy(job.energy_j, job.energy_shared),
+            job.reason or str(job.log),
         ])
     lines = table(rows).split("\n")
     out = lines[:1]

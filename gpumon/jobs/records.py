@@ -8,6 +8,7 @@ Each job has a private directory (0700) in the user's state dir:
         exit.json     how it ended (state, exit code or signal, end time), and why if gpumon stopped it
         attempts.json each start of the command: cards, pid, start, end, why it moved (--failover)
         peak          peak GPU memory the watchdog saw (bytes)
+        energy.json   the energy its cards used while it ran (jobs/energy.py)
         output.log    the command's stdout and stderr
 Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
 either old or new, never half-written. A small supervisor process (gpumon.jobs.supervisor) owns each
@@ -135,6 +136,8 @@ class Job:
     booted: float | None = None
     supervisor_booted: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
+    energy_j: float | None = None  # what its cards used while it ran; energy_shared: others used them too
+    energy_shared: bool | None = None
 
     @property
     def host(self) -> str:
@@ -171,6 +174,7 @@ class Job:
             "ended": self.ended, "log": str(self.log), "mem_limit": s.mem_limit,
             "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
             "failover": s.failover, "attempts": [a.to_dict() for a in self.attempts],
+            "energy_j": self.energy_j, "energy_shared": self.energy_shared,
         }
 
     def processes(self) -> list[psutil.Process]:
@@ -231,6 +235,10 @@ def load_job(directory: Path) -> Job | None:
     except (OSError, ValueError):
         pass
     job.attempts = load_attempts(directory)
+    energy = _read_json(directory / "energy.json") or {}  # written by jobs/energy.py as the job ends
+    joules = energy.get("energy_j")
+    job.energy_j = float(joules) if isinstance(joules, (int, float)) and not isinstance(joules, bool) else None
+    job.energy_shared = energy.get("energy_shared") if isinstance(energy.get("energy_shared"), bool) else None
     if ended is not None:
         job.ended = ended.get("ended")
         job.exit_code = ended.get("exit_code")

@@ -36,6 +36,7 @@ from gpumon.errors import GpumonError
 from gpumon.jobs import job_events
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
+from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
 from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
@@ -43,6 +44,7 @@ from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec, take_environment, write_atomic
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
+from gpumon.monitor import health
 from gpumon.monitor.backends import Backend, open_backend
 
 GRACE_S = 5.0
@@ -72,6 +74,7 @@ class Supervisor:
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
         self.latest: Snapshot | None = None
+        self.energy = JobEnergy(directory)  # what the job's cards used while it ran (jobs/energy.py)
         self.all_cpus = os.sched_getaffinity(0)
 
     # -- records --
@@ -107,6 +110,9 @@ class Supervisor:
         if saved is not None:  # started by systemd: the environment of whoever launched the job
             os.environ.clear()
             os.environ.update(saved)
+        # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
+        # energy is the counter's change from its start to its end.
+        health.configure({"interval": f"{self.spec_interval:g}s"})
         try:
             backend = open_backend(**self.spec.backend)
         except GpumonError as exc:
@@ -285,7 +291,9 @@ class Supervisor:
                 self._stop_child()
                 break
             snapshot = self.latest = backend.sample()
-            used = self._job_gpu_memory(snapshot, cards)
+            pids = {p.pid for p in self.tree.processes()}
+            self.energy.see(snapshot, cards, pids)
+            used = self._job_gpu_memory(snapshot, cards, pids)
             peak = max(used.values(), default=0)
             if peak > self.peak:
                 self.peak = peak
@@ -302,6 +310,8 @@ class Supervisor:
                 self._stop_child()
                 break
         code = self._reap()
+        self.energy.see(backend.sample(), cards, None)
+        self.energy.attempt_ended()
         if code != 0 and stopped is None and trouble is None and self.spec.failover:
             # Did it fail because its card did? NVML may say so a moment after the program noticed.
             trouble = self._note(card_trouble(backend.sample(), cards)) or self._pause(
@@ -338,9 +348,8 @@ class Supervisor:
             print(f"gpumon: pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL", file=sys.stderr)
             return -signal.SIGKILL
 
-    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int]) -> dict[int, int]:
-        """Per card, the GPU memory of the job's own processes; other users' processes never count."""
-        pids = {p.pid for p in self.tree.processes()}
+    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
+        """Per card, the GPU memory of the job's own processes (`pids`); other users' never count."""
         return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
                 for g in snapshot.gpus if g.index in cards}
 

@@ -1,4 +1,4 @@
-"""The fleet overview: one line per host (state, a cell per card, free cards, load, hottest card),
+"""The fleet overview: one line per host (state, health, a cell per card, free cards, load, hottest card),
 with the fleet's totals on the top line.
 
 The app hands it each host the fleet reports (`host_changed`); the hosts that changed are drawn
@@ -83,7 +83,7 @@ class FleetScreen(Screen):
             frame.border_title = f"Hosts · {len(self.fleet.names)}"
             frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
             yield self.table
-        yield Field(placeholder="filter hosts: name, state, note (Esc clears)", id="fleet-filter")
+        yield Field(placeholder="filter hosts: name, state, note, health (Esc clears)", id="fleet-filter")
         yield Static(Text(LEGEND), id="fleet-legend")
         yield Footer()
 

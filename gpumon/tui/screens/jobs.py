@@ -16,7 +16,7 @@ from gpumon.jobs import records as jobs
 from gpumon.jobs.attempts import describe
 from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.units import format_bytes, format_runtime
+from gpumon.units import format_bytes, format_energy, format_runtime
 
 LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
@@ -78,7 +78,8 @@ class JobsScreen(ModalScreen[str | None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         for key, label in [("id", "ID"), ("name", "NAME"), ("state", "STATE"), ("gpu", "GPU"), ("pid", "PID"),
-                           ("exit", "EXIT"), ("runtime", "RUNTIME"), ("peak", "PEAK MEM"), ("limit", "LIMIT")]:
+                           ("exit", "EXIT"), ("runtime", "RUNTIME"), ("peak", "PEAK MEM"), ("limit", "LIMIT"),
+                           ("energy", "ENERGY")]:
             table.add_column(label, key=key)
         self.refresh_jobs()
         self.set_interval(1.0, self.refresh_jobs)
@@ -102,7 +103,8 @@ class JobsScreen(ModalScreen[str | None]):
                 Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
                 ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
                 plain(job.signal or ("" if job.exit_code is None else str(job.exit_code))), format_runtime(job.runtime),
-                format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""), key=job.spec.id,
+                format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""),
+                format_energy(job.energy_j, job.energy_shared), key=job.spec.id,
             )
         if self.jobs:
             table.move_cursor(row=min(cursor or 0, len(self.jobs) - 1))

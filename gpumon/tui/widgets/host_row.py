@@ -7,10 +7,14 @@ host's own view: utilisation in the primary colour, memory green, amber from 80 
 
     ·  idle    ░ light   ▒ half   ▓ busy   █ full        memory: (empty) ▁▂▃▄▅▆▇█ (full)
     ××  lost    !!  error    ~~  not responding    M3  in MIG mode, 3 slices    ?   not reported
+
+Beside the strip, the host's health: the worst verdict of its cards and how many cards have it
+(`FAIL 1`, `WARN 2`, `ok`), blank where no card has a verdict (nvidia-smi hosts, older gpumon).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpumon.jobs.placement import free_enough
@@ -46,7 +50,10 @@ class HostRow:
     note: str  # why it is away, when it tries again, or how it is read
     note_tone: str  # muted | bad | warn
     live: bool  # fresh data: its free cards count in the fleet's total
-    words: str = ""  # what the `/` filter looks in: name, state, source, why it is away (lower case)
+    words: str = ""  # what the `/` filter looks in: name, state, source, why it is away, health (lower case)
+    health: str = ""  # "FAIL 1", "WARN 2", "ok"; "" where no card has a verdict
+    health_tone: str = ""  # bad | caution | muted
+    health_rank: tuple[int, int] | None = None  # (2 fail / 1 warn / 0 ok, cards): what sorting by health compares
 
     def matches(self, needle: str) -> bool:
         return needle.lower() in self.words
@@ -124,12 +131,31 @@ def host_row(status: HostStatus, now: float) -> HostRow:
     live = status.state == "live"
     old = status.state != "live"
     cards = tuple(card_cell(g, old) for g in snapshot.gpus)
+    health, health_tone, rank, codes = host_health(snapshot.gpus)
+    words = " ".join(w for w in (words, health.lower(), codes) if w)
     free = sum(1 for g in snapshot.gpus if free_enough(g) is None)
     utils = [g.utilization_gpu for g in snapshot.gpus if g.state == "ok" and g.utilization_gpu is not None]
     temps = [(g.temperature, g.index) for g in snapshot.gpus if g.state == "ok" and g.temperature is not None]
     return HostRow(printable(status.host), state, state_tone, cards, free, len(snapshot.gpus),
                    sum(utils) / len(utils) if utils else None, max(temps) if temps else None,
-                   note, note_tone, live=live, words=words)
+                   note, note_tone, live=live, words=words, health=health,
+                   health_tone=health_tone if live else "muted", health_rank=rank)
+
+
+def host_health(gpus: Sequence[GpuSample]) -> tuple[str, str, tuple[int, int] | None, str]:
+    """(the words, their tone, the rank to sort by, the reasons' codes for the filter) of a host's cards'
+    verdicts. A lost card counts: its verdict is fail, whatever the strip says of it."""
+    verdicts = [g.health for g in gpus if g.health is not None]
+    if not verdicts:
+        return "", "", None, ""
+    failing = sum(1 for v in verdicts if v.verdict == "fail")
+    warning = sum(1 for v in verdicts if v.verdict == "warn")
+    codes = " ".join(sorted({r.code for v in verdicts for r in v.reasons}))
+    if failing:
+        return f"FAIL {failing}", "bad", (2, failing), codes
+    if warning:
+        return f"WARN {warning}", "caution", (1, warning), codes
+    return "ok", "muted", (0, 0), codes
 
 
 def time_dependent(status: HostStatus) -> bool:

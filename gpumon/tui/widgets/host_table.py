@@ -28,16 +28,18 @@ from gpumon.model import HostStatus
 from gpumon.tui.widgets.host_row import HostRow, host_row, time_dependent
 from gpumon.tui.widgets.line_table import LineTable
 
-SORTS = ("listed", "free", "load", "name")  # the order `o` cycles through
-SORT_LABELS = {"listed": "as listed", "free": "by free cards", "load": "by load", "name": "by name"}
+SORTS = ("listed", "free", "load", "name", "health")  # the order `o` cycles through
+SORT_LABELS = {"listed": "as listed", "free": "by free cards", "load": "by load", "name": "by name",
+               "health": "worst health first"}
 RESORT_S = 3.0
 JUMP_S = 1.5
 GAP = 2
 STATE_WIDTH = 13
 FREE_WIDTH, LOAD_WIDTH, HOT_WIDTH = 5, 4, 9
+HEALTH_WIDTH = 7  # "HEALTH▲", "FAIL 12"; the column is there once some host has a verdict
 MAX_NAME = 28
 TONES = ("header", "cursor", "muted", "live", "stale", "away", "bad", "warn", "idle", "busy", "unknown", "lost",
-         "mig", "old", "mem", "memwarn", "full")
+         "mig", "old", "mem", "memwarn", "full", "caution")
 # Every other cell carries an explicit `conceal=False` (renders as nothing): neighbouring cells then
 # never merge into one segment, so repainting one cell sends that cell, not the whole line.
 SEPARATOR = (Style(), Style(conceal=False))
@@ -66,6 +68,8 @@ def _sort_value(row: HostRow, key: str):
         return None if row.free is None else -row.free
     if key == "load":
         return row.load
+    if key == "health":
+        return None if row.health_rank is None else (-row.health_rank[0], -row.health_rank[1])
     return row.name.lower()
 
 
@@ -96,6 +100,7 @@ class HostTable(LineTable):
         self.filter_text = ""
         self.name_width = max([5] + [min(MAX_NAME, cell_len(n)) for n in self.listed])  # "HOST▼"
         self.max_cards = 0
+        self.health_width = 0  # no column until a host reports a card's verdict
         self._order_dirty = False
         self._sorted_at = 0.0
         self._jump = ""
@@ -118,6 +123,10 @@ class HostTable(LineTable):
         self.rows[name] = row
         if len(row.cards) > self.max_cards:  # a wider strip moves every column after it
             self.max_cards = len(row.cards)
+            self._strips.clear()
+            self.refresh()
+        if row.health and not self.health_width:  # a new column moves every column after it
+            self.health_width = HEALTH_WIDTH
             self._strips.clear()
             self.refresh()
         if old is not None and self._moves_order(old, row):
@@ -143,7 +152,7 @@ class HostTable(LineTable):
     def _moves_order(self, old: HostRow, new: HostRow) -> bool:
         if self.filter_text and old.matches(self.filter_text) != new.matches(self.filter_text):
             return True
-        return self.sort_key in ("free", "load") and _sort_value(old, self.sort_key) != _sort_value(new, self.sort_key)
+        return self.sort_key in ("free", "load", "health") and _sort_value(old, self.sort_key) != _sort_value(new, self.sort_key)
 
     def tick(self) -> None:
         """Once a second: countdowns of the rows on screen, and a re-sort when one is due."""
@@ -225,6 +234,8 @@ class HostTable(LineTable):
         tone = "muted" if not row.live else ""
         gap = (" " * GAP, "")
         cells = [(_fit(row.name, self.name_width), ""), gap, (_fit(row.state, STATE_WIDTH), row.state_tone), gap]
+        if self.health_width:  # before the cards: a narrow terminal cuts the end of a line, not this
+            cells += [(_fit(row.health, self.health_width), row.health_tone), gap]
         if not row.cards and row.free is None:  # nothing read yet: why, where the cards would be
             return cells + [(row.note, row.note_tone)]
         for i, cell in enumerate(row.cards):
@@ -249,9 +260,10 @@ class HostTable(LineTable):
 
     def _header(self, width: int) -> Strip:
         arrow = "▼" if self.sort_reverse else "▲"
-        labels = {"name": "HOST", "free": "FREE", "load": "LOAD"}
+        labels = {"name": "HOST", "free": "FREE", "load": "LOAD", "health": "HEALTH"}
         marked = {k: v + (arrow if self.sort_key == k else "") for k, v in labels.items()}
-        texts = [_fit(marked["name"], self.name_width), "  ", _fit("STATE", STATE_WIDTH), "  ",
+        health = [_fit(marked["health"], self.health_width), "  "] if self.health_width else []
+        texts = [_fit(marked["name"], self.name_width), "  ", _fit("STATE", STATE_WIDTH), "  ", *health,
                  _fit("CARDS", self.cards_width), "  ", _fit(marked["free"], FREE_WIDTH, right=True), "  ",
                  _fit(marked["load"], LOAD_WIDTH, right=True), "  ", _fit("HOTTEST", HOT_WIDTH), "  ", "NOTE"]
         return self._strip([(t, "") for t in texts], width, self._style("header"))
@@ -261,7 +273,7 @@ class HostTable(LineTable):
         row = self.rows.get(name)
         on_cursor = index == self.cursor
         self._style("muted")  # drops cached strips when the theme changed
-        signature = (row, width, on_cursor, self.name_width, self.max_cards)
+        signature = (row, width, on_cursor, self.name_width, self.max_cards, self.health_width)
         cached = self._strips.get(name)
         if cached is not None and cached[0] == signature:
             return cached[1]
