@@ -8,7 +8,7 @@ import time
 
 from conftest import GIB, Card
 from test_job_lifecycle import pid_script, state_of
-from test_jobs import job_json, run_job, wait_for
+from test_jobs import run_job, wait_for
 
 
 def two_cards(fake_driver, watts: int = 300) -> None:
