@@ -43,7 +43,8 @@ def a_ward():
 
     def report() -> None:
         fleet.report("sick", "live", snapshot=machine("sick", [
-            card(0, host="sick", health="ok"), card(1, host="sick", health="fail"), card(2, host="sick", health="warn")]))
+            card(0, host="sick", health="ok"), card(1, host="sick", health="fail"),
+            card(2, host="sick", health="warn")]))
         fleet.report("shaky", "live", snapshot=machine("shaky", [card(i, host="shaky", health=("warn", "warn", "ok")[i])
                                                                   for i in range(3)]))
         fleet.report("fine", "live", snapshot=machine("fine", [card(i, host="fine", health="ok") for i in range(2)]))
@@ -101,7 +102,8 @@ def test_the_overview_shows_health_filters_and_sorts_by_it():
             assert "HEALTH▲" in lines(table)[0]
 
             # The worst card gets better: the host moves at the next re-sort, the row says so at once.
-            fleet.report("sick", "live", snapshot=machine("sick", [card(i, host="sick", health="ok") for i in range(3)]))
+            fleet.report("sick", "live",
+                         snapshot=machine("sick", [card(i, host="sick", health="ok") for i in range(3)]))
             table = await drawn(pilot)
             assert row_of(table, "sick").split()[:3] == ["sick", "live", "ok"]
             table.reorder()

@@ -2,7 +2,8 @@
 
 The supervisor samples the job's cards anyway (the watchdog); each attempt's first and last
 reading of each card's counter give what that card used meanwhile, and the job's energy is the sum
-over its cards and attempts, in `energy.json` (read by jobs/records.py): `{"energy_j": float|null, "energy_shared": bool}`.
+over its cards and attempts, in `energy.json` (read by jobs/records.py):
+`{"energy_j": float|null, "energy_shared": bool}`.
 A card counts whole: when another process used one of the job's cards while it ran (another job,
 another user), part of that energy is theirs, and `energy_shared` says so. `null`: no card of the
 job reported an energy counter (a driver before Volta, a backend without one).

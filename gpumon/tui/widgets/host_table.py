@@ -152,7 +152,8 @@ class HostTable(LineTable):
     def _moves_order(self, old: HostRow, new: HostRow) -> bool:
         if self.filter_text and old.matches(self.filter_text) != new.matches(self.filter_text):
             return True
-        return self.sort_key in ("free", "load", "health") and _sort_value(old, self.sort_key) != _sort_value(new, self.sort_key)
+        key = self.sort_key
+        return key in ("free", "load", "health") and _sort_value(old, key) != _sort_value(new, key)
 
     def tick(self) -> None:
         """Once a second: countdowns of the rows on screen, and a re-sort when one is due."""
