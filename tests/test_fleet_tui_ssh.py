@@ -70,7 +70,7 @@ def test_every_host_on_screen_one_goes_away_the_others_update_and_it_comes_back(
     tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "h1,h2,h3")
 
     screen = tmux.wait_for(lambda s: "3 hosts: 3 live" in s, timeout=60, what="every host live")
-    assert row(screen, "h1").split()[:5] == ["h1", "live", "▒", "·", "1/2"]
+    assert row(screen, "h1").split()[:6] == ["h1", "live", "ok", "▒", "·", "1/2"]  # its cards' health: ok
     assert "61°C (0)" in row(screen, "h1")
     assert "4/4" in row(screen, "h2") and "43°C (3)" in row(screen, "h2")
     assert "0/1" in row(screen, "h3") and "88°C (0)" in row(screen, "h3")
