@@ -126,17 +126,7 @@ class CardActions:
         if not actions.may_signal(p.uid):
             self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
             return
-        signame = actions.SIGNALS[kind].name
-
-        def answered(yes: bool | None) -> None:
-            if not yes:
-                return
-            in_background(self.app, lambda: self.target.signal(p.pid, p.started, kind),
-                          lambda output: self.notify(output, timeout=4),
-                          lambda exc: self.notify(str(exc), severity="error"))
-
-        self.app.push_screen(
-            ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
+        confirm_signal(self.app, self.target, p, kind)
 
     def action_not_real(self, why: str) -> None:
         """x, X, i or e where the processes are not real ones (demo, a recording): say so."""
@@ -164,3 +154,19 @@ def _how_it_ended(before: set[str], command: list[str], code: int) -> str:
     that command (the child gpumon's exit status alone cannot tell a Ctrl-C from `exit 130`)."""
     new = [job for job in jobs.list_jobs() if job.spec.id not in before and job.spec.command == command]
     return how_it_ended(new[-1].dir, code) if new else f"exited with status {code}"
+
+
+def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:
+    """Confirm, then signal the process through its host (`x`/`X`/`i` here and in a fleet host's
+    view), whose gpumon checks it is the user's and still the same process. `on`: the host's
+    name, said in the question and the answer, where there are many."""
+    where, prefix = (f" on {on}", f"{on}: ") if on else ("", "")
+
+    def answered(yes: bool | None) -> None:
+        if yes:
+            in_background(app, lambda: target.signal(process.pid, process.started, kind),
+                          lambda output: app.notify(prefix + output, timeout=5),
+                          lambda exc: app.notify(str(exc), severity="error", timeout=8))
+
+    question = f"Send {actions.SIGNALS[kind].name} to process {process.pid}{where}?"
+    app.push_screen(ConfirmScreen(question, f"{process.user}: {(process.command or '')[:200]}"), answered)
