@@ -10,6 +10,7 @@ import os
 from gpumon.cli.common import backend_args, open_source
 from gpumon.config import Config
 from gpumon.errors import UsageError
+from gpumon.jobs.host import local_args as host_local_args
 from gpumon.model import FleetSnapshot
 from gpumon.monitor.fleet import Fleet, HostSpec, SshTransport, open_fleet, parse_hosts, read_hostfile
 from gpumon.monitor.fleet.hosts import resolve
@@ -50,11 +51,7 @@ def transport(args: argparse.Namespace, config: Config) -> SshTransport:
 
 def local_args(args: argparse.Namespace) -> list[str]:
     """How a gpumon started here for `local` reads the same cards as this one."""
-    opened = backend_args(args)
-    out = ["--demo", "--scenario", opened["demo"], "--seed", str(opened["seed"])] if opened["demo"] else []
-    if opened["nvml_lib"]:
-        out += ["--nvml-lib", opened["nvml_lib"]]
-    return out
+    return host_local_args(backend_args(args))
 
 
 def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec], url: str | None = None) -> Fleet:

@@ -16,6 +16,9 @@ def run(args: argparse.Namespace) -> int:
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
         max_util=args.max_util, cwd=args.cwd, systemd=args.systemd, failover=args.failover,
+        # A command line typed in a run dialog arrives as `sh -c TYPED` (jobs/host.py): the
+        # history keeps it as it was typed, as when the dialog launched it itself.
+        typed=command[2] if len(command) == 3 and command[:2] == ["/bin/sh", "-c"] else None,
     )
     if args.host is not None or fleet_requested(args):  # on another host, over ssh
         from gpumon.cli.fleet_commands import run_host

@@ -20,7 +20,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -79,6 +79,7 @@ class GpumonHost:
     """A host reached through its own `gpumon`: a subclass says how to start it (`argv`)."""
 
     name: str
+    env: dict[str, str] | None = None  # the children's environment (None: this process's)
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
         """The command line that runs `gpumon ARGS` there."""
@@ -98,7 +99,7 @@ class GpumonHost:
         """`gpumon ARGS` there; its stdout, or HostError (also when it sends over MAX_OUTPUT: it is
         read with that cap and stopped at it)."""
         try:
-            done = run_capped(self.argv(args), timeout, MAX_OUTPUT)
+            done = run_capped(self.argv(args), timeout, MAX_OUTPUT, env=self.env)
         except TimeoutError:
             raise HostError(f"{self.name}: timeout (no answer in {timeout:g} s)") from None
         except OutputTooLarge as exc:
@@ -124,10 +125,10 @@ class GpumonHost:
         this gpumon's; without one, Ctrl-C ends the connection and this gpumon as before."""
         argv = self.argv(["run", *run_args(request)], tty=tty)
         if not tty:
-            return call(argv)
+            return call(argv, env=self.env)
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            return call(argv)
+            return call(argv, env=self.env)
         finally:
             signal.signal(signal.SIGINT, previous)
 
@@ -153,7 +154,7 @@ class GpumonHost:
         """stdin stays open: its end (this process gone) tells a remote tail to stop too."""
         return popen(self.argv(["jobs", "--log", job_id] + (["--follow"] if follow else [])),
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                     start_new_session=True)
+                     start_new_session=True, env=self.env)
 
     def topology(self) -> Topology:
         try:
@@ -164,11 +165,15 @@ class GpumonHost:
 
 class LocalHost(GpumonHost):
     """This machine, through this gpumon's own subcommands run as children: the same code the
-    command line runs, and the same fields and messages as any other host."""
+    command line runs, and the same fields and messages as any other host. The single-machine
+    TUI and the fleet's `local` both act through it, so the two cannot drift apart."""
 
-    def __init__(self, local_args: Sequence[str] = ()) -> None:
+    def __init__(self, local_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         self.name = LOCAL
         self.local_args = list(local_args)  # how this gpumon reads the cards (--demo, --nvml-lib)
+        # The environment gpumon was started with (the TUI changes its own: NO_COLOR, ...): the
+        # jobs launched here get it, as they would from a shell.
+        self.env = None if env is None else dict(env)
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
         return [sys.executable, "-m", "gpumon", *self.local_args, *args]
@@ -184,6 +189,16 @@ class RemoteHost(GpumonHost):
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
         return self.transport.gpumon_argv(self.spec, list(args), tty=tty)
+
+
+def local_args(opened: Mapping[str, Any]) -> list[str]:
+    """How a gpumon started here reads the same cards as this one, given how this one opened them
+    (cli/common.py `backend_args`): --demo and its scenario and seed, --nvml-lib, the fs roots."""
+    out = ["--demo", "--scenario", opened["demo"], "--seed", str(opened.get("seed") or 0)] if opened.get("demo") else []
+    for flag, key in (("--nvml-lib", "nvml_lib"), ("--path.sysfs", "sysfs"), ("--path.procfs", "procfs")):
+        if opened.get(key):
+            out += [flag, str(opened[key])]
+    return out
 
 
 def host_at(spec: HostSpec, transport: SshTransport | None, local_args: Sequence[str] = ()) -> GpumonHost:

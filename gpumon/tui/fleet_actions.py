@@ -20,7 +20,7 @@ from gpumon.jobs.launch import card_limits, run_in_terminal, shell_request
 from gpumon.model import GpuSample, HostStatus, ProcessSample
 from gpumon.monitor.fleet import Fleet
 from gpumon.tui.background import in_background
-from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.screens.card_actions import confirm_signal
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunChoice, RunDialog
 
 
@@ -94,8 +94,7 @@ def _run_here(host: Host, request) -> int:
 
 
 def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, kind: str) -> None:
-    """Confirm, then signal the process through the host's gpumon (which checks it is the user's
-    and still the same process)."""
+    """Confirm, then signal the process through the host's gpumon, as on one machine."""
     status = fleet.status(host)
     problem = why_not_here(status, "signalling a process")
     if problem:
@@ -104,13 +103,4 @@ def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, ki
     if fleet.specs[host].is_local and process.uid is not None and not actions.may_signal(process.uid):
         app.notify(f"not permitted: process {process.pid} belongs to {process.user}", severity="error")
         return
-    name = actions.SIGNALS[kind].name
-
-    def answered(yes: bool | None) -> None:
-        if yes:
-            in_background(app, lambda: host_for(fleet, host).signal(process.pid, process.started, kind),
-                          lambda output: app.notify(f"{host}: {output}", timeout=5),
-                          lambda exc: app.notify(str(exc), severity="error", timeout=8))
-
-    question = f"Send {name} to process {process.pid} on {host}?"
-    app.push_screen(ConfirmScreen(question, f"{process.user}: {(process.command or '')[:200]}"), answered)
+    confirm_signal(app, host_for(fleet, host), process, kind, on=host)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -103,13 +103,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_capped(argv: Sequence[str], timeout: float, limit: int) -> subprocess.CompletedProcess[bytes]:
+def run_capped(argv: Sequence[str], timeout: float, limit: int,
+               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run a command to its end (stdin: nothing) and return what it printed: stdout whole, the
     last STDERR_KEEP bytes of stderr. OutputTooLarge once stdout passes `limit` bytes, TimeoutError
     after `timeout` seconds; the child is killed either way. Blocks: forked from the caller's
     thread, which waits for the child."""
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=_tie(os.getpid()))
+                            start_new_session=True, preexec_fn=_tie(os.getpid()), env=env)
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
     try:

@@ -1,25 +1,35 @@
 """What the main screen's keys do to cards and processes: launch a job on the selected card (`r`),
 set its default memory limit (`m`), list jobs (`J`), signal a process (`x`/`X`/`i`), show its
 environment (`e`). A mixin of MainScreen, kept apart so the screen module stays about showing data.
+
+Launching, signalling and stopping go through `self.target`, this machine as a `LocalHost`
+(jobs/host.py): its own `gpumon run` / `signal` / `jobs --stop` as a child process, exactly as the
+fleet acts on its `local` host and on any other, so this view and the fleet's cannot drift apart.
+(`target`, not `host`: a fleet host's view, a subclass, names its host `host`.)
 """
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import TYPE_CHECKING
+
 from textual.widgets import Input
 
-from gpumon.errors import UsageError
-from gpumon.jobs import launch
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import card_limits, prepare, shell_request, start, summary
+from gpumon.jobs.launch import card_limits, how_it_ended, run_in_terminal, shell_request
 from gpumon.jobs.logout import logout_note
 from gpumon.monitor.containers import invisible_reason
+from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, MemLimitDialog, RunChoice, RunDialog
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from gpumon.jobs.host import Host
 
 
 class CardActions:
@@ -37,32 +47,34 @@ class CardActions:
         self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd, note=note),
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
+    @cached_property
+    def target(self) -> Host:
+        """This machine: its own gpumon, reading the cards as this one does, in the environment
+        this gpumon was started with (not the one the TUI changed for itself: NO_COLOR, ...).
+        Imported on first use: it brings the fleet's modules, which a single-machine start skips."""
+        from gpumon.jobs.host import LocalHost, local_args
+
+        return LocalHost(local_args(self.app.backend_args or {}), env=self.env)
+
     def _launch(self, gpu, choice: RunChoice) -> None:
         request = shell_request(choice.command, gpu.ref, mem_limit=choice.mem_limit, numa=choice.numa,
                                 foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
                                 failover=choice.failover)
-        try:
-            spec = prepare(request, self.snapshot, None, self.app.backend_args, self.interval)
-            # The environment gpumon started with, not the one it changed for itself (NO_COLOR, ...).
-            directory = start(spec, foreground=choice.foreground, typed=request.typed, env=self.env)
-        except (UsageError, OSError) as exc:
-            self.notify(str(exc), severity="error")
-            return
         if choice.foreground:
+            before = {job.spec.id for job in jobs.list_jobs()}
             with self.app.suspend():
-                launch.run_in_terminal(f"GPU {gpu.index}", choice.command,
-                                       lambda: launch.run_foreground(directory, self.env),
-                                       lambda code: launch.how_it_ended(directory, code))
+                run_in_terminal(self.card_label(gpu), choice.command, lambda: self.target.run_here(request),
+                                lambda code: _how_it_ended(before, request.command, code))
             return
-        self.run_worker(lambda: self._report_start(directory), thread=True, group="launch")
 
-    def _report_start(self, directory) -> None:
-        job = jobs.wait_until_started(directory)
-        message = "\n".join(summary(job)) if job else f"job did not start: see {directory}"
-        if job and (note := logout_note(systemd=False)):
-            message += "\n" + note
-        self.app.call_from_thread(self.notify, message, timeout=8)
-        self._job_pids()
+        def started(output: str) -> None:
+            if note := logout_note(systemd=False):
+                output += "\n" + note
+            self.notify(output, timeout=8)
+            self._scan_jobs()
+
+        in_background(self.app, lambda: self.target.launch(request), started,
+                      lambda exc: self.notify(str(exc), severity="error"))
 
     def card_label(self, gpu) -> str:
         """How messages name a card ("GPU 2"; a fleet host's view says "host:2")."""
@@ -95,7 +107,7 @@ class CardActions:
                 box.value = job_id
                 self.query_one(ProcessTable).focus()
 
-        self.app.push_screen(JobsScreen(), closed)
+        self.app.push_screen(JobsScreen(self.target), closed)
 
     def _selected_process(self):
         row = self.query_one(ProcessTable).selected_row
@@ -114,18 +126,7 @@ class CardActions:
         if not actions.may_signal(p.uid):
             self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
             return
-        signame = actions.SIGNALS[kind].name
-
-        def answered(yes: bool | None) -> None:
-            if not yes:
-                return
-            try:
-                self.notify(actions.send_signal(p.pid, p.started, kind), timeout=4)
-            except actions.ActionError as exc:
-                self.notify(str(exc), severity="error")
-
-        self.app.push_screen(
-            ConfirmScreen(f"Send {signame} to process {p.pid}?", f"{p.user}: {(p.command or '')[:200]}"), answered)
+        confirm_signal(self.app, self.target, p, kind)
 
     def action_not_real(self, why: str) -> None:
         """x, X, i or e where the processes are not real ones (demo, a recording): say so."""
@@ -146,3 +147,26 @@ class CardActions:
             self.notify(str(exc), severity="error")
             return
         self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))
+
+
+def _how_it_ended(before: set[str], command: list[str], code: int) -> str:
+    """A job run here in the foreground, as its supervisor recorded its end: the new record of
+    that command (the child gpumon's exit status alone cannot tell a Ctrl-C from `exit 130`)."""
+    new = [job for job in jobs.list_jobs() if job.spec.id not in before and job.spec.command == command]
+    return how_it_ended(new[-1].dir, code) if new else f"exited with status {code}"
+
+
+def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:
+    """Confirm, then signal the process through its host (`x`/`X`/`i` here and in a fleet host's
+    view), whose gpumon checks it is the user's and still the same process. `on`: the host's
+    name, said in the question and the answer, where there are many."""
+    where, prefix = (f" on {on}", f"{on}: ") if on else ("", "")
+
+    def answered(yes: bool | None) -> None:
+        if yes:
+            in_background(app, lambda: target.signal(process.pid, process.started, kind),
+                          lambda output: app.notify(prefix + output, timeout=5),
+                          lambda exc: app.notify(str(exc), severity="error", timeout=8))
+
+    question = f"Send {actions.SIGNALS[kind].name} to process {process.pid}{where}?"
+    app.push_screen(ConfirmScreen(question, f"{process.user}: {(process.command or '')[:200]}"), answered)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,12 +12,15 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
-from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.attempts import describe
+from gpumon.tui.background import in_background
 from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_energy, format_runtime
+
+if TYPE_CHECKING:
+    from gpumon.jobs.host import Host
 
 LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
@@ -60,8 +64,9 @@ class JobsScreen(ModalScreen[str | None]):
         Binding("p", "processes", "Its processes"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, host: Host) -> None:
         super().__init__()
+        self.host = host  # this machine, acted on as the fleet acts on a host (stop)
         self.jobs: list[jobs.Job] = []
         self.tail: LogTail | None = None
         self.tail_id: str | None = None
@@ -151,13 +156,15 @@ class JobsScreen(ModalScreen[str | None]):
         def answered(yes: bool | None) -> None:
             if not yes:
                 return
-            try:
-                self.notify(jobs.stop(job))
-            except (UsageError, OSError) as exc:
-                self.notify(str(exc), severity="error")
-            self.refresh_jobs()
+            in_background(self.app, lambda: self.host.stop(job.spec.id), self._stopped,
+                          lambda exc: self.notify(str(exc), severity="error"))
 
         self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job.spec.command)}"), answered)
+
+    def _stopped(self, output: str) -> None:
+        self.notify(output)
+        if self.is_attached:
+            self.refresh_jobs()
 
     def action_processes(self) -> None:
         job = self.selected
