@@ -4,36 +4,13 @@ by a stand-in fleet (scripts/fleet_scenes.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fleet_scenes import card, machine, scene_fleet
+from test_fleet_tui import drawn, lines, row_of, run
 
 from gpumon.tui.fleet_app import FleetApp
 from gpumon.tui.widgets.host_row import host_row
-from gpumon.tui.widgets.host_table import HostTable
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
-
-
-def lines(table: HostTable) -> list[str]:
-    return [table.render_line(y).text.rstrip() for y in range(table.size.height)]
-
-
-def row_of(table: HostTable, host: str) -> str:
-    return next(line for line in lines(table)[1:] if line.split()[:1] == [host])
-
-
-async def drawn(pilot) -> HostTable:
-    for _ in range(200):
-        if not pilot.app.overview.undrawn:
-            break
-        await pilot.pause(0.05)
-    assert not pilot.app.overview.undrawn, "the overview never drew the hosts reported"
-    await pilot.pause()
-    return pilot.app.screen.query_one(HostTable)
 
 
 def a_ward():

@@ -36,14 +36,15 @@ def row_of(table: HostTable, host: str) -> str:
     return next(line for line in lines(table)[1:] if line.split()[:1] == [host])
 
 
-async def drawn(pilot) -> None:
-    """Until the overview has drawn every host reported so far (it draws them every FRAME_S)."""
+async def drawn(pilot) -> HostTable:
+    """Until the overview has drawn every host reported so far (it draws them every FRAME_S); its table."""
     for _ in range(200):
         if not pilot.app.overview.undrawn:
             break
         await pilot.pause(0.05)
     assert not pilot.app.overview.undrawn, "the overview never drew the hosts reported"
     await pilot.pause()
+    return pilot.app.overview.table
 
 
 async def overview(pilot) -> tuple[FleetScreen, HostTable]:
