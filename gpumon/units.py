@@ -70,6 +70,18 @@ def format_runtime(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def format_duration(seconds: float) -> str:
+    """A span as people say it, two units at most: '45s', '12m', '2h12m', '3d4h'."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
 def format_energy(joules: float | None, shared: bool | None = None, na: str = "") -> str:
     """A job's energy: Wh below a kWh, kWh above; `~` when other processes used its cards too."""
     if joules is None:

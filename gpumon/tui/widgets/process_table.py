@@ -22,7 +22,7 @@ from textual.strip import Strip
 
 from gpumon.model import ProcessSample, Snapshot
 from gpumon.tui.widgets.line_table import LineTable
-from gpumon.units import format_bytes
+from gpumon.units import format_bytes, format_duration
 
 COLUMNS = [("gpu", "GPU"), ("pid", "PID"), ("user", "USER"), ("type", "T"), ("gpu_mem", "GPU MEM"),
            ("sm", "SM%"), ("cpu", "CPU%"), ("rss", "HOST MEM"), ("age", "AGE"), ("owner", "OWNER"),
@@ -82,16 +82,7 @@ def _owner_text(process: ProcessSample) -> str:
 
 
 def format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "N/A"
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
+    return "N/A" if seconds is None else format_duration(max(0.0, seconds))
 
 
 # Hundreds of rows every sample: the same few sizes and ages are formatted over and over.

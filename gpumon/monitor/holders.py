@@ -1,0 +1,221 @@
+"""Who holds the cards, and who holds them idle: one row per user and one per Slurm job, Kubernetes
+pod or container, on each host (the users view `u`, `gpumon users`, the `idle` alert rule, the page).
+
+A process holds a card while a card lists it (with the memory it has there). Its holder's share of a
+card's power is its share of the card's SM time, or of the card's memory while nobody computes; that
+share integrated over the samples gpumon saw is its energy.
+
+Idle: every process of the holder reports 0 % SM — per-process utilisation, which the NVIDIA driver
+gives for processes busy since the last sample (a process missing from it is 0 %:
+backends/nvml/values.py) — and has since gpumon last saw one of them compute, or since gpumon first
+saw them. gpumon cannot know what happened before it watched, so `idle_s` is a lower bound of the
+truth, never more. Where the driver does not report per-process SM (`sm_util` None) idleness is not
+known: None, not 0.
+
+The tracker is fed snapshots (of one host, or of a fleet host by host) and keeps per process only
+when it first saw it and when it last saw it busy: what a sample pass adds is one pass over the
+processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpumon.model import FleetSnapshot, ProcessSample, Snapshot
+from gpumon.units import format_bytes, format_duration
+
+# Rows: users, and the jobs, pods and containers inside them. A systemd unit is only where a
+# user's process runs (a login scope, a service), so its processes count for their user alone.
+HOLDER_KINDS = ("user", "slurm", "k8s", "container")
+LONGEST_GAP_S = 60.0  # a gap between two samples longer than this adds no energy: gpumon was not looking
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A user, job, pod or container holding cards on a host (JSON: to_dict)."""
+
+    host: str
+    kind: str  # one of HOLDER_KINDS
+    id: str  # user name, job id (JOBID[.STEP]), pod UID, short container id
+    label: str  # as tables show it: "alice", "job 4242.0", "ml/trainer-7f9c (main)", "docker:llama"
+    user: str | None
+    cards: tuple[int, ...]  # indices of the cards it holds
+    uuids: tuple[str | None, ...]
+    processes: int
+    gpu_memory: int | None  # bytes, summed over its processes (None: the driver did not say for any)
+    sm_util: int | None  # per-process SM %, summed (None: not reported)
+    power_w: float | None  # its share of its cards' power draw
+    held_s: float | None  # since its oldest process on the cards started
+    idle_s: float | None  # seconds every process has shown 0 % SM (None: computing, or not known)
+    energy_j: float | None  # its share of its cards' energy while gpumon watched
+    watched_s: float  # how long gpumon has seen it: idle_s never exceeds this
+
+    @property
+    def idle(self) -> bool:
+        return self.idle_s is not None
+
+    def idle_text(self) -> str:
+        """'idle 2h12m holding 40G on 2 cards'; '' while it computes or nobody knows."""
+        if self.idle_s is None:
+            return ""
+        cards = f"{len(self.cards)} card" + ("s" if len(self.cards) != 1 else "")
+        return f"idle {format_duration(self.idle_s)} holding {format_bytes(self.gpu_memory, na='?')} on {cards}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "kind": self.kind, "id": self.id, "label": self.label, "user": self.user,
+                "cards": list(self.cards), "uuids": list(self.uuids), "processes": self.processes,
+                "gpu_memory": self.gpu_memory, "sm_util": self.sm_util,
+                "power_w": None if self.power_w is None else round(self.power_w, 1),
+                "held_s": None if self.held_s is None else round(self.held_s, 1),
+                "idle_s": None if self.idle_s is None else round(self.idle_s, 1),
+                "energy_j": None if self.energy_j is None else round(self.energy_j, 1),
+                "watched_s": round(self.watched_s, 1)}
+
+
+def holder_keys(p: ProcessSample) -> list[tuple[str, str, str, str | None]]:
+    """(kind, id, label, user) of each row a process counts in: its user's, and its job's, pod's or
+    container's."""
+    owner = p.owner
+    user = p.user or (owner.user if owner is not None else None)
+    keys = [("user", user or "?", user or "?", user)]
+    if owner is not None and owner.kind in HOLDER_KINDS and owner.kind != "user":
+        keys.append((owner.kind, owner.id, owner.label, user))
+    return keys
+
+
+class _Sum:
+    """One holder's figures in the snapshot being read."""
+
+    __slots__ = ("label", "user", "cards", "processes", "memory", "sm", "sm_known", "power", "started",
+                 "idle_since", "busy", "unknown", "first_seen")
+
+    def __init__(self, label: str, user: str | None) -> None:
+        self.label, self.user = label, user
+        self.cards: dict[int, str | None] = {}
+        self.processes = 0
+        self.memory: int | None = None
+        self.sm = 0
+        self.sm_known = False
+        self.power: float | None = None
+        self.started: float | None = None
+        self.idle_since: float | None = None  # the latest time one of its processes was busy (or first seen)
+        self.busy = self.unknown = False
+        self.first_seen: float | None = None
+
+
+class HolderTracker:
+    """Feed it every snapshot as it comes; it answers the holders of that moment."""
+
+    def __init__(self) -> None:
+        # (host, pid, start time) -> [first seen, last seen busy or None]
+        self._processes: dict[tuple[str, int, float | None], list[float | None]] = {}
+        self._energy: dict[tuple[str, str, str], float] = {}
+        self._last_time: dict[str, float] = {}
+        self._last: dict[str, tuple[float, tuple[Holder, ...]]] = {}
+
+    def update(self, snapshot: Snapshot, host: str | None = None) -> tuple[Holder, ...]:
+        """The holders on `snapshot`'s host (`host`: the name to give it, a fleet's entry)."""
+        host = host or snapshot.host
+        cached = self._last.get(host)
+        if cached is not None and cached[0] == snapshot.time:  # a fleet re-sends a host's last snapshot
+            return cached[1]
+        now = snapshot.time
+        previous = self._last_time.get(host)
+        gap = now - previous if previous is not None and 0 < now - previous <= LONGEST_GAP_S else 0.0
+        sums: dict[tuple[str, str], _Sum] = {}
+        seen: set[tuple[str, int, float | None]] = set()
+        for gpu in snapshot.gpus:
+            if not gpu.processes:
+                continue
+            shares = _power_shares(gpu.processes, gpu.power_draw)
+            for p, power in zip(gpu.processes, shares):
+                key = (host, p.pid, p.started)
+                times = self._processes.get(key)
+                if times is None:
+                    times = self._processes[key] = [now, None]
+                if p.sm_util:
+                    times[1] = now
+                seen.add(key)
+                for kind, ident, label, user in holder_keys(p):
+                    total = sums.get((kind, ident))
+                    if total is None:
+                        total = sums[kind, ident] = _Sum(label, user)
+                    _add(total, p, gpu.index, gpu.uuid, power, times)
+        for key in [k for k in self._processes if k[0] == host and k not in seen]:
+            del self._processes[key]
+        holders = []
+        for (kind, ident), total in sums.items():
+            energy_key = (host, kind, ident)
+            energy = self._energy.get(energy_key, 0.0) + (total.power or 0.0) * gap
+            self._energy[energy_key] = energy
+            holders.append(_holder(host, kind, ident, total, now, energy if total.power is not None else None))
+        for key in [k for k in self._energy if k[0] == host and (k[1], k[2]) not in sums]:
+            del self._energy[key]  # gone: a holder that comes back starts again
+        result = tuple(sorted(holders, key=_order))
+        self._last_time[host] = now
+        self._last[host] = (now, result)
+        return result
+
+    def update_fleet(self, fleet: FleetSnapshot) -> tuple[Holder, ...]:
+        """Every host's holders whose last snapshot is a reading (live or stale), host by host."""
+        out: list[Holder] = []
+        for status in fleet.hosts:
+            if status.snapshot is not None and status.state in ("ok", "stale"):
+                out.extend(self.update(status.snapshot, status.host))
+        return tuple(out)
+
+
+def _power_shares(processes: tuple[ProcessSample, ...], power: float | None) -> list[float | None]:
+    """Each process's share of the card's power: by SM time while any computes, else by memory."""
+    if power is None:
+        return [None] * len(processes)
+    weights = [p.sm_util or 0 for p in processes]
+    if not any(weights):
+        weights = [p.gpu_memory or 0 for p in processes]
+    total = sum(weights)
+    if not total:
+        return [power / len(processes)] * len(processes)
+    return [power * w / total for w in weights]
+
+
+def _add(total: _Sum, p: ProcessSample, index: int, uuid: str | None, power: float | None,
+         times: list[float | None]) -> None:
+    total.cards[index] = uuid
+    total.processes += 1
+    if p.gpu_memory is not None:
+        total.memory = (total.memory or 0) + p.gpu_memory
+    if p.sm_util is None:
+        total.unknown = True
+    else:
+        total.sm_known = True
+        total.sm += p.sm_util
+        total.busy = total.busy or p.sm_util > 0
+    if power is not None:
+        total.power = (total.power or 0.0) + power
+    if p.started is not None and (total.started is None or p.started < total.started):
+        total.started = p.started
+    first_seen, last_busy = times
+    since = last_busy if last_busy is not None else first_seen
+    if total.idle_since is None or (since is not None and since > total.idle_since):
+        total.idle_since = since
+    if total.first_seen is None or (first_seen is not None and first_seen < total.first_seen):
+        total.first_seen = first_seen
+
+
+def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: float | None) -> Holder:
+    idle = None
+    if not total.busy and not total.unknown and total.idle_since is not None:
+        idle = max(0.0, now - total.idle_since)
+    indices = tuple(sorted(total.cards))
+    return Holder(host=host, kind=kind, id=ident, label=total.label, user=total.user, cards=indices,
+                  uuids=tuple(total.cards[i] for i in indices), processes=total.processes,
+                  gpu_memory=total.memory, sm_util=total.sm if total.sm_known else None, power_w=total.power,
+                  held_s=max(0.0, now - total.started) if total.started is not None else None,
+                  idle_s=idle, energy_j=energy,
+                  watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0)
+
+
+def _order(h: Holder) -> tuple:
+    """Users by name, each followed by its jobs, pods and containers."""
+    return (h.user or "?", h.kind != "user", h.kind, h.id)

@@ -1,0 +1,154 @@
+"""Who holds the cards (monitor/holders.py), from real processes in real Slurm, kubepods and Docker
+shaped cgroups, listed by the fake NVIDIA driver with their memory and per-process SM %, read by
+the real sampler: one row per user and per job/pod/container, power shares, energy, and idle time
+that starts when every process of a holder shows 0 % SM and ends when one computes again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
+from conftest import GIB, Card
+
+from gpumon.model import ProcessOwner, ProcessSample, Snapshot
+from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.monitor.holders import HolderTracker
+from gpumon.monitor.sampler import Sampler
+from gpumon.units import format_duration
+
+POD = "0a0a0a0a-1b1b-2c2c-3d3d-4e4e4e4e4e4e"
+CONTAINER = "ab" * 32
+FAKE_RELOAD_S = 0.1  # the fake driver looks at its file at most every 50 ms
+
+
+@pytest.fixture
+def held(cgroup_lab, idle_processes, fake_driver):  # noqa: F811 - the fixture imported above
+    """Three real processes: one in Slurm job 77 (two cards), one in a pod, one in a Docker container."""
+    job, pod, box = (idle_processes("sleep", "600") for _ in range(3))
+    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_77/step_0/user/task_0", job.pid)
+    cgroup_lab.place(cgroup_lab.v2, f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/"
+                                    f"cri-containerd-{'cd' * 32}.scope", pod.pid)
+    cgroup_lab.place(cgroup_lab.v1, f"docker/{CONTAINER}", box.pid)
+    fake_driver.machine.cards = [Card(extra={"power_mw": 300_000}), Card(extra={"power_mw": 200_000}),
+                                 Card(extra={"power_mw": 100_000})]
+    pids = {"job": job.pid, "pod": pod.pid, "box": box.pid}
+    set_load(fake_driver, pids, job_sm=60, pod_sm=20, box_sm=0)
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    yield pids, Sampler(backend)
+    backend.close()
+
+
+def set_load(fake_driver, pids, job_sm: int, pod_sm: int, box_sm: int) -> None:
+    fake_driver.machine.procs = [
+        dict(gpu=0, pid=pids["job"], mem=10 * GIB, sm=job_sm), dict(gpu=1, pid=pids["job"], mem=10 * GIB, sm=job_sm),
+        dict(gpu=0, pid=pids["pod"], mem=4 * GIB, sm=pod_sm),
+        dict(gpu=2, pid=pids["box"], mem=2 * GIB, sm=box_sm),
+    ]
+    fake_driver.write()
+    time.sleep(FAKE_RELOAD_S)
+
+
+def rows(holders) -> dict[tuple[str, str], object]:
+    return {(h.kind, h.id): h for h in holders}
+
+
+def test_one_row_per_user_and_per_job_pod_and_container(held):
+    pids, sampler = held
+    tracker = HolderTracker()
+    holders = rows(tracker.update(sampler.collect()))
+    assert set(holders) == {("user", "root"), ("slurm", "77.0"), ("k8s", POD), ("container", CONTAINER[:12])}
+
+    job = holders["slurm", "77.0"]
+    assert (job.label, job.user, job.cards, job.processes, job.gpu_memory, job.sm_util) == \
+           ("job 77.0", "root", (0, 1), 2, 20 * GIB, 120)
+    # Card 0's 300 W split by SM time (60 : 20), card 1's 200 W all the job's.
+    assert job.power_w == pytest.approx(225 + 200)
+    assert holders["k8s", POD].power_w == pytest.approx(75)
+    # Nobody computes on card 2: its power goes by memory, all to the container.
+    box = holders["container", CONTAINER[:12]]
+    assert (box.label, box.cards, box.power_w) == (f"docker:{CONTAINER[:12]}", (2,), pytest.approx(100))
+    root = holders["user", "root"]
+    assert (root.cards, root.processes, root.gpu_memory, root.power_w) == ((0, 1, 2), 4, 26 * GIB, pytest.approx(600))
+    # Held since the processes started, which was before gpumon looked.
+    assert job.held_s is not None and job.held_s >= 0
+    assert job.uuids[0] is not None and job.uuids[0].startswith("GPU-")
+    # Rows come grouped: the user first, then what runs under it.
+    assert [h.kind for h in tracker.update(sampler.collect())][0] == "user"
+
+
+def test_idle_starts_at_zero_sm_grows_and_ends_when_it_computes(held, fake_driver):
+    pids, sampler = held
+    tracker = HolderTracker()
+    first = rows(tracker.update(sampler.collect()))
+    # The container shows 0 % from the first look: idle since gpumon first saw it, never longer.
+    assert first["container", CONTAINER[:12]].idle_s == 0
+    assert first["slurm", "77.0"].idle_s is None and first["user", "root"].idle_s is None
+
+    set_load(fake_driver, pids, job_sm=0, pod_sm=20, box_sm=0)
+    time.sleep(0.3)
+    stopped = rows(tracker.update(sampler.collect()))
+    assert stopped["slurm", "77.0"].idle_s is not None
+    assert stopped["k8s", POD].idle_s is None  # it still computes, so its user does too
+    assert stopped["user", "root"].idle_s is None
+    time.sleep(0.6)
+    later = rows(tracker.update(sampler.collect()))
+    job, box = later["slurm", "77.0"], later["container", CONTAINER[:12]]
+    assert job.idle_s >= stopped["slurm", "77.0"].idle_s + 0.5
+    assert box.idle_s >= 0.9 and box.idle_s <= box.watched_s
+    assert job.idle_text() == f"idle {format_duration(job.idle_s)} holding 20G on 2 cards"
+
+    set_load(fake_driver, pids, job_sm=0, pod_sm=0, box_sm=0)
+    time.sleep(0.2)
+    everyone = rows(tracker.update(sampler.collect()))
+    # The user is idle since its last busy process (the pod) stopped: the latest of them.
+    assert 0 <= everyone["user", "root"].idle_s <= everyone["k8s", POD].idle_s + 0.01
+    assert everyone["user", "root"].idle_s < everyone["slurm", "77.0"].idle_s
+
+    set_load(fake_driver, pids, job_sm=5, pod_sm=0, box_sm=0)
+    again = rows(tracker.update(sampler.collect()))
+    assert again["slurm", "77.0"].idle_s is None and again["user", "root"].idle_s is None
+    assert again["k8s", POD].idle_s is not None
+
+
+def test_energy_is_the_power_share_over_time_and_restarts_for_a_newcomer(held, fake_driver):
+    pids, sampler = held
+    tracker = HolderTracker()
+    tracker.update(sampler.collect())
+    start = time.time()
+    time.sleep(0.5)
+    holders = rows(tracker.update(sampler.collect()))
+    elapsed = time.time() - start
+    job = holders["slurm", "77.0"]
+    assert job.energy_j == pytest.approx(425 * elapsed, rel=0.5)
+    assert holders["user", "root"].energy_j > job.energy_j
+
+    # The container leaves: its row goes, and its energy with it.
+    fake_driver.machine.procs = [p for p in fake_driver.machine.procs if p["pid"] != pids["box"]]
+    fake_driver.write()
+    time.sleep(FAKE_RELOAD_S)
+    assert ("container", CONTAINER[:12]) not in rows(tracker.update(sampler.collect()))
+
+
+def test_unknown_per_process_sm_is_not_idle_and_a_fleet_resend_is_not_counted_twice():
+    owner = ProcessOwner("slurm", "5", None, "bob")
+
+    def snapshot(at: float, sm: int | None) -> Snapshot:
+        from gpumon.model import GpuSample
+        proc = ProcessSample(pid=10, type="compute", gpu_memory=GIB, sm_util=sm, user="bob", started=900.0,
+                             owner=owner)
+        return Snapshot(time=at, host="h", backend="nvml", driver_version=None, cuda_driver_version=None,
+                        gpus=(GpuSample(index=0, uuid="GPU-x", name="A", pci_bus_id=None, power_draw=100.0,
+                                        processes=(proc,)),))
+
+    tracker = HolderTracker()
+    unknown = rows(tracker.update(snapshot(1000.0, None)))
+    assert unknown["slurm", "5"].idle_s is None and unknown["slurm", "5"].sm_util is None
+    assert unknown["slurm", "5"].held_s == pytest.approx(100)
+    tracker.update(snapshot(1010.0, 0))
+    same = tracker.update(snapshot(1010.0, 0))
+    assert rows(same)["slurm", "5"].energy_j == pytest.approx(1000)  # 100 W for 10 s, once
+    # A gap longer than gpumon watched adds nothing: it was not looking.
+    gap = rows(tracker.update(snapshot(2000.0, 0)))
+    assert gap["slurm", "5"].energy_j == pytest.approx(1000)
+    assert gap["slurm", "5"].idle_s == pytest.approx(1000)
