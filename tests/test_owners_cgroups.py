@@ -58,6 +58,9 @@ SHAPES = {
                     {}, ("k8s", uid(5), None, None)),
     "k8s-v2-docker": ("v2", f"kubepods.slice/kubepods-pod{uid(6).replace('-', '_')}.slice/docker-{hexid(6)}.scope",
                       {}, ("k8s", uid(6), None, None)),
+    # containerd told to use systemd's driver without a systemd (k3s, kind): the spec's path verbatim
+    "k8s-v2-colon": ("v2", f"system.slice/containerd.service/kubepods-burstable-pod{uid(11).replace('-', '_')}"
+                           f".slice:cri-containerd:{hexid(11)}", {}, ("k8s", uid(11), None, None)),
     # Docker and Podman: cgroupfs (v1) and systemd (v2) drivers
     "docker-v1": ("v1", f"docker/{hexid(7)}", {}, ("container", hexid(7)[:12], "llama", "docker")),
     "podman-v1": ("v1", f"libpod_parent/libpod-{hexid(8)}", {}, ("container", hexid(8)[:12], "whisper", "podman")),

@@ -24,11 +24,12 @@ _SLURM = re.compile(r"/[^/]*slurm[^/]*/(?:[^/]+/)*?job_(\d+)(?:/step_([A-Za-z0-9
 # Kubernetes: `…kubepods…` then the pod's directory: `pod<uid>` (cgroupfs driver, dashes) or
 # `kubepods-<qos>-pod<uid_with_underscores>.slice` (systemd driver; guaranteed pods have no QoS
 # level), then the container: a bare 64-hex id (cgroupfs) or `<runtime>-<id>.scope`. Static pods'
-# UIDs are 32-hex hashes without dashes.
+# UIDs are 32-hex hashes without dashes. A runtime told to use systemd's driver where no systemd
+# runs (k3s, kind) writes the cgroup path as its spec gives it: `<pod slice>:cri-containerd:<id>`.
 _UID = r"[0-9a-f]{8}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{12}"
 _POD = re.compile(
     rf"kubepods(?:[^/]*/)*?[^/]*?pod({_UID})(?:\.slice)?"
-    r"(?:/(?:(cri-containerd|crio|docker|containerd)-)?([0-9a-f]{64})(?:\.scope)?)?(?=/|$)")
+    r"(?:[/:](?:(cri-containerd|crio|docker|containerd)[-:])?([0-9a-f]{64})(?:\.scope)?)?(?=[/:]|$)")
 _K8S_RUNTIMES = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o", "docker": "docker"}
 
 # Docker and Podman outside Kubernetes: `docker-<id>.scope`, `libpod-<id>.scope` (systemd driver;
