@@ -30,6 +30,10 @@ class CardCounters:
     retired_pages_sbe: int | None = None
     retired_pages_dbe: int | None = None
     retired_pages_pending: bool | None = None
+    # Pages retired whatever the cause, and pages that could not be retired: amdgpu's bad pages
+    # (reserved, and "unable to reserve"), which it does not sort by single or double bit.
+    retired_pages_reserved: int | None = None
+    retired_pages_failed: int | None = None
     # ECC errors: volatile (since the driver loaded) and aggregate (the card's lifetime). The volatile
     # uncorrected count is GpuSample.ecc_errors_uncorrected.
     ecc_errors_corrected: int | None = None

@@ -3,7 +3,8 @@
 The rules are data: RULES below, one row per check (what it reads, the condition, the verdict,
 what is wrong, what fixes it, and where NVIDIA says so), in the spirit of DCGM's health watches
 and NVIDIA's XID catalogue. The config's `[health]` table overrides a rule's threshold, verdict
-("off" disables it) or action, and the window fatal XIDs and climbing counters are judged over:
+("off" disables it, "ok" makes it a note) or action, and the window fatal XIDs and climbing
+counters are judged over:
 
     [health]
     window = "10m"
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.counters import Health, HealthReason
+from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
 from gpumon.monitor.xid import FATAL_XIDS, XID_ACTIONS
 from gpumon.units import parse_duration
@@ -46,19 +47,31 @@ class HealthRule:
     value: str  # a name of HealthValues' fields: what the rule reads
     op: str
     threshold: float
-    verdict: str  # "warn" | "fail" | "off"
+    verdict: str  # "warn" | "fail" | "ok" (a note: said, the verdict unchanged) | "off"
     text: str  # what is wrong; {value}, {threshold}, {window} and HealthValues' fields are filled in
     action: str
-    reference: str  # where NVIDIA (or DCGM) says so
+    reference: str  # where NVIDIA (or DCGM, or the kernel) says so
+    # Other vendors' words where NVIDIA's would be wrong for their cards: (vendor, text, action).
+    vendor_words: tuple[tuple[str, str, str], ...] = ()
 
     def holds(self, value: float) -> bool:
         return _OPS[self.op](value, self.threshold)
+
+    def words(self, vendor: str) -> tuple[str, str]:
+        """(text, action) for a card of this vendor."""
+        return next(((text, action) for v, text, action in self.vendor_words if v == vendor),
+                    (self.text, self.action))
+
+
+_GONE = ("the card is gone from sysfs (unplugged, fallen off the bus, or its driver unbound)",
+         "reboot (or rescan the PCI bus); if it happens again, check its power and seating, then service (RMA)")
 
 
 RULES: tuple[HealthRule, ...] = (
     HealthRule("lost", "lost", "==", 1, "fail", "the card fell off the bus (the driver says: GPU is lost)",
                "reset the card (nvidia-smi -r) or reboot; if it happens again, check its power and seating, "
-               "then service (RMA)", "NVML GPU_IS_LOST; XID catalogue: XID 79"),
+               "then service (RMA)", "NVML GPU_IS_LOST; XID catalogue: XID 79",
+               (("amd", *_GONE), ("intel", *_GONE))),
     HealthRule("remap_pending", "remapped_rows_pending", "==", 1, "fail",
                "a row remap is pending: memory with a known bad row is still in use",
                "reset the card to apply pending row remaps (drain its jobs first)",
@@ -69,10 +82,20 @@ RULES: tuple[HealthRule, ...] = (
     HealthRule("ecc_uncorrected", "ecc_errors_uncorrected", ">", 0, "fail",
                "{value:g} uncorrectable ECC errors since the driver loaded",
                "drain and reset the card; if they come back, the card needs service (RMA)",
-               "DCGM memory watch (volatile DBE); XID catalogue: XID 48"),
+               "DCGM memory watch (volatile DBE); XID catalogue: XID 48; amdgpu RAS <block>_err_count (ue)",
+               (("amd", "{value:g} uncorrectable errors since the driver loaded (amdgpu RAS, every block)",
+                 "drain the card and reboot (amdgpu resets it after such an error); if they come back, "
+                 "the card needs service (RMA)"),)),
     HealthRule("retired_pending", "retired_pages_pending", "==", 1, "fail",
                "memory pages are waiting to be retired", "reset the card or reboot so the pages are retired",
-               "NVIDIA dynamic page retirement guide; DCGM memory watch (DCGM_FR_PENDING_PAGE_RETIREMENTS)"),
+               "NVIDIA dynamic page retirement guide; DCGM memory watch (DCGM_FR_PENDING_PAGE_RETIREMENTS); "
+               "amdgpu RAS gpu_vram_bad_pages (P)",
+               (("amd", "bad memory pages are waiting to be retired (amdgpu: pending)",
+                 "reset the card or reboot to retire the pending pages (drain its jobs first)"),)),
+    HealthRule("retire_failed", "retired_pages_failed", ">", 0, "fail",
+               "{value:g} bad memory pages could not be retired: they may still be in use",
+               "reboot so the driver retires them as it loads; if they stay unretired, the card needs service (RMA)",
+               "amdgpu RAS gpu_vram_bad_pages (F: unable to reserve)"),
     HealthRule("retired_pages", "retired_pages", ">=", 60, "fail", "{value:g} memory pages retired",
                "the card needs service (RMA): past NVIDIA's limit of retired pages",
                "DCGM_LIMIT_MAX_RETIRED_PAGES (60); NVIDIA dynamic page retirement guide"),
@@ -102,6 +125,9 @@ RULES: tuple[HealthRule, ...] = (
                "NVIDIA Fabric Manager user guide; nvmlDeviceGetGpuFabricInfo"),
     HealthRule("xid", "fatal_xid", "==", 1, "fail", "XID {xid} ({xid_words}) at {xid_time}",
                "{xid_action}", "NVIDIA XID catalogue (docs.nvidia.com/deploy/xid-errors)"),
+    # A card the backend read no counter of: said, so its "ok" is not taken for a checked one.
+    HealthRule("no_counters", "no_counters", "==", 1, "ok", "no health counters: {no_counters_words}",
+               "none possible from here: only whether the card answers is judged", "gpumon"),
 )
 
 
@@ -125,6 +151,10 @@ class HealthValues:
     fabric_not_ready: int | None = None
     fabric_words: str = ""
     fatal_xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) within the window, newest first
+    retired_pages_failed: int | None = None
+    no_counters: int | None = None  # 1: the backend could read none of the card's counters
+    no_counters_words: str = ""  # why not
+    vendor: str = "nvidia"  # whose words the reasons use (HealthRule.vendor_words)
 
 
 @dataclass(frozen=True)
@@ -181,13 +211,14 @@ def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> Health
                 raise UsageError(f"{where}: 'threshold' must be a number")
             fields["threshold"] = float(value)
         elif key == "verdict":
-            if value not in ("warn", "fail", "off"):
-                raise UsageError(f"{where}: 'verdict' must be \"warn\", \"fail\" or \"off\"")
+            if value not in ("warn", "fail", "ok", "off"):
+                raise UsageError(f"{where}: 'verdict' must be \"warn\", \"fail\", \"ok\" or \"off\"")
             fields["verdict"] = value
         elif key == "action":
             if not isinstance(value, str) or not value.strip():
                 raise UsageError(f"{where}: 'action' must be text")
-            fields["action"] = value
+            fields["action"] = value  # the site's own action, for every vendor's cards
+            fields["vendor_words"] = tuple((vendor, text, value) for vendor, text, _ in rule.vendor_words)
         else:
             raise UsageError(f"{where}: unknown key {key!r} (known: threshold, verdict, action)")
     return dataclasses.replace(rule, **fields)
@@ -204,7 +235,7 @@ def assess(values: HealthValues, settings: HealthSettings | None = None) -> Heal
         found = _xid_reasons(rule, values, settings) if rule.value == "fatal_xid" else _reason(rule, values, settings)
         if found:
             reasons += found
-            worst = "fail" if rule.verdict == "fail" or worst == "fail" else "warn"
+            worst = max(worst, rule.verdict, key=VERDICTS.index)
     return Health(worst, tuple(reasons)) if reasons else _OK
 
 
@@ -223,8 +254,9 @@ def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) ->
     if value is None or not rule.holds(float(value)):
         return []
     fill = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
-    text = rule.text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings))
-    return [HealthReason(rule.code, text, rule.action)]
+    text, action = rule.words(values.vendor)
+    text = text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings))
+    return [HealthReason(rule.code, text, action)]
 
 
 def _xid_reasons(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:

@@ -64,9 +64,12 @@ class HealthTracker:
             card.xid_version += 1
 
     def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
-             ecc_uncorrected: int | None = None) -> tuple[CardCounters | None, Health]:
+             ecc_uncorrected: int | None = None, vendor: str = "nvidia",
+             unread: str | None = None) -> tuple[CardCounters | None, Health]:
         """The card's counters (with rates) and verdict. `key`: its UUID (or "index:N"); `now`: unix
-        time of the sample; `raw`: the counters as read (None: not read, e.g. lost)."""
+        time of the sample; `raw`: the counters as read (None: not read, e.g. lost); `vendor`: whose
+        words the reasons use; `unread`: why none of the card's counters could be read (the
+        verdict says so: its "ok" then rests on the card's state alone)."""
         card = self._cards.get(key)
         if card is None:
             card = self._cards[key] = _Card()
@@ -78,14 +81,16 @@ class HealthTracker:
             card.raw = raw
             card.counters = self._with_rates(card, raw, now) if raw is not None else None
         settings = health.settings()
-        key_now = (id(card.counters), state, fabric, ecc_uncorrected, card.xid_version, id(settings))
+        key_now = (id(card.counters), state, fabric, ecc_uncorrected, card.xid_version, id(settings), vendor, unread)
         if key_now != card.key or now >= card.expires or card.verdict is None:
             card.key = key_now
-            card.verdict, card.expires = self._judge(card, state, fabric, ecc_uncorrected, now, settings)
+            card.verdict, card.expires = self._judge(card, state, fabric, ecc_uncorrected, now, settings,
+                                                     vendor, unread)
         return card.counters, card.verdict
 
     def _judge(self, card: _Card, state: str, fabric: str | None, ecc: int | None, now: float,
-               settings: health.HealthSettings) -> tuple[Health, float]:
+               settings: health.HealthSettings, vendor: str = "nvidia",
+               unread: str | None = None) -> tuple[Health, float]:
         window = settings.window_s
         with self._lock:
             xids = tuple((code, when) for code, when in card.xids if now - when < window)
@@ -106,7 +111,8 @@ class HealthTracker:
             nvlink_errors_new=_sum(self._climbed(card, "nvlink_replay_errors", now, window),
                                    self._climbed(card, "nvlink_recovery_errors", now, window)),
             throttled_hw_slowdown_pct=c.throttled_hw_slowdown_pct, fabric_not_ready=not_ready,
-            fabric_words=words, fatal_xids=xids,
+            fabric_words=words, fatal_xids=xids, retired_pages_failed=c.retired_pages_failed,
+            no_counters=int(unread is not None and state != "lost"), no_counters_words=unread or "", vendor=vendor,
         )
         expires = min((when + window for _, when in xids), default=float("inf"))
         return health.assess(values, settings), expires

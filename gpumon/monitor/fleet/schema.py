@@ -43,6 +43,7 @@ _FLOAT_FIELDS = ("power_draw", "power_limit", "stale_s", "pcie_link_speed", "pci
 _TEXT_FIELDS = ("pstate", "cpu_affinity", "vbios", "serial", "perf_level")
 # Card health (gpumon/counters.py): counters by kind, and the verdict's reasons.
 _COUNTER_INTS = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "retired_pages_sbe", "retired_pages_dbe",
+                 "retired_pages_reserved", "retired_pages_failed",
                  "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
                  "pcie_replay_counter", "memory_temperature", "memory_temperature_max", "nvlink_tx", "nvlink_rx",
                  "nvlink_tx_total", "nvlink_rx_total", "nvlink_crc_flit_errors", "nvlink_crc_data_errors",

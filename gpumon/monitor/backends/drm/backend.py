@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
-from gpumon.monitor.backends.drm import amdgpu, intel
+from gpumon.monitor.backends.drm import amdgpu, intel, ras
 from gpumon.monitor.backends.drm.fdinfo import COMPUTE_ENGINES, ClientUse, DrmClients
 from gpumon.monitor.backends.drm.hwmon import Hwmon, find_hwmon
 from gpumon.monitor.backends.drm.names import PCI_IDS, card_name
@@ -58,6 +58,7 @@ class DrmBackend:
         self.host = socket.gethostname()
         self.cards: list[_Card] = []
         self.clients = DrmClients(procfs=procfs, sysfs=sysfs, clock=clock)
+        self.ras = ras.RasHealth(clock)  # each card's health counters and verdict
         self._discover_at = 0.0
         self._discover()
 
@@ -88,7 +89,8 @@ class DrmBackend:
         uses: dict[str, list[ClientUse]] = {}
         for use in self.clients.read():
             uses.setdefault(use.pci_address, []).append(use)
-        gpus = tuple(self._card(card, uses.get(card.node.pci_address, [])) for card in self.cards)
+        gpus = tuple(self.ras.judge(card.node, self._card(card, uses.get(card.node.pci_address, [])))
+                     for card in self.cards)
         return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=None,
                         cuda_driver_version=None, gpus=gpus)
 
