@@ -6,6 +6,7 @@ Documentation/gpu/drm-usage-stats.rst, the i915/xe sysfs and hwmon ABI, hwmon/sy
     <sys>/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0/   the card's PCI device
         vendor device class subsystem_* numa_node local_cpulist driver -> <sys>/bus/pci/drivers/amdgpu
         power/runtime_status  current_link_speed ... gpu_busy_percent mem_info_* pp_dpm_* unique_id ...
+        ras/{features,umc_err_count,...,gpu_vram_bad_pages}   (boards with RAS: Instinct)
         hwmon/hwmon3/{name,temp1_input,temp1_label,power1_average,...}
         drm/card1/{device -> ../.., gt/gt0/...}   drm/renderD128/device -> ../..
     <sys>/class/drm/card1 -> ../../devices/.../drm/card1
@@ -45,6 +46,13 @@ MI210 = {
     "product_name": "AMD Instinct MI210", "serial_number": "692231000131",
     "power_dpm_force_performance_level": "auto", "power/runtime_status": "active",
 }
+# Its RAS files (drivers/gpu/drm/amd/amdgpu/amdgpu_ras.c, Documentation/gpu/amdgpu/ras.rst): the
+# blocks with RAS on (mask bits by ras_block_string: umc 0, sdma 1, gfx 2, mmhub 3, pcie_bif 5,
+# hdp 6, xgmi_wafl 7), an error count file each, and the bad pages (none yet). A Radeon has no ras/.
+RAS_BLOCKS = ("umc", "sdma", "gfx", "mmhub", "pcie_bif", "hdp", "xgmi_wafl")
+MI210_RAS = {"ras/features": "feature mask: 0xef", **{f"ras/{block}_err_count": "ue: 0\nce: 0" for block in RAS_BLOCKS},
+             "ras/gpu_vram_bad_pages": ""}
+MI210.update(MI210_RAS)
 MI210_HWMON = {
     "name": "amdgpu", "temp1_input": "45000", "temp1_label": "edge", "temp2_input": "52000", "temp2_label": "junction",
     "temp3_input": "48000", "temp3_label": "mem", "power1_average": "123000000", "power1_cap": "300000000",
@@ -174,6 +182,7 @@ class FakeSysfs:
         keep = {"vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node", "local_cpulist"}
         fifos = []
         files = [p for p in card.device.iterdir() if p.is_file() and not p.is_symlink() and p.name not in keep]
+        files += [p for p in (card.device / "ras").iterdir()] if (card.device / "ras").is_dir() else []
         files += [p for p in card.hwmon.iterdir()] if card.hwmon else []
         for path in files:
             path.unlink()
@@ -191,7 +200,12 @@ class FakeSysfs:
 
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    path.write_text(text if text.endswith("\n") or not text else text + "\n")  # an empty file stays empty
+
+
+def bad_page(pfn: int, flag: str) -> str:
+    """A line of gpu_vram_bad_pages: "gpu pfn : gpu page size : flags" (R reserved, P pending, F failed)."""
+    return f"0x{pfn:08x} : 0x{4096:08x} : {flag}\n"
 
 
 def amdgpu_fdinfo(address: str, client: int, vram_kib: int, gfx_ns: int = 0, compute_ns: int = 0,
