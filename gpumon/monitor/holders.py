@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.model import FleetSnapshot, ProcessSample, Snapshot
+from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
 from gpumon.units import format_bytes, format_duration
 
 # Rows: users, and the jobs, pods and containers inside them. A systemd unit is only where a
@@ -82,6 +82,23 @@ def holder_keys(p: ProcessSample) -> list[tuple[str, str, str, str | None]]:
     if owner is not None and owner.kind in HOLDER_KINDS and owner.kind != "user":
         keys.append((owner.kind, owner.id, owner.label, user))
     return keys
+
+
+def card_holder(gpu: GpuSample) -> str | None:
+    """Who holds the card, when one job, pod or container holds all of it: the source's name for it
+    (dcgm-exporter's pod), else the one owner of all its processes."""
+    if gpu.owner:
+        return gpu.owner
+    found = None
+    for p in gpu.processes:
+        owner = p.owner
+        if owner is None or owner.kind not in HOLDER_KINDS or owner.kind == "user":
+            return None
+        if found is None:
+            found = owner
+        elif (owner.kind, owner.id) != (found.kind, found.id):
+            return None
+    return found.label if found is not None else None
 
 
 class _Sum:
@@ -161,7 +178,7 @@ class HolderTracker:
         """Every host's holders whose last snapshot is a reading (live or stale), host by host."""
         out: list[Holder] = []
         for status in fleet.hosts:
-            if status.snapshot is not None and status.state in ("ok", "stale"):
+            if status.snapshot is not None and status.state in ("live", "stale"):
                 out.extend(self.update(status.snapshot, status.host))
         return tuple(out)
 

@@ -22,11 +22,13 @@ from gpumon.alerting.rules import Rule, missing_cards
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
 from gpumon.monitor.backends import Backend
+from gpumon.monitor.holders import Holder, HolderTracker
 from gpumon.monitor.recording import Recorder
 from gpumon.monitor.sampler import Sampler
 from gpumon.monitor.xid import XidListener
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.screens.main import MainScreen
+from gpumon.tui.screens.users import UsersScreen
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,10 @@ class GpumonApp(BaseApp):
         self.sample_count = sample_count
         self._cards_checked = False
         self._xid_listener: XidListener | None = None
+        # Who holds the cards, fed every reading from the start: idle time counts before `u` is pressed.
+        self.holders = HolderTracker()
+        self.holding: tuple[Holder, ...] = ()
+        self.users_screen: UsersScreen | None = None
         opening = sampler.backend is None
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
@@ -98,6 +104,7 @@ class GpumonApp(BaseApp):
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         self._check_link()
+        self.holding = self.holders.update(snapshot)
         if not snapshot.stale and not self._cards_checked:  # rules naming cards that do not exist
             self._cards_checked = True
             if problem := missing_cards(self.engine.rules, snapshot):
@@ -115,10 +122,24 @@ class GpumonApp(BaseApp):
             self.main_screen.alerts = self.engine.firing()
         if self.main_screen.is_attached and self._redraw_due():
             self.main_screen.show_snapshot(snapshot)
+            if self.users_screen is not None and self.screen is self.users_screen:
+                self.users_screen.show_latest()
 
     def refresh_view(self) -> None:
         if self.sampler.latest is not None and self.main_screen.is_attached:
             self.main_screen.show_snapshot(self.sampler.latest)
+
+    def open_users(self, host: str | None = None) -> None:
+        """`u`: who holds the cards (one screen, kept: its sort and filter stay for the next time)."""
+        if self.users_screen is None:
+            self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}")
+            self.install_screen(self.users_screen, "users")
+        if self.screen is not self.users_screen:
+            self.push_screen("users")
+
+    def host_name(self) -> str:
+        latest = self.sampler.latest
+        return latest.host if latest is not None else "this machine"
 
     def on_unmount(self) -> None:
         self.sampler.stop()

@@ -23,11 +23,13 @@ from gpumon.jobs.across_hosts import choose_across
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.monitor.fleet import Fleet
+from gpumon.monitor.holders import Holder, HolderTracker
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
 from gpumon.tui.screens.fleet import FleetScreen
 from gpumon.tui.screens.fleet_jobs import FleetJobsScreen
 from gpumon.tui.screens.host import HostScreen
+from gpumon.tui.screens.users import UsersScreen
 
 QUIT_WAIT_S = 3.0  # for the hosts' streams to close (each ends its remote side) before leaving
 
@@ -47,6 +49,12 @@ class FleetApp(BaseApp):
         # picked a moment ago, not card 0.
         self.card_choice: dict[str, int] = {}
         self._runner = None
+        # Who holds the cards of every host, fed by each host's readings as they come (what
+        # `update_fleet` does for a whole fleet snapshot, one host at a time: O(1) hosts a report).
+        self.holders = HolderTracker()
+        self.holding: dict[str, tuple[Holder, ...]] = {}
+        self.users_screen: UsersScreen | None = None
+        self._users_due = False
 
     def first_screen(self) -> Screen:
         return self.overview
@@ -56,6 +64,11 @@ class FleetApp(BaseApp):
         self._runner = self.run_worker(self.fleet.run(), name="fleet", group="fleet")
 
     def _on_host(self, status: HostStatus) -> None:
+        if status.snapshot is not None and status.state in ("live", "stale"):
+            self.holding[status.host] = self.holders.update(status.snapshot, status.host)
+        else:  # away: who held its cards is no longer known
+            self.holding.pop(status.host, None)
+        self._users_due = True
         self.overview.host_changed(status)
         screen = self.host_screen
         if screen is not None and screen.host == status.host and screen.is_attached:
@@ -82,6 +95,28 @@ class FleetApp(BaseApp):
         if self.host_screen is screen:
             self.host_screen = None
         self.overview.table.select_host(screen.host)
+
+    # -- who holds the cards --
+
+    def open_users(self, host: str | None = None) -> None:
+        """`u`: every host's holders (from a host's view: that host's)."""
+        def holders() -> tuple[Holder, ...]:
+            if host is not None:
+                return self.holding.get(host, ())
+            return tuple(h for name in self.fleet.names for h in self.holding.get(name, ()))
+
+        self.users_screen = UsersScreen(holders, hosts=host is None,
+                                        title=f"Users · {host}" if host else "Users · every host")
+        self.push_screen(self.users_screen)
+
+    def _draw_users(self) -> None:
+        """Hosts' readings arrive spread over the interval: the view is drawn with all of them, each second."""
+        if self._users_due and self.users_screen is not None and self.screen is self.users_screen:
+            self._users_due = False
+            self.users_screen.show_latest()
+
+    def on_mount(self) -> None:  # BaseApp's on_mount runs too (Textual calls every class's handler)
+        self.set_interval(1.0, self._draw_users)
 
     # -- launching from the overview --
 

@@ -59,7 +59,8 @@ _TRAINING = [
     _JobSpec(0, 48213, "alice", "python train.py --model llama-7b --batch-size 32", 61.5, 0.95, owner=_SLURM_JOB),
     _JobSpec(1, 48214, "alice", "python train.py --model llama-7b --batch-size 32 --rank 1", 60.8, 0.93,
              owner=_SLURM_JOB),
-    _JobSpec(2, 51877, "bob", "jupyter-kernel --ip=127.0.0.1 -f kernel-3a1f.json", 9.2, 0.12,
+    # A notebook kernel holding memory while nobody computes: the users view's idle holder.
+    _JobSpec(2, 51877, "bob", "jupyter-kernel --ip=127.0.0.1 -f kernel-3a1f.json", 9.2, 0.0,
              owner=ProcessOwner("user", "bob", None, "bob")),
     _JobSpec(2, 52904, "carol", "python -m vllm.entrypoints.openai.api_server --model mistral-7b", 34.0, 0.55,
              owner=ProcessOwner("container", "3f2a9c0d1e2b", "vllm-mistral", "carol", "docker")),

@@ -35,7 +35,7 @@ from gpumon.tui.wire.compositor import use_lean_compositor
 FRAME_S = 0.25  # how often the hosts that changed are drawn
 BEHIND_OVERLAY_S = 5.0
 # Letters that are commands on this screen; any other letter or digit jumps to a host.
-RESERVED = "qorROJ"
+RESERVED = "qorROJu"
 
 
 class FleetStatusLine(PartialRefresh, Widget):
@@ -59,6 +59,7 @@ class FleetScreen(Screen):
         Binding("r", "run", "Run on its freest card"),
         Binding("R", "run_anywhere", "Run on the best free card", show=False),
         Binding("J", "jobs", "Jobs"),
+        Binding("u", "users", "Users"),
     ]
 
     def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.time) -> None:
@@ -81,7 +82,7 @@ class FleetScreen(Screen):
         yield FleetStatusLine(id="fleet-status")
         with TableFrame(id="host-frame") as frame:
             frame.border_title = f"Hosts · {len(self.fleet.names)}"
-            frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs"
+            frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs · u users"
             yield self.table
         yield Field(placeholder="filter hosts: name, state, note, health (Esc clears)", id="fleet-filter")
         yield Static(Text(LEGEND), id="fleet-legend")
@@ -244,3 +245,6 @@ class FleetScreen(Screen):
 
     def action_jobs(self) -> None:
         self.app.open_jobs()
+
+    def action_users(self) -> None:
+        self.app.open_users()

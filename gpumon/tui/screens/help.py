@@ -27,6 +27,11 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("i", "interrupt it (SIGINT), after a confirmation"),
         ("e", "show its environment (CUDA_VISIBLE_DEVICES, …) where readable"),
     ]),
+    ("Users (u)", [
+        ("u", "who holds the cards: each user with its Slurm jobs, pods and containers; cards, memory, SM%, "
+              "power share, energy, time held, and idle time (! marks a holder idle: 0% SM); u, Esc or q back"),
+        ("s  S  /", "in the users view: sort (who, idle, memory, SM%, power, energy, held) / reverse / filter"),
+    ]),
     ("App", [
         ("!", "alerts firing now and recent alert events"),
         ("c", "next colour theme"),
@@ -52,6 +57,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("r  R", "run on the selected host's least loaded free card / the fleet's; in a host's view: on its "
                  "selected card (its gpumon launches, pins and limits the job there)"),
         ("J", "the jobs of every host, with its log following; s stops the selected one there"),
+        ("u", "who holds the cards on every host (a HOST column); in a host's view, on that host"),
     ]),
 ]
 

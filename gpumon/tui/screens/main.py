@@ -64,6 +64,7 @@ class MainScreen(CardActions, Screen):
         Binding("r", "run", "Run here"),
         Binding("m", "mem_limit", "Mem limit", show=False),
         Binding("J", "jobs", "Jobs"),
+        Binding("u", "users", "Users"),
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
@@ -304,6 +305,10 @@ class MainScreen(CardActions, Screen):
         gpu = self.selected_gpu
         if gpu is not None:
             self.app.push_screen(HealthScreen(gpu))
+
+    def action_users(self) -> None:
+        """Who holds the cards: users, jobs, pods, containers, and who holds them idle."""
+        self.app.open_users(getattr(self, "host", None))
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)

@@ -20,6 +20,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpumon.model import GpuSample
+from gpumon.monitor.holders import card_holder
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_segments
 from gpumon.tui.widgets.whole_lines import draw_whole_lines
 from gpumon.units import format_bytes
@@ -53,6 +54,9 @@ def bar(fraction: float | None, width: int) -> tuple[str, str]:
 def has_verdict(gpu: GpuSample) -> bool:
     """Does the card's panel show WARN or FAIL (a LOST card's badge says it already)?"""
     return gpu.health is not None and gpu.health.verdict != "ok" and gpu.state != "lost"
+
+
+OWNER_CELLS = 32  # a longer owner (a pod's name) is cut with …
 
 
 def short_name(name: str) -> str:
@@ -194,14 +198,21 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         if gpu.mig_devices:
             right.append(f"  MIG×{len(gpu.mig_devices)}")
         badge = self._verdict(gpu) + self._badge(gpu)
-        # Widths in cells. A long name is cut with … to leave room for the identifiers; when even
-        # a short name does not fit beside them, they are dropped.
-        room = width - title.cell_len - right.cell_len - badge.cell_len - 1
+        holder = card_holder(gpu)
+        owner = Text(f"  {holder}" if holder else "", style=self._style("mark"))
+        owner.truncate(OWNER_CELLS + 2, overflow="ellipsis")
+        # Widths in cells. A long name is cut with … to leave room for the owner and the identifiers;
+        # when even a short name does not fit beside them, the identifiers are dropped, then the owner.
+        room = width - title.cell_len - owner.cell_len - right.cell_len - badge.cell_len - 1
         if room < min(name.cell_len, MIN_NAME_CELLS):
             right = Text()
+            room = width - title.cell_len - owner.cell_len - badge.cell_len - 1
+        if room < min(name.cell_len, MIN_NAME_CELLS):
+            owner = Text()
             room = width - title.cell_len - badge.cell_len - 1
         name.truncate(max(1, room), overflow="ellipsis")
         title.append_text(name)
+        title.append_text(owner)
         gap = max(1, width - title.cell_len - right.cell_len - badge.cell_len)
         line = title + Text(" " * gap) + right + badge
         line.truncate(width)

@@ -1,0 +1,160 @@
+"""`u`: who is using the cards — one row per user, with its Slurm jobs, pods and containers under
+it: cards held, memory, SM %, power share, energy, how long held, how long idle — and a line at the
+top naming the holders that hold cards idle.
+
+The app keeps one HolderTracker fed with every reading from its start (monitor/holders.py), so
+idle time counts before the view is opened; the view asks `source()` for the holders of the
+latest reading each time the app says there is one (`show_latest`), and repaints only what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.events import ScreenResume
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Input
+
+from gpumon.monitor.holders import Holder
+from gpumon.sanitize import printable
+from gpumon.tui.widgets.field import Field
+from gpumon.tui.widgets.holder_table import HolderTable
+from gpumon.tui.widgets.line_table import TableFrame
+from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh
+from gpumon.tui.wire.compositor import use_lean_compositor
+
+
+def idle_holders(holders: tuple[Holder, ...]) -> list[Holder]:
+    """The holders to name as idle: idle users, and idle jobs/pods/containers of users who compute
+    elsewhere (an idle user's jobs are idle too: naming the user says it)."""
+    idle_users = {(h.host, h.user) for h in holders if h.kind == "user" and h.idle}
+    return [h for h in holders if h.idle and (h.kind == "user" or (h.host, h.user) not in idle_users)]
+
+
+def summary(holders: tuple[Holder, ...], hosts: bool = False) -> tuple[str, str]:
+    """(the idle part, the rest) of the line above the table: "2 holders idle: alice idle 2h12m
+    holding 40G on 2 cards; job 77.0 (bob) idle 3m holding 20G on 2 cards", and how many hold cards."""
+    users = sum(1 for h in holders if h.kind == "user")
+    others = len(holders) - users
+    counts = f"{users} user{'s' if users != 1 else ''}"
+    if others:
+        counts += f", {others} job{'s' if others != 1 else ''}/pod{'s' if others != 1 else ''}/container" \
+                  + ("s" if others != 1 else "")
+    idle = idle_holders(holders)
+    if not holders:
+        return "", "nobody holds a card"
+    if not idle:
+        return "", f"nobody holds a card idle · {counts} hold cards"
+    named = []
+    for h in idle:
+        who = printable(h.label) + ("" if h.kind == "user" else f" ({printable(h.user or '?')})")
+        named.append((f"{printable(h.host)}: " if hosts else "") + f"{who} {h.idle_text()}")
+    head = f"{len(idle)} holder{'s' if len(idle) != 1 else ''} idle: "
+    return head + "; ".join(named), f" · {counts}"
+
+
+class UsersLine(CachedStyles, PartialRefresh, Widget):
+    STYLE_PREFIX = "users-line--"
+    COMPONENT_CLASSES = {"users-line--idle", "users-line--muted"}
+
+    def show(self, idle: str, rest: str) -> None:
+        text = Text(" ")
+        text.append(idle, style=self._style("idle"))
+        text.append(rest, style=self._style("muted"))
+        width = self.size.width
+        if width:
+            text.truncate(width, overflow="ellipsis")
+            self.show_lines([text], width)  # usually the few digits of an idle time
+
+    def render(self) -> Text:
+        return self.shown[0] if self.shown else Text(" reading…")
+
+
+class UsersScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        Binding("u,q", "close", "Back", show=False),
+        Binding("slash", "filter", "Filter"),
+    ]
+
+    def __init__(self, source: Callable[[], tuple[Holder, ...]], hosts: bool = False, title: str = "Users") -> None:
+        """`source`: the holders of the latest reading; `hosts`: a HOST column (the fleet)."""
+        super().__init__()
+        use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
+        self.source = source
+        self.hosts = hosts
+        self.title_text = title
+        self.table = HolderTable(hosts=hosts, id="holders")
+        self._frame_title = ""
+
+    def compose(self) -> ComposeResult:
+        self.line = UsersLine(id="users-line")
+        yield self.line
+        with TableFrame(id="holders-frame") as self.frame:
+            self.frame.border_subtitle = "s sort · / filter · Esc back"
+            yield self.table
+        yield Field(placeholder="filter: user, job, pod, container" + (", host" if self.hosts else "")
+                    + " (Esc clears)", id="users-filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#users-filter").display = False
+        self.table.focus()
+        self.call_after_refresh(self.show_latest)
+
+    def on_screen_resume(self, event: ScreenResume) -> None:
+        self.show_latest()
+
+    def show_latest(self) -> None:
+        """The holders of the latest reading, on screen."""
+        if not self.is_attached or not self.table.is_attached:
+            return
+        holders = self.source()
+        self.table.show(holders)
+        self.line.show(*summary(holders, self.hosts))
+        self._show_title()
+
+    def _show_title(self) -> None:
+        table = self.table
+        title = f"{self.title_text} · {table.row_count} rows"
+        if table.filter_text:
+            title += f" · filter “{table.filter_text}”"
+        if title != self._frame_title:  # setting it repaints the whole frame
+            self._frame_title = title
+            self.frame.border_title = Text(printable(title))  # a host's name, what was typed: never markup
+
+    # -- keys --
+
+    def action_close(self) -> None:
+        self.app.pop_screen()
+
+    def action_back(self) -> None:
+        """Esc: clears a filter first, then goes back."""
+        box = self.query_one("#users-filter", Input)
+        if box.display or box.value:
+            box.value = ""
+            box.display = False
+            self.table.focus()
+            return
+        self.action_close()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#users-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.table.set_filter(event.value.strip())
+        self._show_title()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            event.input.display = False
+        self.table.focus()
+
+    def on_holder_table_sort_changed(self, message: HolderTable.SortChanged) -> None:
+        self._show_title()
