@@ -136,7 +136,8 @@ def test_fabric_is_exported_like_dcgm_exporter(fake_driver):
     values = {line.split('gpu="')[1].split('"')[0]: line.rsplit(" ", 1)[1]
               for line in text.splitlines() if line.startswith("DCGM_FI_DEV_FABRIC_MANAGER_STATUS{")}
     assert values == {"0": "3.0", "1": "1.0", "2": "2.0", "3": "4.0", "4": "3.0"}  # none for the PCIe card
-    assert rule_expr(parse_rule("fabric on 1")) == 'DCGM_FI_DEV_FABRIC_MANAGER_STATUS{gpu=~"1"} != 3'
+    assert rule_expr(parse_rule("fabric on 1")) == \
+        'max without (hpc_job, pod, namespace, container) (DCGM_FI_DEV_FABRIC_MANAGER_STATUS{gpu=~"1"} != 3)'
 
 
 def test_exported_fabric_rule_is_valid_promql(fake_driver, tmp_path):

@@ -54,7 +54,8 @@ def test_exposition_parses_with_promtool():
                  "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS",
                  "gpumon_gpu_lost", "gpumon_process_gpu_memory_bytes"):
         assert f"\n{name}{{" in body or body.startswith(f"{name}{{"), name
-    assert 'gpumon_gpu_lost{Hostname=' in body and 'gpu="2",modelName="NVIDIA A100-SXM4-80GB",pci_bus_id' in body
+    assert 'gpumon_gpu_lost{Hostname=' in body
+    assert 'gpu="2",hpc_job="",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id' in body
     # The lost card exports no stale readings, only its lost flag.
     assert 'DCGM_FI_DEV_GPU_TEMP{Hostname="%s",UUID="%s"' % (latest.host, latest.gpus[2].uuid) not in body
 
@@ -63,7 +64,8 @@ def test_framebuffer_in_mib_like_dcgm_exporter():
     latest = DemoBackend().sample()
     body = exposition(GpumonCollector(lambda: latest)).decode()
     used = latest.gpus[0].memory_used / (1 << 20)
-    assert f'gpu="0",modelName="NVIDIA A100-SXM4-80GB",pci_bus_id="00000000:07:00.0",vendor="nvidia"}} {used}' in body
+    assert (f'gpu="0",hpc_job="4242",modelName="NVIDIA A100-SXM4-80GB",namespace="",pci_bus_id="00000000:07:00.0",'
+            f'pod="",vendor="nvidia"}} {used}') in body  # the demo's card 0 is Slurm job 4242's
 
 
 RULES = ["temp > 85 for 30s", "throttle thermal on 0,1", "power > 90%", "mem >= 95% for 1m", "lost", "xid",

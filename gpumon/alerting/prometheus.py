@@ -3,8 +3,9 @@ alerting-rules file.
 
 Metric names follow dcgm-exporter 3.x (the `DCGM_FI_DEV_*` fields of its default counters file,
 framebuffer sizes in MiB) with its labels `gpu`, `UUID`, `device`, `modelName`, `Hostname`,
-`pci_bus_id`, so dashboards and rules written for dcgm-exporter work unchanged. gpumon's own
-metrics are prefixed `gpumon_`.
+`pci_bus_id`, so dashboards and rules written for dcgm-exporter work unchanged, and its `hpc_job`,
+`pod`, `namespace`, `container` for who holds the card (prometheus_owners) on every reading of a
+card and every process. gpumon's own metrics are prefixed `gpumon_`.
 
 XIDs are events: `DCGM_FI_DEV_XID_ERRORS` keeps dcgm-exporter's meaning (the last XID's code, for
 dashboards), and `gpumon_xid_last_timestamp_seconds{..., xid="CODE"}` is the unix time of the
@@ -26,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.alerting.prometheus_health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_rule_expr, health_value
+from gpumon.alerting.prometheus_owners import OWNER_LABELS, card_labels, process_labels
 from gpumon.alerting.rules import AlertEngine, Rule
 from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
@@ -70,8 +72,8 @@ GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
     ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
 ]
 # `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
-# is "amd4", "intel5" where NVIDIA's is "nvidia0").
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor"]
+# is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
@@ -139,7 +141,8 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
     """The exposition of these hosts' cards. `per_host`: the series that are not about one card
     (sample age, rules firing) get a Hostname label too, as one exporter speaks for many hosts."""
     labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"{g.vendor}{g.index}", g.name, r.host,
-                                  g.pci_bus_id or "", g.vendor] for r in readings for g in r.snapshot.gpus}
+                                  g.pci_bus_id or "", g.vendor, *card_labels(g)]
+              for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
     for name, doc, read in GAUGES + HEALTH_GAUGES:
         family = GaugeMetricFamily(name, doc, labels=LABELS)
@@ -197,13 +200,13 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         yield firing
     if processes:
         procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
-                                  labels=["gpu", "UUID", "Hostname", "pid", "user", "name"])
+                                  labels=["gpu", "UUID", "Hostname", "pid", "user", "name", *OWNER_LABELS])
         for r, g, _ in cards:
             for p in g.processes:
                 if p.gpu_memory is not None:
                     name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
-                    procs.add_metric([str(g.index), g.uuid or "", r.host, str(p.pid), p.user or "?", name],
-                                     float(p.gpu_memory))
+                    procs.add_metric([str(g.index), g.uuid or "", r.host, str(p.pid), p.user or "?", name,
+                                      *process_labels(p.owner)], float(p.gpu_memory))
         yield procs
 
 
@@ -281,6 +284,13 @@ def _codes_regex(codes: list[int]) -> str:
 
 
 def rule_expr(rule: Rule) -> str:
+    """The rule in PromQL, per card: who holds the card (the owner labels) is left out, so an alert
+    is the card's, as gpumon's own are, and goes on firing when the job on the card changes (a job
+    that a fatal XID or a lost card ends would otherwise resolve its alert and start another)."""
+    return f"max without ({', '.join(OWNER_LABELS)}) ({_card_expr(rule)})"
+
+
+def _card_expr(rule: Rule) -> str:
     sel = "" if rule.gpus is None else '{gpu=~"' + "|".join(str(i) for i in sorted(rule.gpus)) + '"}'
     if rule.metric == "xid":
         return _xid_expr(rule)
