@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.monitor.fleet import Fleet
-from gpumon.monitor.sampler import Sampler
+from gpumon.monitor.sampler import Sampler, card_wait
 from gpumon.monitor.verdicts import fleet_health_document, health_document
 from gpumon.monitor.xid import XidListener
 from gpumon.web.view import fleet_view, local_view
@@ -101,12 +103,24 @@ class LocalCards:
         if XidListener.available(backend):
             self._xids = XidListener(backend, lambda *_: None)
             self._xids.start(asyncio.get_running_loop())
-        await self.sampler.run()
+        try:
+            await self.sampler.run()
+        finally:
+            await asyncio.to_thread(_let_passes_end, card_wait(self.sampler.interval) + 1.0)
 
     def stop(self) -> None:
         self.sampler.stop()
         if self._xids is not None:
             self._xids.stop()
+
+
+def _let_passes_end(timeout: float) -> None:
+    """A pass still reading the cards when sampling stops may end first (bounded): the backend is
+    closed next, and a pass cut off by the driver's shutdown would say that the driver is gone."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name == "gpumon-sample":
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class FleetCards:

@@ -32,6 +32,7 @@ KEEPALIVE_S = 15.0  # a comment line when nothing new came: proxies keep the str
 WRITE_TIMEOUT_S = 30.0  # a page that reads nothing for this long is dropped
 MAX_STREAMS = 256  # open pages; more are told to come back later (503)
 SHUTDOWN_S = 2.0
+FIRST_READING_S = 5.0  # how long /api/* waits for the first reading before it says 503
 
 
 class Cards(Protocol):
@@ -63,6 +64,9 @@ def make_app(cards: Cards, feed: Feed, token: str | None, local_names: set[str],
     def document(read):
         async def handler(request: web.Request) -> web.Response:
             doc = read()
+            if doc is None:  # just started: the first reading is a moment away
+                await feed.wait(0, FIRST_READING_S)
+                doc = read()
             if doc is None:
                 return web.Response(status=503, text="gpumon serve: no reading yet, try again in a moment\n",
                                     headers={"Retry-After": "1"})
