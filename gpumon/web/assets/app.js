@@ -82,7 +82,7 @@
     facts.append(el("dt", null, "temp"), el("dd", "temp", na(card.temp, " \u00b0C")),
       el("dt", null, "power"), el("dd", "power", card.power || "N/A"));
     node.append(facts);
-    node.append(el("p", "owner", card.owner ? `held by ${card.owner}` : "no one holds it"));
+    if (card.state === "ok" || card.owner) node.append(el("p", "owner", card.owner ? `held by ${card.owner}` : "no one holds it"));
     if (card.reasons.length) {
       const reasons = el("ul", "reasons");
       for (const reason of card.reasons) reasons.append(el("li", null, reason));
