@@ -99,6 +99,8 @@ def test_the_configs_token_file_and_tls(fake_driver, tmp_path):
             assert response.status == 200 and json.loads(response.read())["verdict"] == "ok"
     assert not (Path(os.environ["XDG_STATE_HOME"]) / "gpumon" / "serve-token").exists()
 
+    (tmp_path / "token").write_text("short\n")
+    one_line_error(fake_driver.run("serve", "--config", str(config)), "token file", "at least 16")
     config.write_text('[serve]\ntls_cert = "missing.pem"\ntls_key = "key.pem"\n')
     one_line_error(fake_driver.run("serve", "--config", str(config)), "missing.pem")
     config.write_text('[serve]\ntls_cert = "key.pem"\ntls_key = "cert.pem"\n')
