@@ -20,6 +20,9 @@ Then the slow-card behaviour: one card whose every driver call takes 1.5 s (a ca
 a driver whose nvmlInit takes 3 s: how long `snapshot --timeout 2` takes, how often the healthy
 cards update in `watch` meanwhile, and when the TUI draws its first frame and the cards.
 
+Last, `gpumon serve`: the web page's server CPU with no page, 1 and 50 pages open
+(benchmarks/web_viewers.py).
+
 Tools: gpumon (TUI), gpumon watch, a plain nvidia-ml-py + psutil loop (the floor any Python monitor
 pays), and nvitop when it is installed (`pip install nvitop`). Results are printed, not asserted.
 
@@ -345,6 +348,11 @@ def main() -> None:
                           f"{sorted(settled)[len(settled) // 2]:.1f} s, max {max(lags):.1f} s (first {lags[0]:.1f} s); "
                           + quit_text)
         slow_card(work, lib, args.python, args.cards)
+        if not args.tools or "gpumon serve" in args.tools:
+            from web_viewers import web_cost  # the web page's server with 1 and 50 pages open
+
+            web_cost(work, lib, args.python, args.cards, [p.pid for p in pool[:args.processes[0]]],
+                     min(args.seconds, 30))
     finally:
         for p in pool:
             p.kill()

@@ -34,6 +34,12 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     podman_dir = "/host/var/lib/containers/storage"
     job_map_dir = "/run/gpu-jobs"     # a file per card (index or UUID) with its jobs, from the prolog
 
+    [serve]                           # `gpumon serve`, the web page
+    listen = "0.0.0.0:8080"           # default 127.0.0.1:8080 (beyond loopback a token is required)
+    token_file = "~/.config/gpumon/serve-token"   # the access token (default: generated, in the state dir)
+    tls_cert = "/etc/gpumon/cert.pem"             # HTTPS with this certificate
+    tls_key = "/etc/gpumon/key.pem"               # and its key
+
     [health]                  # the card health rules (gpumon/monitor/health.py checks this table)
     window = "10m"
     [health.rules.pcie_replays]
@@ -64,6 +70,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
     "paths": {"sysfs": (str,), "procfs": (str,)},
     "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
+    "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
 }
 
 
@@ -92,6 +99,10 @@ class Config:
     path_sysfs: str | None = None  # [paths]: where /sys and /proc are (AMD and Intel cards, processes)
     path_procfs: str | None = None
     health: dict = field(default_factory=dict)  # the [health] table, as written
+    serve_listen: str | None = None  # [serve]: the web page's address, and (paths, ~ expanded,
+    serve_token_file: str | None = None  # relative to the config file's folder) its token and TLS files
+    serve_tls_cert: str | None = None
+    serve_tls_key: str | None = None
 
 
 def default_path() -> Path:
@@ -173,4 +184,12 @@ def load_config(path: str | None = None) -> Config:
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     paths = data.get("paths", {})
     config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None
+    serve = data.get("serve", {})
+    config.serve_listen = serve.get("listen") or None
+    config.serve_token_file, config.serve_tls_cert, config.serve_tls_key = (
+        str(file.parent / Path(serve[key]).expanduser()) if serve.get(key) else None
+        for key in ("token_file", "tls_cert", "tls_key"))
+    if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
+        raise bad("tls_cert" if config.serve_tls_cert else "tls_key",
+                  "[serve] needs both tls_cert and tls_key (the certificate and its private key)")
     return config

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Render the SVG screenshots in screenshots/ from the demo backend, at fixed sizes and time.
 
-Run from the repo root after any UI change: `python scripts/screenshots.py`. The scenes are
+Run from the repo root after any UI change: `python scripts/screenshots.py` (it also makes the
+web page's PNGs: scripts/web_screenshots.py). The scenes are
 defined in gpumon/tui/showcase.py; tests/test_screenshots.py fails when a file here is out of date.
 """
 
@@ -39,6 +40,10 @@ async def main() -> None:
         for name, options, size, keys in SHOTS:
             await render(name, options, size, keys, out)
             print(f"screenshots/{name}")
+    from web_screenshots import render as render_web  # gpumon serve's page, in Chromium
+
+    for path in render_web(out):
+        print(f"screenshots/{path.name}")
 
 
 if __name__ == "__main__":

@@ -26,15 +26,14 @@ from typing import Any
 import platformdirs
 
 from gpumon.cli.common import fleet_requested, load_settings, open_source
-from gpumon.counters import Health, HealthReason
-from gpumon.model import FleetSnapshot, GpuSample, Snapshot
-from gpumon.monitor.health import worst
+from gpumon.counters import Health
+from gpumon.model import FleetSnapshot, GpuSample
 from gpumon.monitor.sampler import sample_once
+from gpumon.monitor.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)
 EXIT = {"ok": 0, "warn": 1, "fail": 2}
-_NOT_RESPONDING = "reset the card if it stays silent (nvidia-smi -r), or reboot"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,39 +52,13 @@ def run(args: argparse.Namespace) -> int:
             _save(tracker, baseline)
     finally:
         backend.close()
-    cards = [card_verdict(g) for g in snapshot.gpus]
-    verdict = worst(h.verdict for h in cards)
+    doc = health_document(snapshot)
     if args.json:
-        doc = {"schema": 1, "time": snapshot.time, "host": snapshot.host, "verdict": verdict,
-               "gpus": _cards_json(snapshot, cards)}
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write("".join(_line(str(g.index), g, h) for g, h in zip(snapshot.gpus, cards, strict=True)))
-    return EXIT[verdict]
-
-
-def card_verdict(gpu: GpuSample) -> Health:
-    """The card's verdict, counting what its state says: a card whose calls hang warns (it may
-    come back), one that is lost fails, and one never judged (no counters from its source) is ok."""
-    verdict = gpu.health
-    if gpu.state == "lost" and (verdict is None or verdict.verdict != "fail"):
-        return Health("fail", (HealthReason("lost", f"the card is lost ({gpu.error or 'GPU is lost'})",
-                                            "reset the card (nvidia-smi -r) or reboot"),))
-    if gpu.state == "stale":
-        reason = HealthReason("not_responding", f"not responding for {gpu.stale_s or 0:.0f} s", _NOT_RESPONDING)
-        reasons = (*(verdict.reasons if verdict else ()), reason)
-        return Health(worst(("warn", verdict.verdict if verdict else None)), reasons)
-    return verdict or Health("ok")
-
-
-def _cards_json(snapshot: Snapshot, cards: list[Health]) -> list[dict[str, Any]]:
-    out = []
-    for raw, verdict in zip(snapshot.to_dict()["gpus"], cards, strict=True):
-        raw.pop("processes", None)
-        raw["health"] = verdict.to_dict()
-        out.append(raw)
-    return out
+        sys.stdout.write("".join(_line(str(g.index), g, card_verdict(g)) for g in snapshot.gpus))
+    return EXIT[doc["verdict"]]
 
 
 def _line(card: str, gpu: GpuSample, verdict: Health) -> str:
@@ -100,29 +73,19 @@ def _hosts(args: argparse.Namespace) -> int:
 
     config = load_settings(args)
     doc: FleetSnapshot = fleet.collect(args, config, fleet.host_list(args, config))
-    verdicts: list[str] = []
-    hosts_json, lines = [], []
-    for status in doc.hosts:
-        entry = status.to_dict()
-        snapshot = status.snapshot if entry.pop("snapshot") is not None else None
-        if snapshot is None:  # a host that cannot be asked cannot vouch for its cards
-            verdicts.append("fail")
-            entry.update(verdict="fail", gpus=[])
-            lines.append(printable(f"HOST {status.host}  FAIL  {entry['state']}: {entry['error'] or '?'}") + "\n")
-        else:
-            cards = [card_verdict(g) for g in snapshot.gpus]
-            host_verdict = worst(h.verdict for h in cards)
-            verdicts.append(host_verdict)
-            entry.update(verdict=host_verdict, gpus=_cards_json(snapshot, cards))
-            lines += [_line(f"{status.host}:{g.index}", g, h) for g, h in zip(snapshot.gpus, cards, strict=True)]
-        hosts_json.append(entry)
-    verdict = worst(verdicts)
+    report = fleet_health_document(doc)
     if args.json:
-        json.dump({"schema": 1, "time": doc.time, "verdict": verdict, "hosts": hosts_json}, sys.stdout)
+        json.dump(report, sys.stdout)
         sys.stdout.write("\n")
     else:
+        lines = []
+        for status, entry in zip(doc.hosts, report["hosts"], strict=True):
+            if status.snapshot is None or entry["state"] not in ("ok", "stale"):
+                lines.append(printable(f"HOST {status.host}  FAIL  {entry['state']}: {entry['error'] or '?'}") + "\n")
+            else:
+                lines += [_line(f"{status.host}:{g.index}", g, card_verdict(g)) for g in status.snapshot.gpus]
         sys.stdout.write("".join(lines))
-    return EXIT[verdict]
+    return EXIT[report["verdict"]]
 
 
 # -- what the previous run saw --

@@ -229,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="health")
 
+    p = sub.add_parser("serve", help="a read-only live web page of the cards, for the team (this machine or --hosts)",
+                       description="Serves one page with every card, its health, who holds it and which are free, "
+                                   "updated live, plus /api/snapshot and /api/health. Read-only. Beyond loopback "
+                                   "every request needs the access token (printed in the URL the first time).")
+    p.add_argument("--listen", metavar="ADDR",
+                   help="HOST:PORT, :PORT or [IPv6]:PORT (default 127.0.0.1:8080; config [serve] listen)")
+    _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="serve")
+
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")
     _add_timeout_option(p)

@@ -1,0 +1,185 @@
+// gpumon serve's page: reads the server's events and lays them out. Every value is set as text
+// (textContent, attributes): nothing from the cards, processes or hosts is ever parsed as markup.
+"use strict";
+(() => {
+  const HISTORY = 60; // utilisation points kept per card, in this browser, for its sparkline
+  const history = new Map();
+  const SVG = "http://www.w3.org/2000/svg";
+  const VERDICTS = { ok: "\u2713 OK", warn: "! WARN", fail: "\u2717 FAIL" };
+  let lastMessage = 0;
+  let interval = 1;
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function na(value, unit) {
+    return value === null || value === undefined ? "N/A" : `${value}${unit}`;
+  }
+
+  function bar(label, percent, text) {
+    const row = el("div", "row");
+    row.append(el("span", "label", label));
+    const track = el("div", "track");
+    const fill = el("div", "fill");
+    const shown = percent === null || percent === undefined ? 0 : Math.max(0, Math.min(100, percent));
+    fill.style.width = `${shown}%`;
+    if (shown >= 90) fill.classList.add("high");
+    track.append(fill);
+    row.append(track, el("span", "value", text));
+    return row;
+  }
+
+  function sparkline(points) {
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", `0 0 ${HISTORY - 1} 100`);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("aria-label", "utilisation, last minute");
+    let run = [];
+    const lines = [];
+    const offset = HISTORY - points.length;
+    points.forEach((value, i) => {
+      if (value === null) { if (run.length) lines.push(run); run = []; return; }
+      run.push(`${offset + i},${100 - Math.max(0, Math.min(100, value))}`);
+    });
+    if (run.length) lines.push(run);
+    for (const line of lines) {
+      const poly = document.createElementNS(SVG, "polyline");
+      poly.setAttribute("points", line.length === 1 ? `${line[0]} ${line[0]}` : line.join(" "));
+      svg.append(poly);
+    }
+    return svg;
+  }
+
+  function remember(card) {
+    let points = history.get(card.key);
+    if (!points) { points = []; history.set(card.key, points); }
+    points.push(card.state === "ok" && card.util !== null ? card.util : null);
+    if (points.length > HISTORY) points.shift();
+    return points;
+  }
+
+  function cardView(card) {
+    const node = el("article", "card");
+    node.dataset.card = card.id;
+    node.dataset.verdict = card.verdict;
+    node.dataset.free = card.free ? "yes" : "no";
+    const head = el("div", "card-head");
+    head.append(el("span", "index", `GPU ${card.index}`), el("span", "name", card.name));
+    const badge = el("span", `badge ${card.verdict}`, VERDICTS[card.verdict] || card.verdict);
+    badge.title = card.reasons.length ? card.reasons.join("\n") : "healthy";
+    head.append(badge);
+    if (card.free) head.append(el("span", "free", "FREE"));
+    node.append(head);
+    if (card.state !== "ok") node.append(el("p", "card-state", card.error ? `${card.state}: ${card.error}` : card.state));
+    node.append(bar("util", card.util, na(card.util, "%")), sparkline(remember(card)));
+    node.append(bar("mem", card.mem_pct, card.mem));
+    const facts = el("dl", "facts");
+    facts.append(el("dt", null, "temp"), el("dd", "temp", na(card.temp, " \u00b0C")),
+      el("dt", null, "power"), el("dd", "power", card.power || "N/A"));
+    node.append(facts);
+    if (card.state === "ok" || card.owner) node.append(el("p", "owner", card.owner ? `held by ${card.owner}` : "no one holds it"));
+    if (card.reasons.length) {
+      const reasons = el("ul", "reasons");
+      for (const reason of card.reasons) reasons.append(el("li", null, reason));
+      node.append(reasons);
+    }
+    if (!card.free && card.why_busy && card.state === "ok") node.title = card.why_busy;
+    return node;
+  }
+
+  function processTable(host) {
+    const table = el("table", "procs");
+    const head = el("tr");
+    for (const name of ["GPU", "PID", "USER", "OWNER", "MEMORY", "COMMAND"]) head.append(el("th", null, name));
+    const thead = el("thead");
+    thead.append(head);
+    table.append(thead);
+    const body = el("tbody");
+    for (const p of host.processes) {
+      const row = el("tr");
+      row.append(el("td", "num", p.gpu), el("td", "num", p.pid), el("td", null, p.user ?? ""),
+        el("td", "owner", p.owner ?? ""), el("td", "num", p.memory), el("td", "command", p.command ?? ""));
+      body.append(row);
+    }
+    table.append(body);
+    const wrap = el("div", "procs-wrap");
+    wrap.append(table);
+    if (host.more_processes) wrap.append(el("p", "more", `and ${host.more_processes} more processes`));
+    return wrap;
+  }
+
+  function hostView(host, fleet) {
+    const section = el("section", "host");
+    section.dataset.host = host.name;
+    section.dataset.state = host.state;
+    const title = el("h2");
+    title.append(el("span", "host-name", fleet ? host.name : `${host.name}`));
+    title.append(el("span", `host-state ${host.state}`, host.state));
+    section.append(title);
+    if (host.error) section.append(el("p", "host-error", host.error));
+    const grid = el("div", "grid");
+    for (const card of host.cards) grid.append(cardView(card));
+    section.append(grid);
+    if (host.processes.length) section.append(processTable(host));
+    else if (host.cards.length) section.append(el("p", "no-procs", "No processes on these cards."));
+    return section;
+  }
+
+  function render(doc) {
+    interval = doc.interval || 1;
+    document.body.dataset.time = String(doc.time);
+    const s = doc.summary;
+    const summary = document.getElementById("summary");
+    const words = [s.text];
+    if (s.failing) words.push(`${s.failing} failing`);
+    if (s.warning) words.push(`${s.warning} warning`);
+    if (s.away) words.push(`${s.away} host${s.away === 1 ? "" : "s"} not answering`);
+    summary.textContent = words.join(" \u00b7 ");
+    summary.dataset.free = String(s.free);
+    document.getElementById("updated").textContent =
+      `updated ${new Date(doc.time * 1000).toLocaleTimeString()}`;
+    const problems = document.getElementById("problems");
+    problems.replaceChildren(...(doc.problems || []).map((p) => el("li", null, p)));
+    const seen = new Set();
+    const sections = doc.hosts.map((host) => {
+      host.cards.forEach((c) => seen.add(c.key));
+      return hostView(host, doc.fleet);
+    });
+    for (const key of history.keys()) if (!seen.has(key)) history.delete(key);
+    document.getElementById("hosts").replaceChildren(...sections);
+  }
+
+  function connection(state, text) {
+    const node = document.getElementById("connection");
+    node.dataset.state = state;
+    node.textContent = text;
+  }
+
+  function start() {
+    const events = new EventSource("events");
+    events.onopen = () => connection("live", "live");
+    events.onmessage = (message) => {
+      lastMessage = Date.now();
+      connection("live", "live");
+      render(JSON.parse(message.data));
+    };
+    events.onerror = () => {
+      if (events.readyState === EventSource.CLOSED) {
+        connection("closed", "disconnected: reload the page (with the ?token=\u2026 address gpumon serve printed)");
+      } else {
+        connection("reconnecting", "reconnecting\u2026");
+      }
+    };
+    setInterval(() => {
+      const quiet = (Date.now() - lastMessage) / 1000;
+      if (lastMessage && quiet > 3 * interval + 2) connection("quiet", `no news for ${Math.round(quiet)} s`);
+    }, 1000);
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();

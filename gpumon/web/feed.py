@@ -1,0 +1,175 @@
+"""One sampler (or one fleet) however many pages are open.
+
+The cards are read once per interval, whatever the number of viewers: `Feed` keeps the latest
+view, encoded once as a Server-Sent Event, and every open page's stream waits on it. A page that
+reads slowly skips to the newest view rather than queueing old ones. `LocalCards` feeds it from
+this machine's `Sampler`, `FleetCards` from a `Fleet`; both keep the documents of /api/snapshot and
+/api/health for the latest reading, made at most once per reading however many ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpumon.model import FleetSnapshot, HostStatus, Snapshot
+from gpumon.monitor.fleet import Fleet
+from gpumon.monitor.sampler import Sampler, card_wait
+from gpumon.monitor.verdicts import fleet_health_document, health_document
+from gpumon.monitor.xid import XidListener
+from gpumon.web.view import fleet_view, local_view
+
+
+class Feed:
+    """The latest view as an event, and the streams waiting for the next one."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.message: bytes | None = None
+        self.closed = False
+        self._next = asyncio.Event()
+
+    def publish(self, view: dict[str, Any]) -> None:
+        self.message = b"data: " + json.dumps(view, separators=(",", ":")).encode() + b"\n\n"
+        self.version += 1
+        arrived, self._next = self._next, asyncio.Event()
+        arrived.set()
+
+    async def wait(self, seen: int, timeout: float) -> tuple[int, bytes | None]:
+        """(version, event) newer than `seen`; (seen, None) after `timeout` without one, or once closed."""
+        if self.version == seen and not self.closed:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._next.wait()
+            except TimeoutError:
+                return seen, None
+        if self.closed:
+            return seen, None
+        return self.version, self.message
+
+    def close(self) -> None:
+        """Every stream ends (the server is stopping)."""
+        self.closed = True
+        self._next.set()
+
+
+class _Cached:
+    """A document of the latest reading, made when first asked for."""
+
+    def __init__(self, make: Callable[[Any], dict[str, Any]]) -> None:
+        self.make = make
+        self._of: Any = None
+        self._doc: dict[str, Any] | None = None
+
+    def of(self, reading: Any) -> dict[str, Any] | None:
+        if reading is None:
+            return None
+        if reading is not self._of:
+            self._of, self._doc = reading, self.make(reading)
+        return self._doc
+
+
+class LocalCards:
+    """This machine's cards, from one Sampler."""
+
+    fleet = False
+
+    def __init__(self, sampler: Sampler, feed: Feed) -> None:
+        self.sampler = sampler
+        self.feed = feed
+        self.latest: Snapshot | None = None
+        self._snapshot = _Cached(lambda s: s.to_dict())
+        self._health = _Cached(health_document)
+        self._xids: XidListener | None = None
+        sampler.subscribe(self._on_snapshot)
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        self.latest = snapshot
+        self.feed.publish(local_view(snapshot, self.sampler.interval))
+
+    def snapshot_document(self) -> dict[str, Any] | None:
+        return self._snapshot.of(self.latest)
+
+    def health_document(self) -> dict[str, Any] | None:
+        return self._health.of(self.latest)
+
+    async def run(self) -> None:
+        backend = await self.sampler.open()
+        # XIDs come as events: the backend counts each one it hands out in its card's verdict.
+        if XidListener.available(backend):
+            self._xids = XidListener(backend, lambda *_: None)
+            self._xids.start(asyncio.get_running_loop())
+        try:
+            await self.sampler.run()
+        finally:
+            await asyncio.to_thread(_let_passes_end, card_wait(self.sampler.interval) + 1.0)
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        if self._xids is not None:
+            self._xids.stop()
+
+
+def _let_passes_end(timeout: float) -> None:
+    """A pass still reading the cards when sampling stops may end first (bounded): the backend is
+    closed next, and a pass cut off by the driver's shutdown would say that the driver is gone."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name == "gpumon-sample":
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class FleetCards:
+    """Every host's cards, from one Fleet: a view at most every `COALESCE_S` however many hosts report,
+    and at least every interval."""
+
+    fleet = True
+    COALESCE_S = 0.2
+
+    def __init__(self, fleet: Fleet, feed: Feed) -> None:
+        self.runner = fleet
+        self.feed = feed
+        self.latest: FleetSnapshot | None = None
+        self._pending = False
+        self._snapshot = _Cached(lambda d: d.to_dict())
+        self._health = _Cached(fleet_health_document)
+        fleet.subscribe(self._on_host)
+
+    def _on_host(self, status: HostStatus) -> None:
+        if not self._pending:
+            self._pending = True
+            asyncio.get_running_loop().call_later(min(self.COALESCE_S, self.runner.interval / 4), self._build)
+
+    def _build(self) -> None:
+        self._pending = False
+        self.latest = self.runner.document()
+        self.feed.publish(fleet_view(self.latest, self.runner.interval, self.runner.problems()))
+
+    def snapshot_document(self) -> dict[str, Any] | None:
+        return self._snapshot.of(self.latest)
+
+    def health_document(self) -> dict[str, Any] | None:
+        return self._health.of(self.latest)
+
+    async def run(self) -> None:
+        self._build()  # the hosts, connecting, before any has answered
+        ticker = asyncio.create_task(self._tick())
+        try:
+            await self.runner.run()
+        finally:
+            ticker.cancel()
+
+    async def _tick(self) -> None:
+        """A view every interval even when no host changed (all away): the page sees it is live."""
+        while True:
+            seen = self.feed.version
+            await asyncio.sleep(max(self.runner.interval, 1.0))
+            if self.feed.version == seen and not self._pending:
+                self._build()
+
+    def stop(self) -> None:
+        self.runner.stop()

@@ -1,0 +1,108 @@
+"""The page's document: what the browser shows, worked out here once per sample for every viewer.
+
+The page only lays it out: verdicts (monitor/verdicts, as `gpumon health` tells them), which card
+is free (jobs/placement's `free_enough`, as `gpumon select` decides), sizes in words (units).
+Every string from the cards, processes and hosts is made printable here (control and bidi
+characters as visible escapes); the page sets it as text, never as markup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpumon.jobs.placement import free_enough
+from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
+from gpumon.monitor.verdicts import card_verdict
+from gpumon.sanitize import printable
+from gpumon.units import format_bytes
+
+COMMAND_CHARS = 200  # a command line this long says enough; the rest is cut with …
+PROCESSES_PER_HOST = 200  # the page shows the biggest ones (by GPU memory), and says how many more
+
+
+def _text(value: str | None, limit: int = 120) -> str | None:
+    if value is None:
+        return None
+    shown = printable(value)
+    return shown if len(shown) <= limit else shown[:limit - 1] + "…"
+
+
+def _owner(proc: ProcessSample) -> str | None:
+    return _text(proc.owner.label) if proc.owner is not None else None
+
+
+def _holders(gpu: GpuSample) -> str | None:
+    """Who holds the card: its source's name for it (a pod), else its processes' owners, the
+    biggest users of memory first."""
+    if gpu.owner:
+        return _text(gpu.owner)
+    names: dict[str, None] = {}
+    for proc in sorted(gpu.processes, key=lambda p: -(p.gpu_memory or 0)):
+        who = proc.owner.label if proc.owner is not None and proc.owner.kind != "user" else proc.user
+        if who:
+            names.setdefault(printable(who), None)
+    return _text(", ".join(names)) if names else None
+
+
+def _card(gpu: GpuSample, card_id: str, key: str) -> dict[str, Any]:
+    verdict = card_verdict(gpu)
+    busy = free_enough(gpu)
+    power = None
+    if gpu.power_draw is not None:
+        power = f"{gpu.power_draw:.0f} W" + (f" / {gpu.power_limit:.0f} W" if gpu.power_limit else "")
+    return {
+        "id": card_id, "key": key, "index": gpu.index, "name": _text(gpu.name), "state": gpu.state,
+        "util": gpu.utilization_gpu, "mem_pct": None if gpu.memory_percent is None else round(gpu.memory_percent, 1),
+        "mem": f"{format_bytes(gpu.memory_used)} / {format_bytes(gpu.memory_total)}",
+        "temp": gpu.temperature, "power": power, "owner": _holders(gpu),
+        "verdict": verdict.verdict, "reasons": [_text(f"{r.text}: {r.action}", 300) for r in verdict.reasons],
+        "free": busy is None, "why_busy": _text(busy, 200), "error": _text(gpu.error),
+    }
+
+
+def _processes(gpus: tuple[GpuSample, ...]) -> tuple[list[dict[str, Any]], int]:
+    rows = [(gpu, p) for gpu in gpus for p in gpu.processes]
+    rows.sort(key=lambda row: -(row[1].gpu_memory or 0))
+    shown = [{"gpu": gpu.index, "pid": p.pid, "user": _text(p.user, 40), "owner": _owner(p),
+              "memory": format_bytes(p.gpu_memory, na=""), "type": p.type, "command": _text(p.command, COMMAND_CHARS)}
+             for gpu, p in rows[:PROCESSES_PER_HOST]]
+    return shown, max(0, len(rows) - PROCESSES_PER_HOST)
+
+
+def host_view(name: str, state: str, snapshot: Snapshot | None, error: str | None = None,
+              fleet: bool = False) -> dict[str, Any]:
+    """One host's section. `state`: "live", "stale", or why its cards are not shown (a fleet
+    host's state: connecting, unreachable, …); a host away shows no old cards."""
+    gpus = snapshot.gpus if snapshot is not None and state in ("live", "stale") else ()
+    cards = [_card(g, f"{name}:{g.index}" if fleet else str(g.index), f"{name}/{g.key}") for g in gpus]
+    processes, more = _processes(gpus)
+    return {"name": _text(name), "state": state, "error": _text(error, 300),
+            "driver": _text(snapshot.driver_version) if snapshot is not None else None,
+            "cards": cards, "processes": processes, "more_processes": more}
+
+
+def _summary(hosts: list[dict[str, Any]], fleet: bool) -> dict[str, Any]:
+    cards = [c for h in hosts for c in h["cards"]]
+    free = sum(c["free"] for c in cards)
+    hosts_free = sum(any(c["free"] for c in h["cards"]) for h in hosts)
+    if fleet:
+        text = (f"{free} card{'' if free == 1 else 's'} free on {hosts_free} host{'' if hosts_free == 1 else 's'} "
+                f"(of {len(cards)} cards on {len(hosts)} hosts)")
+    else:
+        text = f"{free} of {len(cards)} card{'' if len(cards) == 1 else 's'} free"
+    bad = {v: sum(c["verdict"] == v for c in cards) for v in ("fail", "warn")}
+    return {"free": free, "hosts_free": hosts_free, "cards": len(cards), "text": text,
+            "failing": bad["fail"], "warning": bad["warn"],
+            "away": sum(h["state"] not in ("live", "stale") for h in hosts)}
+
+
+def local_view(snapshot: Snapshot, interval: float) -> dict[str, Any]:
+    hosts = [host_view(snapshot.host, "stale" if snapshot.stale else "live", snapshot)]
+    return {"time": snapshot.time, "interval": interval, "fleet": False, "hosts": hosts,
+            "summary": _summary(hosts, fleet=False)}
+
+
+def fleet_view(doc: FleetSnapshot, interval: float, problems: tuple[str, ...] = ()) -> dict[str, Any]:
+    hosts = [host_view(s.host, s.state, s.snapshot, s.error, fleet=True) for s in doc.hosts]
+    return {"time": doc.time, "interval": interval, "fleet": True, "hosts": hosts,
+            "summary": _summary(hosts, fleet=True), "problems": [_text(p, 300) for p in problems]}
