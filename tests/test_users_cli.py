@@ -171,10 +171,12 @@ def test_idle_rules_are_checked_and_left_out_of_prometheus_rules(fake_driver):
     bad = fake_driver.run("watch", "--alert", "idle > 30m for 5m", "--count", "1")
     assert bad.returncode == 2 and "the duration is in the condition" in bad.stderr and "Traceback" not in bad.stderr
     exported = subprocess.run([sys.executable, "-m", "gpumon", "alerts", "export", "--prometheus-rules",
-                               "--alert", "idle > 30m", "--alert", "temp > 80"], env=fake_driver.env,
+                               "--alert", "idle > 30m", "--alert", "temp > 80", "--alert", "unreachable"],
+                              env=fake_driver.env,
                               capture_output=True, text=True, timeout=30)
     assert exported.returncode == 0, exported.stderr
     assert '# Left out: "idle > 30m"' in exported.stdout and "DCGM_FI_DEV_GPU_TEMP > 80" in exported.stdout
+    assert '# Left out: "unreachable"' in exported.stdout  # (it was a KeyError: exit 70)
 
 
 def test_users_across_hosts_over_ssh(cgroup_lab, idle_processes, ssh_lab):  # noqa: F811 - the fixture
