@@ -126,7 +126,8 @@ def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tup
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):
             out += printable(f"{status.host}: {entry['state']}: {entry['error'] or '?'} (not read)") + "\n"
-    out += (f"Watched for {format_duration(watched)}: idle time counts from the first sample "
+    span = format_duration(watched) if watched >= 60 else f"{watched:.1f}s"
+    out += (f"Watched for {span}: idle time counts from the first sample "
             "(a longer --window sees longer idleness).\n")
     sys.stdout.write(out)
     return EXIT_OK
