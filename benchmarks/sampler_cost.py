@@ -10,6 +10,9 @@ The last rows are cards that report every health counter (row remaps, ECC, PCIe 
 temperature, energy, 4 NVLinks, clock events, GPM): a sample between two counter reads, and a
 sample that reads them (every 30 s per card by default), whose extra cost is spread over the
 samples between.
+
+Who holds the cards: what HolderTracker.update (gpumon users, the idle rule, the users view) adds
+to a pass at 64 and 512 processes, as they come (one user) and spread over 64 Slurm jobs.
 """
 
 from __future__ import annotations
@@ -73,6 +76,49 @@ def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Pat
     return cost
 
 
+def measure_holders(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path,
+                    lib: Path) -> tuple[float, float, float]:
+    """CPU seconds a sampler pass, and what HolderTracker.update adds to it (who holds the cards:
+    `gpumon users`, the `idle` rule, the users view): on the pass's snapshots as they are (these
+    processes all belong to one user), and with them spread over 64 Slurm jobs of 16 users (more
+    rows to add up). The owner lookup itself is in the pass: read once per process, kept."""
+    import dataclasses
+
+    from gpumon.model import ProcessOwner
+    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.monitor.holders import HolderTracker
+    from gpumon.monitor.sampler import Sampler
+
+    machine = FakeMachine(cards=[Card(extra=dict(util="10..90", power_mw="100000..300000")) for _ in range(cards)],
+                          procs=[dict(gpu=i % cards, pid=p.pid, mem=GIB, sm="0..100") for i, p in enumerate(procs)])
+    config = workdir / f"holders-{cards}-{len(procs)}.conf"
+    machine.write(config)
+    os.environ["FAKE_NVML_CONFIG"] = str(config)
+    backend = NvmlBackend(lib_path=str(lib))
+    sampler = Sampler(backend)
+    sampler.collect()
+    start = time.process_time()
+    snapshots = [sampler.collect() for _ in range(passes)]
+    pass_cost = (time.process_time() - start) / passes
+    backend.close()
+
+    def in_jobs(snapshot):
+        def owned(p):
+            user = f"user{p.pid % 16}"
+            return dataclasses.replace(p, user=user, owner=ProcessOwner("slurm", f"{1000 + p.pid % 64}.0", None, user))
+        return dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, processes=tuple(map(owned, g.processes)))
+                                                        for g in snapshot.gpus))
+
+    costs = []
+    for shaped in (snapshots, [in_jobs(s) for s in snapshots]):
+        tracker = HolderTracker()
+        start = time.process_time()
+        for snapshot in shaped:
+            tracker.update(snapshot)
+        costs.append((time.process_time() - start) / passes)
+    return pass_cost, costs[0], costs[1]
+
+
 def measure_drm(cards: int, procs: list[subprocess.Popen], others: int, passes: int, workdir: Path,
                 rescan_s: float | None = None) -> tuple[float, int]:
     """AMD cards from a fake sysfs, their processes from a fake procfs: each GPU process (a real
@@ -121,6 +167,12 @@ def main() -> None:
         for cards, nprocs in [(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (8, 64), (8, 128), (8, 256), (8, 512)]:
             cost = measure(cards, pool[:nprocs], passes=20, workdir=workdir, lib=lib)
             print(f"{cards:>5} {nprocs:>5} {cost * 1000:>14.2f} {cost * 1e6 / (cards + nprocs):>17.0f}")
+        print("\nWho holds the cards (HolderTracker.update) beside the sample pass, 8 cards:")
+        print(f"{'procs':>5} {'pass ms':>8} {'holders ms':>11} {'+%':>6} {'in 64 jobs ms':>14} {'+%':>6}")
+        for nprocs in (64, 512):
+            pass_cost, one_user, jobs = measure_holders(8, pool[:nprocs], passes=20, workdir=workdir, lib=lib)
+            print(f"{nprocs:>5} {pass_cost * 1000:>8.2f} {one_user * 1000:>11.2f} {one_user / pass_cost * 100:>6.1f} "
+                  f"{jobs * 1000:>14.2f} {jobs / pass_cost * 100:>6.1f}")
         print("\nAMD cards (sysfs + fdinfo); each process 1 DRM fd among 16; 'other': processes with none")
         print(f"{'cards':>5} {'procs':>5} {'other':>5} {'fd lists':>12} {'ms CPU/sample':>14} {'fd lists read/s':>16}")
         for cards, nprocs, others, rescan in [(8, 0, 0, None), (8, 64, 0, None), (8, 256, 0, None),

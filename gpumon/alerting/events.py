@@ -10,6 +10,7 @@ from typing import IO
 
 from gpumon.alerting.rules import AlertEvent
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
+from gpumon.sanitize import printable
 from gpumon.units import format_bytes
 
 
@@ -46,6 +47,9 @@ class EventWriter:
             self._line(f"{when}  FAILOVER  job {event.job} ({event.name})  GPU {_cards(event.from_gpus)} -> "
                        f"GPU {_cards(event.to_gpus)}  (attempt {event.attempt}: {event.reason})")
             return
+        if event.holder is not None:
+            self._line(_holder_text(when, event, self.show_hosts))
+            return
         where = f"HOST {event.host}" if event.gpu is None else (
             f"GPU {event.host}:{event.gpu}" if self.show_hosts else f"GPU {event.gpu}")
         why = "; ".join(f"{r.code}: {r.text}" for r in event.reasons)
@@ -64,6 +68,19 @@ class EventWriter:
         when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
         cards = "  ".join(_card_text(g) for g in snapshot.gpus)
         self._line(f"{when}  {host + '  ' if host is not None else ''}{cards}")
+
+
+def _holder_text(when: str, event: AlertEvent, show_hosts: bool) -> str:
+    """`FIRING  job 77.0 (alice)  GPU 0,1  idle > 30m  idle 31m holding 20G on 2 cards  GPU-…,GPU-…`"""
+    h = event.holder
+    assert h is not None
+    who = h.label if h.kind == "user" else f"{h.label} ({h.user or '?'})"
+    cards = f"GPU {event.host + ':' if show_hosts else ''}{_cards(h.cards)}"
+    state = h.idle_text() if event.event == "firing" else (
+        "let go of the cards" if not h.processes else "computing again" if h.sm_util
+        else "idle time not known" if h.idle_s is None else "holds less memory than the rule says")
+    return printable(f"{when}  {event.event.upper():8}  {who}  {cards}  {event.rule}  {state}  "
+                     f"{','.join(u or '?' for u in h.uuids)}")
 
 
 def _cards(indices: tuple[int, ...]) -> str:

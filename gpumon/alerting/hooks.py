@@ -47,6 +47,14 @@ def hook_environment(event: AlertEvent | FailoverEvent) -> dict[str, str]:
         env["GPUMON_ERROR"] = event.error
     if event.metric == "health":  # the verdict's reasons, one a line: "code: what is wrong -> what fixes it"
         env["GPUMON_REASONS"] = "\n".join(f"{r.code}: {r.text} -> {r.action}" for r in event.reasons)
+    if event.holder is not None:  # an idle rule: whom to write to, and about what
+        h = event.holder
+        env.update({
+            "GPUMON_USER": h.user or "", "GPUMON_HOLDER": h.label, "GPUMON_HOLDER_KIND": h.kind,
+            "GPUMON_HOLDER_ID": h.id, "GPUMON_GPUS": ",".join(map(str, h.cards)),
+            "GPUMON_UUIDS": ",".join(u or "" for u in h.uuids), "GPUMON_GPU_MEMORY": str(h.gpu_memory or 0),
+            "GPUMON_IDLE_S": "" if h.idle_s is None else f"{h.idle_s:.0f}",
+        })
     return env
 
 
@@ -102,4 +110,6 @@ class HookRunner:
 def _about(event: AlertEvent | FailoverEvent) -> str:
     if isinstance(event, FailoverEvent):
         return f"event failover of job {event.job}"
+    if event.holder is not None:
+        return f"event {event.event} of {event.holder.label} ({event.rule})"
     return f"event {event.event} on GPU {event.gpu} ({event.rule})"

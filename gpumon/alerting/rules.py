@@ -10,8 +10,9 @@ Also accepted: `lost`, `xid`, `xid == 79`, `throttle thermal` (reason names or t
 fabric: fabric manager not running, still starting, or failed), `health` (the card's verdict is
 warn or fail; `health fail`: fail only; the event carries the reasons), the health counters
 `remap_pending`, `remap_failure`, `mem_temp > 90`, `correctable_remaps > 0` and
-`pcie_replay_rate > 10/min` (a rate needs its unit: /s, /min or /h), and `unreachable` (a fleet host,
-evaluated per host by alerting.fleet_watch; never true of a card). An XID is an event, not a level:
+`pcie_replay_rate > 10/min` (a rate needs its unit: /s, /min or /h), `unreachable` (a fleet host,
+evaluated per host by alerting.fleet_watch; never true of a card), and `idle > 30m` (a user, job,
+pod or container holding cards without computing: alerting.holder_rules). An XID is an event, not a level:
 an `xid` rule fires once per XID error (its code is the event's value) and resolves once no XID has
 come for its quiet period, the rule's `for` (default 10 minutes).
 
@@ -26,12 +27,15 @@ import operator
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.counters import HealthReason
 from gpumon.errors import UsageError
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 from gpumon.units import format_cpu_list, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from gpumon.monitor.holders import Holder
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -145,6 +149,9 @@ def parse_rule(text: str) -> Rule:
 
     word, start, end = take()  # type: ignore[misc]
     metric = word.lower()
+    if metric == "idle":  # about who holds the cards, not about a card
+        from gpumon.alerting.holder_rules import parse_holder_rule
+        return parse_holder_rule(text, tokens)
     fields: dict[str, Any] = {"text": text, "metric": metric}
     if metric in ("lost", "fabric", "unreachable", *FLAGS):
         fields.update(op="==", threshold=1.0)
@@ -177,7 +184,7 @@ def parse_rule(text: str) -> Rule:
         threshold, percent = _value(metric, val_tok, text)
         fields.update(op=op_tok[0], threshold=threshold, percent=percent)
     else:
-        known = ", ".join(list(METRICS) + list(SPECIAL))
+        known = ", ".join(list(METRICS) + list(SPECIAL) + ["idle"])
         raise _fail(text, start, end, f"unknown metric {word!r} (known: {known})")
 
     while (tok := take()) is not None:
@@ -263,6 +270,7 @@ class AlertEvent:
     host: str | None = None  # the host of the card (the fleet's name for it, else the snapshot's)
     error: str | None = None  # unreachable: why
     reasons: tuple[HealthReason, ...] = ()  # a health rule: the card's verdict's reasons
+    holder: Holder | None = None  # an idle rule: who holds the cards (gpu, uuid: its first card)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
@@ -272,6 +280,8 @@ class AlertEvent:
             out["error"] = self.error
         if self.metric == "health":
             out["reasons"] = [r.to_dict() for r in self.reasons]
+        if self.holder is not None:
+            out["holder"] = {**self.holder.to_dict(), "host": self.host}
         return out
 
 
@@ -281,6 +291,12 @@ class AlertEngine:
     _states: dict[tuple[int, int], _State] = field(default_factory=dict)
     _firing: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _host_states: dict[tuple[int, str], _State] = field(default_factory=dict)
+    _holders: Any = None  # holder_rules.HolderAlerts, when a rule is about holders
+
+    def __post_init__(self) -> None:
+        if about_holders := [(i, r) for i, r in enumerate(self.rules) if r.metric == "idle"]:
+            from gpumon.alerting.holder_rules import HolderAlerts
+            self._holders = HolderAlerts(about_holders)  # type: ignore[arg-type]
 
     def firing(self) -> dict[int, tuple[str, ...]]:
         """Card index -> texts of the rules firing on it now. Safe from any thread: a copy made
@@ -292,13 +308,15 @@ class AlertEngine:
         for (rule_i, gpu), state in self._states.items():
             if state.firing:
                 out.setdefault(gpu, []).append(self.rules[rule_i].text)
+        for gpu, texts in (self._holders.firing_cards() if self._holders else {}).items():
+            out.setdefault(gpu, []).extend(sorted(texts))
         self._firing = {gpu: tuple(texts) for gpu, texts in out.items()}
 
     def evaluate(self, snapshot: Snapshot) -> list[AlertEvent]:
         events: list[AlertEvent] = []
         for rule_i, rule in enumerate(self.rules):
             for gpu in snapshot.gpus:
-                if not rule.applies_to(gpu.index):
+                if rule.metric == "idle" or not rule.applies_to(gpu.index):
                     continue
                 state = self._states.setdefault((rule_i, gpu.index), _State())
                 if rule.metric == "xid":
@@ -308,6 +326,8 @@ class AlertEngine:
                     event = None if value is None else self._step(rule, state, gpu, value, snapshot.time)
                 if event:
                     events.append(dataclasses.replace(event, host=snapshot.host))
+        if self._holders is not None:
+            events += [dataclasses.replace(e, host=snapshot.host) for e in self._holders.evaluate(snapshot)]
         if events:
             self._publish()
         return events

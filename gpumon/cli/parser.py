@@ -86,6 +86,15 @@ _SIGNAL_NAMES = {"term": "terminate", "terminate": "terminate", "kill": "kill", 
                  "interrupt": "interrupt"}
 
 
+def _duration(text: str) -> float:
+    from gpumon.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _signal_name(text: str) -> str:
     name = _SIGNAL_NAMES.get(text.lower().removeprefix("sig"))
     if name is None:
@@ -238,6 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="serve")
+
+    p = sub.add_parser("users", help="who holds the cards: per user and per Slurm job, pod or container, and idle",
+                       description="Samples for --window, then prints a row per user and per Slurm job, Kubernetes "
+                                   "pod or container holding cards: cards, GPU memory, SM %%, power share, energy "
+                                   "over the window, time held, and idle time (every process at 0 %% SM). Idle time "
+                                   "counts from the first sample: a longer --window sees longer idleness; `watch "
+                                   "--alert 'idle > 30m'` and the TUI count from their start.")
+    p.add_argument("--json", action="store_true", help="the holders as JSON")
+    p.add_argument("--window", type=_duration, metavar="DURATION",
+                   help="watch this long before printing, e.g. 30s, 10m (default: 2 intervals, 3 samples)")
+    _add_source_options(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="users")
 
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")

@@ -1,4 +1,4 @@
-"""Plain-text tables for the terminal: `gpumon snapshot`, `gpumon topo` and `gpumon jobs`.
+"""Plain-text tables for the terminal: `gpumon snapshot`, `gpumon topo`, `gpumon jobs` and `gpumon users`.
 
 Widths are terminal cells, not code points (a CJK character or an emoji takes two), and text from
 the driver or other users is cut to its column with `…`, so one long name never pushes the rest
@@ -13,7 +13,9 @@ from rich.cells import cell_len, set_cell_size
 
 from gpumon.jobs.attempts import describe
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.units import format_bytes, format_energy, format_runtime
+from gpumon.monitor.holders import Holder
+from gpumon.sanitize import printable
+from gpumon.units import format_bytes, format_duration, format_energy, format_runtime
 
 NA = "N/A"
 NAME_CELLS = 36  # a card name ("NVIDIA RTX 6000 Ada Generation" is 30)
@@ -21,6 +23,7 @@ USER_CELLS = 24
 OWNER_CELLS = 32  # "ml-team/train-llama-7f9c6d-x2x4q (pytorch)" is cut; "job 4242_7.0" is not
 COMMAND_CELLS = 120
 JOB_NAME_CELLS = 20
+HOST_CELLS = 24
 
 
 def fit(text: str, cells: int) -> str:
@@ -173,3 +176,30 @@ def jobs_text(jobs: list) -> str:
         if len(job.attempts) > 1:  # a job that moved (--failover): where it ran, and why it left
             out += [f"    {describe(a)}" for a in job.attempts]
     return "\n".join(out) + "\n"
+
+
+def users_text(holders: list[Holder], show_hosts: bool = False) -> str:
+    """`gpumon users`: a row per user, its jobs, pods and containers indented under it. IDLE: how
+    long every process of it has shown 0 % SM as gpumon saw it; `-` computing, N/A not known."""
+    if not holders:
+        return "Nobody holds a card.\n"
+    rows = [(["HOST"] if show_hosts else []) + ["WHO", "USER", "CARDS", "MEM", "SM%", "POWER", "ENERGY", "HELD",
+                                                "IDLE"]]
+    for h in holders:
+        idle = format_duration(h.idle_s) if h.idle_s is not None else ("-" if h.sm_util is not None else NA)
+        label = printable(h.label)  # names from other users' cgroups, pods and containers
+        who = fit(label, OWNER_CELLS) if h.kind == "user" else "  " + fit(label, OWNER_CELLS - 2)
+        rows.append(([fit(printable(h.host), HOST_CELLS)] if show_hosts else []) + [
+            who, fit(printable(h.user or "?"), USER_CELLS), ",".join(map(str, h.cards)), format_bytes(h.gpu_memory),
+            _fmt(h.sm_util), _fmt(h.power_w, "W"), _energy(h.energy_j),
+            format_duration(h.held_s) if h.held_s is not None else NA, idle,
+        ])
+    first = 1 if show_hosts else 0
+    return table(rows, right={first + 3, first + 4, first + 5, first + 6, first + 7, first + 8}) + "\n"
+
+
+def _energy(joules: float | None) -> str:
+    """Wh, as jobs show it; a short window's few joules with two decimals rather than 0.0 Wh."""
+    if joules is not None and joules < 36_000:
+        return f"{joules / 3600:.2f} Wh"
+    return format_energy(joules, na=NA)

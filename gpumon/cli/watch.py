@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from gpumon.alerting.events import EventWriter
+from gpumon.alerting.holder_rules import needs_processes
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, parse_rules
 from gpumon.alerting.watch import Watch
@@ -32,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
     recorder = Recorder(args.record) if args.record else None
     per_process = args.prometheus_processes or config.prometheus_processes
-    # Events never name processes: psutil is needed only to record them or export them.
-    enrich = recorder is not None or per_process
+    # Card events never name processes: psutil is needed only to record them, export them, or
+    # know who holds the cards (idle rules).
+    enrich = recorder is not None or per_process or needs_processes(rules)
     watch = Watch(
         Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,

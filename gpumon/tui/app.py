@@ -118,7 +118,8 @@ class GpumonApp(BaseApp):
             self.alert_log = (self.alert_log + events)[-200:]
             for event in events:
                 if event.event == "firing":
-                    self.notify(f"GPU {event.gpu}: {event.rule}", title="Alert", severity="error", timeout=6)
+                    where = event.holder.label if event.holder is not None else f"GPU {event.gpu}"
+                    self.notify(f"{where}: {event.rule}", title="Alert", severity="error", timeout=6)
             self.main_screen.alerts = self.engine.firing()
         if self.main_screen.is_attached and self._redraw_due():
             self.main_screen.show_snapshot(snapshot)
