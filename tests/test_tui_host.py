@@ -116,3 +116,23 @@ def test_given_another_host_the_same_keys_act_there(fake_driver, ssh_lab, monkey
         run(go())
     finally:
         backend.close()
+
+
+def test_a_job_r_launches_samples_at_the_tuis_interval(fake_driver):
+    """Its supervisor (watchdog, failover, energy) reads the cards as often as the TUI it came from
+    was asked to (`--interval`), not at gpumon's default."""
+    backend, app = app_on(fake_driver)  # --interval 0.2
+    local = LocalHost(["--nvml-lib", str(fake_driver.lib)])
+
+    async def go():
+        async with app.run_test(size=(160, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("r", *"exec sleep 30", "enter")
+            (job,) = await wait_until(pilot, lambda: [j for j in local.jobs() if j["state"] == "running"], "the job")
+            assert records.load_job(records.jobs_dir() / job["id"]).spec.interval == 0.2
+            local.stop(job["id"])
+
+    try:
+        run(go())
+    finally:
+        backend.close()
