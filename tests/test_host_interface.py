@@ -4,6 +4,7 @@ kinds of host answer alike."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import psutil
@@ -13,6 +14,7 @@ from conftest import Card
 from gpumon.jobs.host import HostError, LocalHost, host_at, host_for
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
+from gpumon.monitor.fleet.schema import jobs_from_remote
 
 JOB_FIELDS = {"host", "id", "name", "state", "gpus", "gpu_indices", "pid", "exit_code", "started", "ended",
               "command", "log", "reason"}
@@ -81,3 +83,24 @@ def test_a_fleet_host_only_read_from_afar_cannot_be_acted_on():
     assert isinstance(host_for(fleet, "local"), LocalHost)
     with pytest.raises(HostError, match="^elsewhere: not in the fleet"):
         host_for(fleet, "elsewhere")
+
+
+def test_this_machine_lists_its_jobs_in_process_as_its_gpumon_jobs_json_does(fake_driver, tmp_path):
+    """LocalHost.jobs() reads the records here, without a child gpumon (J lists every second), and
+    answers what the child's `gpumon jobs --json` answers, field for field."""
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    local = LocalHost(["--nvml-lib", str(fake_driver.lib)])
+    said = local.launch(LaunchRequest(["sh", "-c", "exit 3"], "0", name="three", failover=2))
+    wait_for(lambda: [j for j in local.jobs() if j["state"] == "exited"], "the job to end")
+    child = json.loads(local.call(["jobs", "--json"]))
+    assert child[0]["id"] == said.split()[1] and child[0]["runs_on"] is None
+    for job in child:
+        job["host"] = "local"  # as every host names its jobs
+    assert local.jobs() == jobs_from_remote(child)
+    assert local.jobs()[0]["exit_code"] == 3 and local.jobs()[0]["failover"] == 2
+    # No child: one started with an unreadable config would fail (every command checks it).
+    unstartable = LocalHost(["--config", str(tmp_path / "missing.toml")])
+    with pytest.raises(HostError, match="missing.toml"):
+        unstartable.call(["jobs", "--json"])
+    assert unstartable.jobs() == local.jobs()

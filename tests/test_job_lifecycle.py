@@ -137,8 +137,9 @@ def test_jobs_json_has_the_contract_keys_and_the_host(fake_driver):
     job = state_of(fake_driver, "exited")
     assert set(job) == {"id", "name", "command", "gpus", "gpu_indices", "host", "state", "pid", "exit_code",
                         "signal", "started", "ended", "log", "mem_limit", "peak_gpu_memory", "reason",
-                        "failover", "attempts", "energy_j", "energy_shared"}
+                        "failover", "attempts", "energy_j", "energy_shared", "runs_on"}
     assert job["host"] == socket.gethostname() and job["signal"] is None
+    assert job["runs_on"] is None, "it runs on the host that lists it"
     (attempt,) = job["attempts"]  # every job that started has its attempt; --failover jobs may have more
     assert set(attempt) == {"attempt", "gpus", "gpu_indices", "pid", "started", "ended", "exit_code", "signal",
                             "moved_because"}

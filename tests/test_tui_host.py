@@ -1,6 +1,6 @@
 """The single-machine TUI acts on this machine through the host interface (jobs/host.py), as the
-fleet acts on any host: `r` launches, `x` signals and J's `s` stops through the screen's Host.
-Given another host, the same keys act there, and a job `r` launches here is the job
+fleet acts on any host: `r` launches, `x` signals, J lists and J's `s` stops through the screen's
+Host. Given another host, the same keys act there, and a job `r` launches here is the job
 `LocalHost.launch` would start."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_r_x_and_stop_here_go_through_this_machines_host(fake_driver, idle_proce
 
             await pilot.press("J")
             assert isinstance(app.screen, JobsScreen) and app.screen.host is screen.target
-            while app.screen.selected is None or app.screen.selected.spec.id != job[0]["id"]:
+            while app.screen.selected is None or app.screen.selected["id"] != job[0]["id"]:
                 await pilot.press("down")
             await pilot.press("s", "y")
             await wait_until(pilot, lambda: records.load_job(records.jobs_dir() / job[0]["id"]).state == "killed",
@@ -110,7 +110,32 @@ def test_given_another_host_the_same_keys_act_there(fake_driver, ssh_lab, monkey
             assert (job[0]["host"], job[0]["gpus"], job[0]["command"]) == ("h", [CARDS[0].uuid],
                                                                            ["/bin/sh", "-c", "exec sleep 30"])
             assert records.list_jobs() == [], "nothing was launched here"
+            await pilot.press("J")  # J lists the jobs of the screen's host too
+            assert isinstance(app.screen, JobsScreen)
+            await wait_until(pilot, lambda: [(j["host"], j["id"]) for j in app.screen.jobs] == [("h", job[0]["id"])],
+                             "J to list the job on h")
+            await pilot.press("escape")
             there.stop(job[0]["id"])
+
+    try:
+        run(go())
+    finally:
+        backend.close()
+
+
+def test_a_job_r_launches_samples_at_the_tuis_interval(fake_driver):
+    """Its supervisor (watchdog, failover, energy) reads the cards as often as the TUI it came from
+    was asked to (`--interval`), not at gpumon's default."""
+    backend, app = app_on(fake_driver)  # --interval 0.2
+    local = LocalHost(["--nvml-lib", str(fake_driver.lib)])
+
+    async def go():
+        async with app.run_test(size=(160, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("r", *"exec sleep 30", "enter")
+            (job,) = await wait_until(pilot, lambda: [j for j in local.jobs() if j["state"] == "running"], "the job")
+            assert records.load_job(records.jobs_dir() / job["id"]).spec.interval == 0.2
+            local.stop(job["id"])
 
     try:
         run(go())

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from gpumon.errors import UsageError
+from gpumon.jobs import records
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
@@ -133,8 +134,12 @@ class GpumonHost:
             signal.signal(signal.SIGINT, previous)
 
     def jobs(self) -> list[dict[str, Any]]:
+        return self._listed(self._json(["jobs", "--json"]))
+
+    def _listed(self, doc: Any) -> list[dict[str, Any]]:
+        """`gpumon jobs --json`'s list, checked, each job named by this host."""
         try:
-            jobs = jobs_from_remote(self._json(["jobs", "--json"]))
+            jobs = jobs_from_remote(doc)
         except SchemaError as exc:
             raise HostError(f"{self.name}: unexpected job list: {exc}") from None
         for job in jobs:
@@ -177,6 +182,16 @@ class LocalHost(GpumonHost):
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
         return [sys.executable, "-m", "gpumon", *self.local_args, *args]
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Read here, in this process: what `gpumon jobs --json` prints (`Job.to_dict`), through the
+        same check, without a child gpumon each time (the J screen lists them every second).
+        Launching, stopping and signalling keep the child: it acts in the environment gpumon was
+        started with and applies the command line's own checks."""
+        try:
+            return self._listed([job.to_dict() for job in records.list_jobs()])
+        except OSError as exc:
+            raise HostError(f"{self.name}: cannot read the job records: {exc.strerror or exc}") from None
 
 
 class RemoteHost(GpumonHost):

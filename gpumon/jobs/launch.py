@@ -28,7 +28,7 @@ from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
 from gpumon.jobs.naming import command_line_name, program_name
-from gpumon.jobs.placement import busy_note, resolve_spec
+from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.monitor.backends import Backend
 from gpumon.monitor.sampler import sample_once
@@ -53,6 +53,9 @@ class LaunchRequest:
     systemd: bool = False
     typed: str | None = None  # the command line as the user typed it (the TUI), for history
     failover: int = 0  # moves to other cards allowed when the job's card fails
+    # How often its supervisor samples its cards, for a launch through a host's `gpumon run`
+    # (jobs/host.py): the TUI's --interval. None: that gpumon's own (--interval, config, 1 s).
+    interval: float | None = None
 
 
 def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
@@ -194,7 +197,7 @@ def how_it_ended(directory: Path, code: int) -> str:
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
            out: IO[str]) -> int:
     snapshot = sample_once(backend)
-    needs_topo = request.gpu_spec.startswith("auto:") and request.gpu_spec != "auto:1"
+    needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
     if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
         for gpu in (g for g in snapshot.gpus if g.ref in spec.gpus):

@@ -175,6 +175,7 @@ class Job:
             "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
             "failover": s.failover, "attempts": [a.to_dict() for a in self.attempts],
             "energy_j": self.energy_j, "energy_shared": self.energy_shared,
+            "runs_on": self.host if self.remote else None,
         }
 
     def processes(self) -> list[psutil.Process]:

@@ -19,8 +19,9 @@ def run_args(request: LaunchRequest) -> list[str]:
                         ("--min-free", request.min_free), ("--cwd", request.cwd)):
         if value is not None:
             out += [flag, str(value)]
-    if request.max_util is not None:
-        out += ["--max-util", f"{request.max_util:g}"]
+    for flag, number in (("--max-util", request.max_util), ("--interval", request.interval)):
+        if number is not None:
+            out += [flag, f"{number:g}"]
     if request.failover:
         out += ["--failover", str(request.failover)]
     for flag, on in (("--no-numa", not request.numa), ("--foreground", request.foreground),

@@ -1,9 +1,9 @@
-"""What the fleet TUI does on a host: launch a command on one of its cards (the same run dialog as
-on one machine) and signal one of its processes. Both go through the host interface
-(jobs/host.py `host_for(fleet, HOST)`: that host's own gpumon), which pins, limits and supervises
-the job there and applies its own checks to signals (own processes only, the same start time).
-The calls block, so they run in a background thread; the result comes back as a notification
-naming the card as HOST:INDEX.
+"""What the fleet TUI does on a host: launch a command on one of its cards (the same run dialog,
+and the same launch, tui/launching.py, as on one machine) and signal one of its processes. Both go
+through the host interface (jobs/host.py `host_for(fleet, HOST)`: that host's own gpumon), which
+pins, limits and supervises the job there and applies its own checks to signals (own processes
+only, the same start time). The calls block, so they run in a background thread; the result comes
+back as a notification naming the card as HOST:INDEX.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from textual.app import App
 
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.host import Host, host_for
-from gpumon.jobs.launch import card_limits, run_in_terminal, shell_request
+from gpumon.jobs.host import host_for
+from gpumon.jobs.launch import card_limits
 from gpumon.model import GpuSample, HostStatus, ProcessSample
 from gpumon.monitor.fleet import Fleet
-from gpumon.tui.background import in_background
+from gpumon.tui.launching import launch
 from gpumon.tui.screens.card_actions import confirm_signal
-from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunChoice, RunDialog
+from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunDialog
 
 
 def why_not_here(status: HostStatus, what: str = "launching") -> str | None:
@@ -59,38 +59,8 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
     dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.ref), launch_cwd if local else "",
                        where=card + (f" ({why})" if why else ""), remote=not local,
                        note=SIMULATED_NOTE if simulated else "")
-    app.push_screen(dialog, lambda choice: launch(app, fleet, host, gpu, choice, card, launched) if choice else None)
-
-
-def launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, choice: RunChoice, card: str,
-           launched: Callable[[], Any] = lambda: None) -> None:
-    """`gpumon run --gpu UUID … -- /bin/sh -c TYPED` on the host: the command as typed, byte for byte."""
-    request = shell_request(choice.command, gpu.ref, mem_limit=choice.mem_limit, numa=choice.numa,
-                            foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd or None,
-                            failover=choice.failover)
-    jobs.remember_command(choice.command)  # the dialog's history is this machine's
-    target = host_for(fleet, host)
-    if choice.foreground:
-        with app.suspend():
-            run_in_terminal(card, choice.command, lambda: _run_here(target, request))
-        return
-    app.notify(f"starting on {card}…", timeout=3)
-    def done(output: str) -> None:
-        app.notify(output, title=f"launched on {card}", timeout=10)
-        launched()
-
-    in_background(app, lambda: target.launch(request), done,
-                  lambda exc: app.notify(str(exc) or type(exc).__name__, title=f"not launched on {card}",
-                                         severity="error", timeout=12))
-
-
-def _run_here(host: Host, request) -> int:
-    """The dialog's Foreground: the job in this terminal (over `ssh -t`: Ctrl-C reaches it there)."""
-    try:
-        return host.run_here(request, tty=True)
-    except OSError as exc:
-        print(f"gpumon: cannot run ssh: {exc.strerror or exc}")
-        return 127
+    app.push_screen(dialog, lambda choice: launch(app, host_for(fleet, host), gpu.ref, choice, card,
+                                                  launched=launched) if choice else None)
 
 
 def ask_and_signal(app: App, fleet: Fleet, host: str, process: ProcessSample, kind: str) -> None:

@@ -316,12 +316,16 @@ def jobs_from_remote(doc: Any) -> list[dict[str, Any]]:
         if state not in JOB_STATES:
             raise SchemaError(f"{where}.state is unknown")
         job: dict[str, Any] = {"id": _text(raw["id"], f"{where}.id", limit=64), "state": state}
-        for key in ("name", "log", "reason", "signal", "host"):
+        for key in ("name", "log", "reason", "signal", "host", "runs_on"):
             job[key] = _text(raw.get(key), f"{where}.{key}", limit=512 if key != "reason" else 1024)
         for key in ("pid", "exit_code", "mem_limit", "peak_gpu_memory"):
             job[key] = _number(raw.get(key), f"{where}.{key}", integer=True)
-        for key in ("started", "ended"):
+        for key in ("started", "ended", "energy_j"):
             job[key] = _number(raw.get(key), f"{where}.{key}")
+        shared = raw.get("energy_shared")
+        if shared is not None and type(shared) is not bool:
+            raise SchemaError(f"{where}.energy_shared is not true, false or null")
+        job["energy_shared"] = shared
         job["command"] = [_text(a, f"{where}.command", nullable=False, limit=4096)
                           for a in _list(raw.get("command", []), f"{where}.command", 4096)]
         job["gpus"] = [_text(u, f"{where}.gpus", nullable=False, limit=128)

@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
-from gpumon.jobs.launch import card_limits, how_it_ended, run_in_terminal, shell_request
+from gpumon.jobs.launch import card_limits
 from gpumon.jobs.logout import logout_note
 from gpumon.monitor.containers import invisible_reason
 from gpumon.tui.background import in_background
@@ -57,24 +57,12 @@ class CardActions:
         return LocalHost(local_args(self.app.backend_args or {}), env=self.env)
 
     def _launch(self, gpu, choice: RunChoice) -> None:
-        request = shell_request(choice.command, gpu.ref, mem_limit=choice.mem_limit, numa=choice.numa,
-                                foreground=choice.foreground, wait=choice.wait, cwd=choice.cwd,
-                                failover=choice.failover)
-        if choice.foreground:
-            before = {job.spec.id for job in jobs.list_jobs()}
-            with self.app.suspend():
-                run_in_terminal(self.card_label(gpu), choice.command, lambda: self.target.run_here(request),
-                                lambda code: _how_it_ended(before, request.command, code))
-            return
+        """The same launch as a fleet host's (tui/launching.py), on this machine, with this TUI's
+        --interval for the job's own sampling."""
+        from gpumon.tui.launching import launch
 
-        def started(output: str) -> None:
-            if note := logout_note(systemd=False):
-                output += "\n" + note
-            self.notify(output, timeout=8)
-            self._scan_jobs()
-
-        in_background(self.app, lambda: self.target.launch(request), started,
-                      lambda exc: self.notify(str(exc), severity="error"))
+        launch(self.app, self.target, gpu.ref, choice, self.card_label(gpu), interval=self.interval,
+               launched=self._scan_jobs, note=lambda: logout_note(systemd=False))
 
     def card_label(self, gpu) -> str:
         """How messages name a card ("GPU 2"; a fleet host's view says "host:2")."""
@@ -147,13 +135,6 @@ class CardActions:
             self.notify(str(exc), severity="error")
             return
         self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))
-
-
-def _how_it_ended(before: set[str], command: list[str], code: int) -> str:
-    """A job run here in the foreground, as its supervisor recorded its end: the new record of
-    that command (the child gpumon's exit status alone cannot tell a Ctrl-C from `exit 130`)."""
-    new = [job for job in jobs.list_jobs() if job.spec.id not in before and job.spec.command == command]
-    return how_it_ended(new[-1].dir, code) if new else f"exited with status {code}"
 
 
 def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,7 +20,6 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import GpumonError
-from gpumon.jobs.attempts import Attempt, describe
 from gpumon.jobs.host import host_for, jobs_of
 from gpumon.monitor.fleet import Fleet
 from gpumon.sanitize import printable
@@ -29,7 +27,7 @@ from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import why_not_here
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.jobs import READONLY_STOP, STATE_STYLES
+from gpumon.tui.screens.jobs import READONLY_STOP, moves, runtime, state_text
 from gpumon.units import format_bytes, format_runtime
 
 LONG_LINE = 4096  # bytes of one log line held before they are shown as a line of their own
@@ -48,14 +46,6 @@ def _cut(text: str | None, cells: int) -> Text:
     cut = Text(text or "")
     cut.truncate(cells, overflow="ellipsis")
     return cut
-
-
-def _moves(job: dict) -> list[tuple[str, str]]:
-    """A job that has moved (`--failover`): each of its attempts, as the local `J` shows them."""
-    attempts = [a for a in job.get("attempts", []) if a["attempt"] is not None and a["started"] is not None]
-    if len(attempts) < 2:
-        return []
-    return [("\n" + describe(Attempt.from_dict(a)), "") for a in attempts]
 
 
 class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
@@ -129,16 +119,14 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
         selected = self.selected
         self.jobs, self.problems = rows, problems
         table.clear()
-        now = time.time()
         for job in rows:
-            runtime = None if job["started"] is None else (job["ended"] or now) - job["started"]
             exit_text = job["signal"] or ("" if job["exit_code"] is None else str(job["exit_code"]))
             # A str cell is markup to a DataTable: every word from the host is a Text.
             table.add_row(
                 _cut(job["host"], 20), Text(job["id"]), _cut(job["name"], 24),
-                Text(job["state"], style=STATE_STYLES.get(job["state"], "")),
+                state_text(job),
                 ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""), Text(exit_text),
-                format_runtime(runtime), format_bytes(job["peak_gpu_memory"], na=""),
+                format_runtime(runtime(job)), format_bytes(job["peak_gpu_memory"], na=""),
                 format_bytes(job["mem_limit"], na=""), key=f"{job['host']}\0{job['id']}",
             )
         if selected is not None:
@@ -168,7 +156,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                                         unlisted))
             return
         said = (job["reason"], "bold red") if job["reason"] else (f"log on {job['host']}: {job['log']}", "dim")
-        detail.update(Text.assemble(("$ ", "dim"), " ".join(job["command"]), "\n", said, *_moves(job),
+        detail.update(Text.assemble(("$ ", "dim"), " ".join(job["command"]), "\n", said, *moves(job),
                                     "\n" if self.problems else "", unlisted))
         if self._following != (job["host"], job["id"]):
             self._follow(job["host"], job["id"])

@@ -1,7 +1,13 @@
-"""`J`: the jobs gpumon launched, with the selected job's log following below."""
+"""`J`: the jobs gpumon launched, with the selected job's log following below.
+
+The list comes from the screen's host (jobs/host.py `Host.jobs()`: the fields of `gpumon jobs
+--json`, as the fleet's J reads them from every host); for this machine, a `LocalHost`, that is read
+in this process, cheap enough for once a second. The log is the job's file here, tailed.
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,8 +18,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
-from gpumon.jobs import records as jobs
-from gpumon.jobs.attempts import describe
+from gpumon.errors import GpumonError
+from gpumon.jobs.attempts import Attempt, describe
 from gpumon.tui.background import in_background
 from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
@@ -26,6 +32,26 @@ LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
                 "failed": "bold red", "cancelled": "dim", "lost": "red"}
 READONLY_STOP = "read-only (--readonly): jobs are not stopped from here"
+UNFINISHED = ("running", "queued")
+
+
+def state_text(job: dict) -> Text:
+    """The state for people: an unfinished job that runs on another host sharing this home says where."""
+    elsewhere = f" on {job['runs_on']}" if job.get("runs_on") and job["state"] in UNFINISHED else ""
+    return Text(job["state"] + elsewhere, style=STATE_STYLES.get(job["state"], ""))
+
+
+def runtime(job: dict) -> float | None:
+    """Seconds the command has run (until now if it still runs); None before it starts."""
+    return None if job["started"] is None else (job["ended"] or time.time()) - job["started"]
+
+
+def moves(job: dict) -> list[tuple[str, str]]:
+    """A job that has moved (`--failover`): each of its attempts, a line each."""
+    attempts = [a for a in job.get("attempts", []) if a["attempt"] is not None and a["started"] is not None]
+    if len(attempts) < 2:
+        return []
+    return [("\n" + plain_lines(describe(Attempt.from_dict(a))), "") for a in attempts]
 
 
 def _cut(text: str, cells: int) -> Text:
@@ -66,8 +92,9 @@ class JobsScreen(ModalScreen[str | None]):
 
     def __init__(self, host: Host) -> None:
         super().__init__()
-        self.host = host  # this machine, acted on as the fleet acts on a host (stop)
-        self.jobs: list[jobs.Job] = []
+        self.host = host  # this machine, acted on as the fleet acts on a host (list, stop)
+        self.jobs: list[dict] = []
+        self.problem: str | None = None
         self.tail: LogTail | None = None
         self.tail_id: str | None = None
 
@@ -91,7 +118,7 @@ class JobsScreen(ModalScreen[str | None]):
         table.focus()
 
     @property
-    def selected(self) -> jobs.Job | None:
+    def selected(self) -> dict | None:
         table = self.query_one(DataTable)
         if not self.jobs or table.cursor_row is None or table.cursor_row >= len(self.jobs):
             return None
@@ -100,16 +127,19 @@ class JobsScreen(ModalScreen[str | None]):
     def refresh_jobs(self) -> None:
         table = self.query_one(DataTable)
         cursor = table.cursor_row
-        self.jobs = list(reversed(jobs.list_jobs()))  # newest on top
+        try:
+            self.jobs, self.problem = list(reversed(self.host.jobs())), None  # newest on top
+        except GpumonError as exc:  # the host could not say (HostError)
+            self.problem = str(exc)
         table.clear()
         for job in self.jobs:
+            exit_text = job["signal"] or ("" if job["exit_code"] is None else str(job["exit_code"]))
             table.add_row(
-                plain(job.spec.id), _cut(job.spec.name, 24),
-                Text(job.state_text, style=STATE_STYLES.get(job.state, "")),
-                ",".join(map(str, job.spec.gpu_indices)) or "-", str(job.pid or ""),
-                plain(job.signal or ("" if job.exit_code is None else str(job.exit_code))), format_runtime(job.runtime),
-                format_bytes(job.peak_gpu_memory, na=""), format_bytes(job.spec.mem_limit, na=""),
-                format_energy(job.energy_j, job.energy_shared), key=job.spec.id,
+                plain(job["id"]), _cut(job["name"] or "", 24), state_text(job),
+                ",".join(map(str, job["gpu_indices"])) or "-", str(job["pid"] or ""),
+                plain(exit_text), format_runtime(runtime(job)),
+                format_bytes(job["peak_gpu_memory"], na=""), format_bytes(job["mem_limit"], na=""),
+                format_energy(job["energy_j"], job["energy_shared"]), key=job["id"],
             )
         if self.jobs:
             table.move_cursor(row=min(cursor or 0, len(self.jobs) - 1))
@@ -123,14 +153,13 @@ class JobsScreen(ModalScreen[str | None]):
         detail = self.query_one("#jobs-detail", Static)
         log = self.query_one(Log)
         if job is None:
-            detail.update("No jobs yet: select a card and press r.")
+            detail.update(plain(self.problem, "bold red") if self.problem
+                          else "No jobs yet: select a card and press r.")
             return
-        moves = [("\n" + plain_lines(describe(a)), "") for a in job.attempts] if len(job.attempts) > 1 else []
-        detail.update(Text.assemble(("$ ", "dim"), plain(" ".join(job.spec.command)), "\n",
-                                    plain(job.reason or f"log: {job.log}", "bold red" if job.reason else "dim"),
-                                    *moves))
-        if self.tail_id != job.spec.id:
-            self.tail_id, self.tail = job.spec.id, LogTail(job.log)
+        said = plain(job["reason"], "bold red") if job["reason"] else plain(f"log: {job['log']}", "dim")
+        detail.update(Text.assemble(("$ ", "dim"), plain(" ".join(job["command"])), "\n", said, *moves(job)))
+        if self.tail_id != job["id"]:
+            self.tail_id, self.tail = job["id"], LogTail(Path(job["log"] or ""))
             log.clear()
         new = self.tail.read_new() if self.tail else ""
         if new:
@@ -146,20 +175,21 @@ class JobsScreen(ModalScreen[str | None]):
         if self.app.readonly:
             self.notify(READONLY_STOP, severity="warning")
             return
-        if job.state not in ("running", "queued"):
-            self.notify(f"job {job.spec.id} is {job.state}, not running", severity="warning")
+        if job["state"] not in UNFINISHED:
+            self.notify(f"job {job['id']} is {job['state']}, not running", severity="warning")
             return
-        verb = "Cancel the queued" if job.state == "queued" else "Stop"
-        question = f"{verb} job {job.spec.name} ({job.spec.id})?"
-        detail = "SIGTERM to its processes, SIGKILL after 5 s." if job.state == "running" else "It has not started yet."
+        verb = "Cancel the queued" if job["state"] == "queued" else "Stop"
+        question = f"{verb} job {job['name']} ({job['id']})?"
+        running = job["state"] == "running"
+        detail = "SIGTERM to its processes, SIGKILL after 5 s." if running else "It has not started yet."
 
         def answered(yes: bool | None) -> None:
             if not yes:
                 return
-            in_background(self.app, lambda: self.host.stop(job.spec.id), self._stopped,
+            in_background(self.app, lambda: self.host.stop(job["id"]), self._stopped,
                           lambda exc: self.notify(str(exc), severity="error"))
 
-        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job.spec.command)}"), answered)
+        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job['command'])}"), answered)
 
     def _stopped(self, output: str) -> None:
         self.notify(output)
@@ -169,7 +199,7 @@ class JobsScreen(ModalScreen[str | None]):
     def action_processes(self) -> None:
         job = self.selected
         if job is not None:
-            self.dismiss(job.spec.id)
+            self.dismiss(job["id"])
 
     def action_close(self) -> None:
         self.dismiss(None)
