@@ -73,6 +73,7 @@ def test_topo_answers_within_timeout_and_leaves_the_hung_card_out(fake_kernel):
 
 def test_a_card_that_hangs_mid_run_delays_only_itself_and_comes_back(fake_kernel):
     first, second = two_amd_cards(fake_kernel)
+    before = drm_lanes()  # other tests' backends' idle lanes
     backend = DrmBackend(sysfs=str(fake_kernel.sys.root), procfs=str(fake_kernel.proc.root))
     sampler = Sampler(backend, interval=0.3)
     published: list = []
@@ -95,7 +96,7 @@ def test_a_card_that_hangs_mid_run_delays_only_itself_and_comes_back(fake_kernel
             fake_kernel.sys.set(second, "gpu_busy_percent", "64")
             await until(lambda: published[-1].gpus[1].utilization_gpu == 64, "the other card's new value")
             state["healthy_updates"] = len(fresh_since(state["hung_at"]))
-            state["lanes"] = sum(1 for t in threading.enumerate() if t.name.startswith("gpumon-drm-card-"))
+            state["lanes"] = drm_lanes() - before
             stale = published[-1].gpus[0]
             state["stale"] = stale
             released = await asyncio.to_thread(hung.release, "150000000")
@@ -142,6 +143,10 @@ def test_the_tui_keeps_drawing_the_other_cards(fake_kernel, tmux_session, tmp_pa
     tmux.keys("q")
     tmux.wait_for(lambda s: status.exists(), what="gpumon to quit")
     assert status.read_text().strip() == "0"
+
+
+def drm_lanes() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("gpumon-drm-card-"))
 
 
 async def until(predicate, what: str, seconds: float = 30.0) -> None:
