@@ -16,16 +16,20 @@ Documentation/gpu/drm-usage-stats.rst, the i915/xe sysfs and hwmon ABI, hwmon/sy
     <proc>/<pid>/{stat,status,cmdline} -> /proc/<real pid>/...  (a real process, so psutil has one)
 
 A card "older kernel" lacks the files newer kernels added; a suspended card's amdgpu and hwmon
-files are FIFOs: a reader that opens one hangs, so a test that finishes proves none was opened.
+files are FIFOs: a reader that opens one hangs (its card is then reported "stale"), so a sleeping
+card that stays "ok" proves none was opened. `hang` makes one file such a FIFO on an awake card: to
+userspace, a read the kernel never finishes (a hung SMU) looks just like it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,12 +194,48 @@ class FakeSysfs:
             fifos.append(path)
         return fifos
 
+    def hang(self, card: FakeCard, name: str, hwmon: bool = False) -> HungFile:
+        """From now on a read of the card's file `name` (of its hwmon directory with `hwmon`) hangs
+        until the test releases it."""
+        assert card.hwmon is not None or not hwmon
+        path = (card.hwmon if hwmon else card.device) / name
+        path.unlink()
+        os.mkfifo(path)
+        return HungFile(path)
+
     def unplug(self, card: FakeCard) -> None:
         """Hot-unplugged: its class/drm links and its device directory are gone."""
         for node in (card.card, card.render):
             (self.root / "class" / "drm" / node).unlink()
         (self.root / "bus" / "pci" / "devices" / card.address).unlink()
         shutil.rmtree(card.device)
+
+
+@dataclass
+class HungFile:
+    """A sysfs file whose reads hang: a FIFO nobody writes, so open() blocks."""
+
+    path: Path
+
+    def release(self, text: str, timeout: float = 15.0) -> bool:
+        """The hung read returns `text`, and the file reads normally again. False when no reader was
+        waiting within `timeout` (nothing was stuck on it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:  # succeeds only while a reader waits in open(): never blocks the test
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                    self.path.unlink()
+                    write(self.path, text)
+                    return False
+                time.sleep(0.05)
+        self.path.unlink()  # readers from now on find a plain file
+        write(self.path, text)
+        os.write(fd, (text + "\n").encode())
+        os.close(fd)  # the waiting reader gets the text, then the end of the file
+        return True
 
 
 def write(path: Path, text: str) -> None:

@@ -106,7 +106,7 @@ def test_a_bmc_display_adapter_and_nvidia_nodes_are_not_cards(fake_kernel):
 
 def test_a_suspended_card_is_asleep_and_not_woken(fake_kernel):
     """Every file of the sleeping card but its runtime PM status is a FIFO that would hang its
-    reader: the command ending at all shows none was opened."""
+    reader (the card would then be "stale"): the card staying "ok" shows none was opened."""
     awake = fake_kernel.sys.amd()
     asleep = fake_kernel.sys.amd("0000:43:00.0", parents=("pci0000:40", "0000:40:01.1"))
     fifos = fake_kernel.sys.suspend(asleep)

@@ -1,18 +1,21 @@
 """One host's cards of several vendors as one backend: NVIDIA's (NVML, keeping their NVML indices)
 first, then AMD's and Intel's (from the kernel), numbered on from there.
 
-NVML answers per card with a deadline (`answers_per_card`); the kernel's files are read in the
-same pass, after it. Links between an NVIDIA card and another vendor's are PCIe paths, read from
-sysfs like the AMD and Intel cards' own.
+Both answer per card with a deadline (`answers_per_card`, each card on a lane of its own): the
+kernel's files are asked for first, then NVML, and both are waited for up to the same deadline,
+so a hung card of either vendor delays the pass by that deadline at most. Links between an NVIDIA
+card and another vendor's are PCIe paths, read from sysfs like the AMD and Intel cards' own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from gpumon.model import Snapshot, Topology
 from gpumon.monitor.backends.drm import DrmBackend
+from gpumon.monitor.backends.drm.backend import DEFAULT_WAIT_S
 from gpumon.monitor.backends.drm.topology import device_of, pci_path, pcie_link
 
 
@@ -26,8 +29,11 @@ class CompositeBackend:
         self.procfs = drm.procfs
 
     def sample(self, wait_s: float | None = None) -> Snapshot:
-        first = self.nvml.sample(wait_s=wait_s)
-        return dataclasses.replace(first, gpus=first.gpus + self.drm.sample().gpus)
+        wait_s = DEFAULT_WAIT_S if wait_s is None else wait_s
+        deadline = time.monotonic() + wait_s
+        self.drm.ask(deadline)
+        first = self.nvml.sample(wait_s=max(0.0, deadline - time.monotonic()))
+        return dataclasses.replace(first, gpus=first.gpus + self.drm.collect(deadline).gpus)
 
     def identity(self, wait_s: float) -> Snapshot:
         first = self.nvml.identity(wait_s)
@@ -38,8 +44,9 @@ class CompositeBackend:
 
     def topology(self, wait_s: float | None = None,
                  on_progress: Callable[[Topology], None] | None = None) -> Topology:
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
         nvidia = self.nvml.topology(wait_s=wait_s)
-        others = self.drm.topology()
+        others = self.drm.topology(wait_s=max(0.0, deadline - time.monotonic()))
         paths = {c.index: pci_path(device_of(self.drm.sysfs, c.pci_bus_id)) for c in self.nvml.cards if c.pci_bus_id}
         paths.update({c.index: pci_path(c.node.device) for c in self.drm.cards if c.present})
         indices = nvidia.indices + others.indices

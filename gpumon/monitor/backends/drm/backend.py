@@ -1,5 +1,9 @@
 """AMD (amdgpu) and Intel (i915, xe) cards, read from sysfs and /proc/PID/fdinfo: no library.
 
+Each card's files are read on a lane of its own (`backends/lanes.py`, as NVML's calls are): a read
+the kernel never finishes (a card in a bad state, a hung SMU) holds up only that card, which is
+shown "stale" with its last values after STALE_AFTER_S and answers again when the read returns.
+The processes' use (/proc/PID/fdinfo) is read in the sampler's thread, per process, not per card.
 Each sample reads a card's runtime PM status first: a card the kernel has put to sleep is shown
 asleep and nothing else of it is read (reading its sensors would wake it, and keep it awake).
 A card whose sysfs entry goes away (unplugged, unbound) stays in the list as "lost"; the list is
@@ -12,12 +16,15 @@ added up over the DRM clients gpumon can read (every client when run as root).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
@@ -27,10 +34,13 @@ from gpumon.monitor.backends.drm.hwmon import Hwmon, find_hwmon
 from gpumon.monitor.backends.drm.names import PCI_IDS, card_name
 from gpumon.monitor.backends.drm.sysfs import CardNode, find_cards, link_speed, link_width, runtime_status
 from gpumon.monitor.backends.drm.topology import link_matrix, pci_path
+from gpumon.monitor.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
 
 log = logging.getLogger(__name__)
 DISCOVER_S = 5.0
 ASLEEP = ("suspended", "suspending")
+DEFAULT_WAIT_S = 2.0  # how long sample() and topology() wait for slow cards when the caller does not say
+STAGGER_S = 0.02  # cards are read one after another (no contention for the GIL) unless one is slow
 
 
 @dataclass(slots=True)
@@ -43,11 +53,17 @@ class _Card:
     hwmon: Hwmon | None = None
     hwmon_found: bool = False
     energy: tuple[float, int] | None = None  # (when, µJ): the last reading of the energy counter
+    pending: Future[GpuSample] | None = None  # the read on its lane, until its answer is taken
+    last: GpuSample | None = None  # its last answer
+    asked_at: float = 0.0
+    answered_at: float | None = None
 
 
 class DrmBackend:
     name = "drm"
     real_pids = True
+    # sample() and topology() take a deadline and report cards that miss it (see monitor.sampler).
+    answers_per_card = True
 
     def __init__(self, sysfs: str = "/sys", procfs: str = "/proc", first_index: int = 0,
                  pci_ids: tuple[str, ...] = PCI_IDS, clock: Callable[[], float] = time.monotonic) -> None:
@@ -59,6 +75,8 @@ class DrmBackend:
         self.cards: list[_Card] = []
         self.clients = DrmClients(procfs=procfs, sysfs=sysfs, clock=clock)
         self.ras = ras.RasHealth(clock)  # each card's health counters and verdict
+        self._lanes = Lanes("gpumon-drm-card")
+        self._processes: dict[str, tuple[ProcessSample, ...]] = {}  # this sample's, by PCI address
         self._discover_at = 0.0
         self._discover()
 
@@ -80,7 +98,15 @@ class DrmBackend:
             for number, card in enumerate(present):
                 card.vendor_index = number
 
-    def sample(self) -> Snapshot:
+    def sample(self, wait_s: float | None = None) -> Snapshot:
+        """Every card, waiting up to `wait_s` (default DEFAULT_WAIT_S) for cards still answering."""
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
+        self.ask(deadline)
+        return self.collect(deadline)
+
+    def ask(self, deadline: float) -> None:
+        """Start a sample: the processes' use (here), and each card's files (on its lane). A card
+        still busy with the last question is not asked again."""
         for card in self.cards:
             if card.present and not os.path.isdir(card.node.device):
                 card.present = False
@@ -89,10 +115,45 @@ class DrmBackend:
         uses: dict[str, list[ClientUse]] = {}
         for use in self.clients.read():
             uses.setdefault(use.pci_address, []).append(use)
-        gpus = tuple(self.ras.judge(card.node, self._card(card, uses.get(card.node.pci_address, [])))
-                     for card in self.cards)
+        self._processes = {address: _processes(mine) for address, mine in uses.items()}
+        for card in self.cards:
+            if card.present and card.pending is None:
+                address = card.node.pci_address
+                card.asked_at = time.monotonic()
+                card.pending = self._lanes.submit(card.index, partial(
+                    self._read_card, card, uses.get(address, []), self._processes.get(address, ())))
+                settle(card.pending, min(STAGGER_S, deadline - time.monotonic()))
+
+    def collect(self, deadline: float) -> Snapshot:
+        """The cards as they stand at `deadline` (or sooner, once all have answered)."""
+        for card in self.cards:
+            if card.pending is not None:
+                settle(card.pending, deadline - time.monotonic())
         return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=None,
-                        cuda_driver_version=None, gpus=gpus)
+                        cuda_driver_version=None, gpus=tuple(self._answer(card) for card in self.cards))
+
+    def _answer(self, card: _Card) -> GpuSample:
+        """The card as it stands now: its new answer, its recent one, or its last one marked stale."""
+        if not card.present:
+            return self.ras.judge(card.node, GpuSample(
+                **self._identity(card), state="lost",
+                error=f"gone from {self.sysfs}/class/drm (unplugged, or its driver unbound)"))
+        now = time.monotonic()
+        future = card.pending
+        if future is not None and future.done():
+            card.pending, card.last, card.answered_at = None, future.result(), now
+            return card.last
+        since = card.answered_at if card.answered_at is not None else card.asked_at
+        if card.last is not None and now - since < STALE_AFTER_S:
+            return card.last  # a little late: nothing to report yet
+        stale_s = round(now - since, 1)
+        # fdinfo is not the card's: its processes are this sample's.
+        processes = self._processes.get(card.node.pci_address, ())
+        if card.last is None:
+            return GpuSample(**self._identity(card), state="stale", stale_s=stale_s, error=not_responding(stale_s),
+                             processes=processes)
+        return dataclasses.replace(card.last, state="stale", stale_s=stale_s, error=not_responding(stale_s),
+                                   processes=processes)
 
     def identity(self, wait_s: float = 0.0) -> Snapshot:
         """The cards' names and ids without values, for a first frame."""
@@ -107,14 +168,14 @@ class DrmBackend:
                     cpu_affinity=node.local_cpus, vendor_index=card.vendor_index,
                     vbios=ident.vbios if ident else None, serial=ident.serial if ident else None)
 
-    def _card(self, card: _Card, uses: list[ClientUse]) -> GpuSample:
-        if not card.present:
-            return GpuSample(**self._identity(card), state="lost",
-                             error=f"gone from {self.sysfs}/class/drm (unplugged, or its driver unbound)")
-        processes = _processes(uses)
-        if runtime_status(card.node) in ASLEEP:
-            return GpuSample(**self._identity(card), asleep=True, processes=processes)
+    def _read_card(self, card: _Card, uses: list[ClientUse], processes: tuple[ProcessSample, ...]) -> GpuSample:
+        """One card's sample with its health (RAS files are sysfs reads too); runs on its lane."""
+        return self.ras.judge(card.node, self._read_values(card, uses, processes))
+
+    def _read_values(self, card: _Card, uses: list[ClientUse], processes: tuple[ProcessSample, ...]) -> GpuSample:
         try:
+            if runtime_status(card.node) in ASLEEP:
+                return GpuSample(**self._identity(card), asleep=True, processes=processes)
             if card.node.vendor == "amd" and card.identity is None:
                 card.identity = amdgpu.read_identity(card.node.device)
             if not card.hwmon_found:
@@ -155,16 +216,28 @@ class DrmBackend:
                     temperature_memory=v.temperature_memory, fan=v.fan_percent, power_draw=power,
                     power_limit=_watts(v.power_cap_w), clock_sm=v.clock_mhz)
 
-    def topology(self) -> Topology:
-        present = [c for c in self.cards if c.present]
-        for card in present:  # xGMI hives are in the identity, read once a card is awake
-            if card.node.vendor == "amd" and card.identity is None and runtime_status(card.node) not in ASLEEP:
-                card.identity = amdgpu.read_identity(card.node.device)
+    def topology(self, wait_s: float | None = None,
+                 on_progress: Callable[[Topology], None] | None = None) -> Topology:
+        """The PCIe paths and xGMI hives of the cards; a card whose lane has not read its identity
+        (its hive) within `wait_s` is left out as "not responding"."""
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
+        reading = {card.index: self._lanes.submit(card.index, partial(self._read_identity, card))
+                   for card in self.cards if card.present and card.node.vendor == "amd" and card.identity is None}
+        for future in reading.values():
+            settle(future, deadline - time.monotonic())
+        hung = {index for index, future in reading.items() if not future.done()}
+        present = [c for c in self.cards if c.present and c.index not in hung]
         return link_matrix(
             [c.index for c in present], [pci_path(c.node.device) for c in present],
             [c.node.numa_node for c in present], [c.node.local_cpus for c in present],
             [c.identity.xgmi_hive if c.identity else None for c in present],
-            left_out=[(c.index, "gone from sysfs") for c in self.cards if not c.present])
+            left_out=sorted([(c.index, "gone from sysfs") for c in self.cards if not c.present]
+                            + [(index, "not responding") for index in hung]))
+
+    def _read_identity(self, card: _Card) -> None:
+        """On the card's lane: its identity (xGMI hive), once it is awake."""
+        if card.identity is None and runtime_status(card.node) not in ASLEEP:
+            card.identity = amdgpu.read_identity(card.node.device)
 
     def close(self) -> None:
         pass

@@ -10,7 +10,6 @@ is gone (unloaded or reloaded), NVML is initialised again with backoff.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -25,10 +24,10 @@ import pynvml
 
 from gpumon.errors import NoDriverError
 from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.monitor.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
 from gpumon.monitor.backends.nvml import topology as links
 from gpumon.monitor.backends.nvml.counters import read_counters
 from gpumon.monitor.backends.nvml.events import XidEvents
-from gpumon.monitor.backends.nvml.lanes import Lanes
 from gpumon.monitor.backends.nvml.library import (
     Card,
     CardLost,
@@ -44,7 +43,6 @@ from gpumon.monitor.health_history import HealthTracker
 
 log = logging.getLogger(__name__)
 DEFAULT_WAIT_S = 2.0  # how long sample() waits for slow cards when the caller does not say
-STALE_AFTER_S = 3.0  # a card whose last answer is older than this, and still busy, is "stale"
 REINIT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 STAGGER_S = 0.02
 
@@ -102,7 +100,7 @@ class NvmlBackend:
         opening = [(card, self._lanes.submit(card.index, partial(self._open_only, card)))
                    for card in self.cards if not card.opened]
         for _, future in opening:
-            _settle(future, deadline - time.monotonic())
+            settle(future, deadline - time.monotonic())
         waiting = {card.index for card, future in opening if not future.done()}
         gpus = tuple(self._identity(card, state="stale" if card.index in waiting else card.state,
                                     error=card.error) for card in self.cards)
@@ -131,9 +129,9 @@ class NvmlBackend:
                     card.pending = self._lanes.submit(card.index, partial(self._read_card, card, generation))
                     # Healthy cards answer in well under a millisecond: read one after another, they
                     # never contend for the GIL; a slow one holds up the next by STAGGER_S at most.
-                    _settle(card.pending, min(STAGGER_S, deadline - time.monotonic()))
+                    settle(card.pending, min(STAGGER_S, deadline - time.monotonic()))
             for card in cards:
-                _settle(card.pending, deadline - time.monotonic())
+                settle(card.pending, deadline - time.monotonic())
         gpus = tuple(self._answer(card) for card in cards)
         return Snapshot(time=time.time(), host=self.host, backend=self.name, driver_version=self.driver_version,
                         cuda_driver_version=self.cuda_driver_version, gpus=gpus)
@@ -159,7 +157,7 @@ class NvmlBackend:
         if card.last is not None and now - since < STALE_AFTER_S:
             return card.last  # a little late: nothing to report yet
         stale_s = round(now - since, 1)
-        error = f"not responding for {stale_s:.0f} s"
+        error = not_responding(stale_s)
         if card.last is None:
             return self._identity(card, state="stale", stale_s=stale_s, error=error)
         return dataclasses.replace(card.last, state="stale", stale_s=stale_s, error=error)
@@ -265,14 +263,6 @@ class NvmlBackend:
         closing = threading.Thread(target=_shutdown, name="gpumon-nvml-shutdown", daemon=True)
         closing.start()
         closing.join(1.0)
-
-
-def _settle(future: concurrent.futures.Future[Any], timeout: float) -> None:
-    """Wait up to `timeout` for the future (its outcome is read later)."""
-    try:
-        future.exception(timeout=max(0.0, timeout))
-    except TimeoutError:
-        pass
 
 
 def _shutdown() -> None:

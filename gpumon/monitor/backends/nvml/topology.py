@@ -24,7 +24,7 @@ from typing import Any
 import pynvml
 
 from gpumon.model import Topology
-from gpumon.monitor.backends.nvml.lanes import Lanes
+from gpumon.monitor.backends.lanes import Lanes
 from gpumon.monitor.backends.nvml.library import DRIVER_GONE, Card, DriverGone, decode
 from gpumon.monitor.backends.nvml.opening import open_card
 
