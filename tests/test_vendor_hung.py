@@ -42,6 +42,19 @@ def test_snapshot_answers_within_timeout_with_the_hung_card_marked(fake_kernel):
     assert "GPU 1: not responding for" in text
 
 
+def test_a_hung_ras_file_delays_only_its_card(fake_kernel):
+    """The health counters are sysfs reads too: they are read on the card's lane."""
+    first, _ = two_amd_cards(fake_kernel)  # an Instinct card with RAS files, a Radeon without
+    fake_kernel.sys.hang(first, "ras/umc_err_count")
+    started = time.monotonic()
+    out = fake_kernel.run("snapshot", "--json", "--timeout", "2", timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 10
+    hung, other = json.loads(out.stdout)["gpus"]
+    assert hung["state"] == "stale" and hung["stale_s"] >= 1.5
+    assert other["state"] == "ok" and other["health"] is not None
+
+
 def test_a_hung_amd_card_beside_nvidia_ones(fake_driver, fake_kernel):
     fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-80GB", bus="00000000:07:00.0", extra=dict(util=11))]
     fake_driver.write()
