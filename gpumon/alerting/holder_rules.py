@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.alerting.rules import OPS, AlertEvent, Rule, _fail, _gpus
+from gpumon.alerting.rules import OPS, AlertEvent, Rule, parse_gpus, rule_error
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
 from gpumon.monitor.holders import Holder, HolderTracker
@@ -54,51 +54,52 @@ def parse_holder_rule(text: str, tokens: list[tuple[str, int, int]]) -> HolderRu
     op = next(rest, None)
     if op is None or op[0] not in LONGER:
         where = op[1:] if op else end
-        raise _fail(text, *where, "expected > or >= after 'idle', e.g. 'idle > 30m'")
+        raise rule_error(text, *where, "expected > or >= after 'idle', e.g. 'idle > 30m'")
     fields: dict[str, Any] = {"text": text, "metric": "idle", "op": op[0],
                               "threshold": _duration(text, next(rest, None))}
     seen: set[str] = set()
     for tok in rest:
         word = tok[0].lower()
         if word in ("for", "clear"):
-            raise _fail(text, tok[1], tok[2], f"'{word}' does not apply to idle: the duration is in the "
+            raise rule_error(text, tok[1], tok[2], f"'{word}' does not apply to idle: the duration is in the "
                                               "condition (idle > 30m)")
         if word not in ("and", "on") or word in seen:
-            raise _fail(text, tok[1], tok[2], f"unexpected {tok[0]!r}: expected 'and mem > SIZE' or 'on GPUS'")
+            raise rule_error(text, tok[1], tok[2], f"unexpected {tok[0]!r}: expected 'and mem > SIZE' or 'on GPUS'")
         seen.add(word)
         if word == "on":
             arg = next(rest, None)
             if arg is None:
-                raise _fail(text, *end, "'on' needs a value")
-            fields["gpus"] = _gpus(arg, text)
+                raise rule_error(text, *end, "'on' needs a value")
+            fields["gpus"] = parse_gpus(arg, text)
             continue
         what, mem_op, size = next(rest, None), next(rest, None), next(rest, None)
         if what is None or what[0].lower() != "mem":
-            raise _fail(text, *(what[1:] if what else end), "expected 'mem' after 'and' (and mem > 10G)")
+            raise rule_error(text, *(what[1:] if what else end), "expected 'mem' after 'and' (and mem > 10G)")
         if mem_op is None or mem_op[0] not in OPS:
-            raise _fail(text, *(mem_op[1:] if mem_op else end), f"expected a comparison ({' '.join(OPS)}) after mem")
+            raise rule_error(text, *(mem_op[1:] if mem_op else end),
+                             f"expected a comparison ({' '.join(OPS)}) after mem")
         fields.update(mem_op=mem_op[0], mem_threshold=float(_size(text, size)))
     return HolderRule(**fields)
 
 
 def _duration(text: str, tok: tuple[str, int, int] | None) -> float:
     if tok is None:
-        raise _fail(text, len(text), len(text) + 1, "expected a duration, e.g. 30m")
+        raise rule_error(text, len(text), len(text) + 1, "expected a duration, e.g. 30m")
     try:
         return parse_duration(tok[0])
     except UsageError:
-        raise _fail(text, tok[1], tok[2], f"bad duration {tok[0]!r}: expected e.g. 30s, 10m, 2h") from None
+        raise rule_error(text, tok[1], tok[2], f"bad duration {tok[0]!r}: expected e.g. 30s, 10m, 2h") from None
 
 
 def _size(text: str, tok: tuple[str, int, int] | None) -> int:
     if tok is None:
-        raise _fail(text, len(text), len(text) + 1, "expected a size, e.g. 10G")
+        raise rule_error(text, len(text), len(text) + 1, "expected a size, e.g. 10G")
     try:
         if tok[0].endswith("%"):
             raise UsageError("a holder's memory is a size")
         return parse_size(tok[0])
     except UsageError:
-        raise _fail(text, tok[1], tok[2], f"bad size {tok[0]!r}: expected e.g. 10G or 512M") from None
+        raise rule_error(text, tok[1], tok[2], f"bad size {tok[0]!r}: expected e.g. 10G or 512M") from None
 
 
 def alerted(holders: tuple[Holder, ...]) -> list[Holder]:

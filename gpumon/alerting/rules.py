@@ -128,7 +128,7 @@ class Rule:
 _TOKEN = re.compile(r"\S+")
 
 
-def _fail(text: str, start: int, end: int, message: str) -> RuleError:
+def rule_error(text: str, start: int, end: int, message: str) -> RuleError:
     caret = " " * start + "^" * max(1, end - start)
     shown = text.replace("\n", " ").replace("\r", " ")  # keep the caret under the right column
     return RuleError(f"alert rule: {message}\n  {shown}\n  {caret}")
@@ -159,17 +159,17 @@ def parse_rule(text: str) -> Rule:
         level = "warn" if pos >= len(tokens) or tokens[pos][0].lower() in ("for", "on") else take()[0]  # type: ignore[index]
         if level.lower() not in ("warn", "fail"):
             bad = tokens[pos - 1]
-            raise _fail(text, bad[1], bad[2], f"health takes warn or fail, not {level!r}")
+            raise rule_error(text, bad[1], bad[2], f"health takes warn or fail, not {level!r}")
         fields.update(op=">=", threshold=VERDICT_LEVEL[level.lower()])
     elif metric == "throttle":
         reason = take()
         if reason is None:
-            raise _fail(text, len(text), len(text) + 1, "throttle needs a reason: thermal, power, hw_slowdown, …")
+            raise rule_error(text, len(text), len(text) + 1, "throttle needs a reason: thermal, power, hw_slowdown, …")
         name = reason[0].lower()
         reasons = THROTTLE_GROUPS.get(name, {name} if name in THROTTLE_NAMES else None)
         if reasons is None:
             known = ", ".join(sorted(THROTTLE_GROUPS) + sorted(THROTTLE_NAMES))
-            raise _fail(text, reason[1], reason[2], f"unknown throttle reason {reason[0]!r} (known: {known})")
+            raise rule_error(text, reason[1], reason[2], f"unknown throttle reason {reason[0]!r} (known: {known})")
         fields.update(op="==", threshold=1.0, reasons=frozenset(reasons))
     elif metric == "xid" and (pos >= len(tokens) or tokens[pos][0].lower() in ("for", "on")):
         fields.update(op="!=", threshold=0.0)  # any XID
@@ -177,37 +177,37 @@ def parse_rule(text: str) -> Rule:
         op_tok = take()
         if op_tok is None or op_tok[0] not in OPS:
             where = op_tok or ("", len(text), len(text) + 1)
-            raise _fail(text, where[1], where[2], f"expected a comparison ({' '.join(OPS)}) after {word!r}")
+            raise rule_error(text, where[1], where[2], f"expected a comparison ({' '.join(OPS)}) after {word!r}")
         val_tok = take()
         if val_tok is None:
-            raise _fail(text, len(text), len(text) + 1, "expected a value to compare with")
+            raise rule_error(text, len(text), len(text) + 1, "expected a value to compare with")
         threshold, percent = _value(metric, val_tok, text)
         fields.update(op=op_tok[0], threshold=threshold, percent=percent)
     else:
         known = ", ".join(list(METRICS) + list(SPECIAL) + ["idle"])
-        raise _fail(text, start, end, f"unknown metric {word!r} (known: {known})")
+        raise rule_error(text, start, end, f"unknown metric {word!r} (known: {known})")
 
     while (tok := take()) is not None:
         keyword = tok[0].lower()
         arg = take()
         if keyword not in ("for", "clear", "on") or keyword in fields.get("_seen", ()):
-            raise _fail(text, tok[1], tok[2],
+            raise rule_error(text, tok[1], tok[2],
                         f"unexpected {tok[0]!r}: expected 'for DURATION', 'clear VALUE' or 'on GPUS'")
         fields.setdefault("_seen", set()).add(keyword)
         if arg is None:
-            raise _fail(text, len(text), len(text) + 1, f"{keyword!r} needs a value")
+            raise rule_error(text, len(text), len(text) + 1, f"{keyword!r} needs a value")
         if keyword == "for":
             try:
                 fields["duration"] = parse_duration(arg[0])
             except UsageError:
-                raise _fail(text, arg[1], arg[2],
+                raise rule_error(text, arg[1], arg[2],
                             f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
         elif keyword == "clear":
             if metric in SPECIAL:
-                raise _fail(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
+                raise rule_error(text, tok[1], tok[2], f"'clear' does not apply to {metric}")
             fields["clear"], _ = _value(metric, arg, text)
         else:
-            fields["gpus"] = _gpus(arg, text)
+            fields["gpus"] = parse_gpus(arg, text)
     if metric == "xid" and "for" not in fields.get("_seen", ()):
         fields["duration"] = XID_QUIET_S
     fields.pop("_seen", None)
@@ -223,7 +223,7 @@ def _value(metric: str, tok: tuple[str, int, int], text: str) -> tuple[float, bo
                 raise ValueError
             return float(raw[: -len(unit)]) / PER_SECOND[unit], False
         except ValueError:
-            raise _fail(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected a rate like 10/min "
+            raise rule_error(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected a rate like 10/min "
                                               "(per /s, /min or /h)") from None
     try:
         if metric == "mem_used":
@@ -236,16 +236,16 @@ def _value(metric: str, tok: tuple[str, int, int], text: str) -> tuple[float, bo
     except (ValueError, UsageError):
         hint = ("a size like 8G" if metric == "mem_used"
                 else "a number" + (" or a percentage" if metric == "power" else ""))
-        raise _fail(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected {hint}") from None
+        raise rule_error(text, tok[1], tok[2], f"bad value {raw!r} for {metric}: expected {hint}") from None
 
 
-def _gpus(tok: tuple[str, int, int], text: str) -> frozenset[int]:
+def parse_gpus(tok: tuple[str, int, int], text: str) -> frozenset[int]:
     try:
         indices = frozenset(int(part) for part in tok[0].split(","))
     except ValueError:
-        raise _fail(text, tok[1], tok[2], f"bad card list {tok[0]!r}: expected indices like 0,1") from None
+        raise rule_error(text, tok[1], tok[2], f"bad card list {tok[0]!r}: expected indices like 0,1") from None
     if any(i < 0 for i in indices):
-        raise _fail(text, tok[1], tok[2], "card indices start at 0")
+        raise rule_error(text, tok[1], tok[2], "card indices start at 0")
     return indices
 
 
