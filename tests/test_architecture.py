@@ -3,6 +3,7 @@ outside its backend, small modules, and a command line that never touches the us
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -39,6 +40,17 @@ def test_modules_stay_small():
     big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not big, f"split these modules by concern: {big}"
+
+
+def test_no_module_reaches_for_another_modules_private_names():
+    """A name another module needs is public; `_name` stays inside its module."""
+    reaching = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpumon"):
+                reaching += [f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert reaching == []
 
 
 def test_every_package_is_installed():
