@@ -292,9 +292,7 @@ class AlertEngine:
     _firing: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _host_states: dict[tuple[int, str], _State] = field(default_factory=dict)
     _holders: Any = None  # holder_rules.HolderAlerts, when a rule is about holders
-    # A HolderTracker the caller feeds the same snapshots (the TUI's, for its users view): one
-    # tracker per app. Without it the engine keeps its own when a rule is about holders (`watch`).
-    tracker: Any = None
+    tracker: Any = None  # the caller's HolderTracker (the TUI's users view's), else its own if a rule needs one
 
     def __post_init__(self) -> None:
         if about_holders := [(i, r) for i, r in enumerate(self.rules) if r.metric == "idle"]:
