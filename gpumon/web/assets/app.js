@@ -171,7 +171,7 @@
     else {
       table.hidden = false;
       const head = el("tr");
-      for (const [, name] of columns) head.append(el("th", null, name));
+      for (const [key, name] of columns) head.append(el("th", NUMERIC.has(key) ? "num" : null, name));
       const thead = el("thead");
       thead.append(head);
       const body = el("tbody");
