@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PNG screenshots of `gpumon serve --demo lost` (card 2 falls off the bus) at desktop and phone
-width, in Debian's Chromium.
+width, and of the users section of `gpumon serve --demo` (bob's notebook holds a card idle), in
+Debian's Chromium.
 
 Run by scripts/screenshots.py (or alone: `python scripts/web_screenshots.py`). The page shows live
 demo values and the time, so these are not compared byte for byte as the terminal's SVGs are.
@@ -25,11 +26,14 @@ HISTORY_S = 15.0  # a sparkline's minute of points (60) at this interval
 SHOTS = (("web-desktop.png", {"width": 1280, "height": 800}, "light"),
          ("web-phone.png", {"width": 390, "height": 844}, "light"),
          ("web-desktop-dark.png", {"width": 1280, "height": 800}, "dark"))
+# The users section alone (the default scenario: in "lost" bob's card is gone by then).
+USERS_SHOTS = (("web-users.png", {"width": 1280, "height": 800}, "light"),
+               ("web-users-phone.png", {"width": 390, "height": 844}, "light"))
 
 
-def _serve() -> tuple[subprocess.Popen, str]:
+def _serve(scenario: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "gpumon", "serve", "--demo", "--scenario", "lost", "--listen", "127.0.0.1:0",
+    argv = [sys.executable, "-m", "gpumon", "serve", "--demo", "--scenario", scenario, "--listen", "127.0.0.1:0",
             "--interval", str(INTERVAL)]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -47,25 +51,33 @@ def render(out: Path) -> list[Path]:
         return []
     from playwright.sync_api import sync_playwright
 
-    proc, url = _serve()
+    servers: list[tuple[subprocess.Popen, str]] = []
     made = []
     try:
+        for scenario in ("lost", "default"):
+            servers.append(_serve(scenario))
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             pages = []
-            for name, viewport, scheme in SHOTS:
-                page = browser.new_page(viewport=viewport, color_scheme=scheme, device_scale_factor=1)
-                page.goto(url)
-                pages.append((name, page))
-            time.sleep(HISTORY_S)  # the sparklines fill with what the pages have seen
-            for name, page in pages:
+            for (_, url), shots in zip(servers, (SHOTS, USERS_SHOTS)):
+                for name, viewport, scheme in shots:
+                    page = browser.new_page(viewport=viewport, color_scheme=scheme, device_scale_factor=1)
+                    page.goto(url)
+                    pages.append((name, page, shots is USERS_SHOTS))
+            time.sleep(HISTORY_S)  # the sparklines fill with what the pages have seen; bob's idle time grows
+            for name, page, users in pages:
                 page.wait_for_selector(".card")
-                page.screenshot(path=str(out / name))
+                if users:
+                    page.wait_for_selector('#users-table tr[data-idle="yes"]')
+                    page.locator("#users").screenshot(path=str(out / name))
+                else:
+                    page.screenshot(path=str(out / name))
                 made.append(out / name)
             browser.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        for proc, _ in servers:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
     return made
 
 

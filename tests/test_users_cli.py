@@ -249,6 +249,8 @@ def test_idle_rule_in_the_tui_marks_the_idle_holders_card(held, fake_driver):
             assert "⚠ idle > 500ms" in screen.query_one(CardList).panels[2].lines(110)[0].plain
             fired = [e for e in app.alert_log if e.event == "firing"]
             assert [(e.holder.kind, e.holder.cards) for e in fired] == [("container", (2,))]
+            # One tracker per app: the rule reads the users view's (each reading's holders worked out once).
+            assert app.engine._holders.tracker is app.holders
 
     try:
         run(go())

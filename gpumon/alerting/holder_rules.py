@@ -110,12 +110,13 @@ def alerted(holders: tuple[Holder, ...]) -> list[Holder]:
 
 
 class HolderAlerts:
-    """The holder rules of one AlertEngine: a HolderTracker fed every snapshot it evaluates."""
+    """The holder rules of one AlertEngine: a HolderTracker fed every snapshot it evaluates (the
+    engine's own, or one its caller feeds the same snapshots: a snapshot read twice is read once)."""
 
-    def __init__(self, rules: list[tuple[int, HolderRule]]) -> None:
+    def __init__(self, rules: list[tuple[int, HolderRule]], tracker: HolderTracker | None = None) -> None:
         self.rules = rules
         self._rule = dict(rules)
-        self.tracker = HolderTracker()
+        self.tracker = tracker if tracker is not None else HolderTracker()
         self._firing: dict[tuple[int, str, str, str], Holder] = {}  # (rule, host, kind, id) -> as last seen
 
     def evaluate(self, snapshot: Snapshot) -> list[AlertEvent]:

@@ -292,11 +292,12 @@ class AlertEngine:
     _firing: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _host_states: dict[tuple[int, str], _State] = field(default_factory=dict)
     _holders: Any = None  # holder_rules.HolderAlerts, when a rule is about holders
+    tracker: Any = None  # the caller's HolderTracker (the TUI's users view's), else its own if a rule needs one
 
     def __post_init__(self) -> None:
         if about_holders := [(i, r) for i, r in enumerate(self.rules) if r.metric == "idle"]:
             from gpumon.alerting.holder_rules import HolderAlerts
-            self._holders = HolderAlerts(about_holders)  # type: ignore[arg-type]
+            self._holders = HolderAlerts(about_holders, self.tracker)  # type: ignore[arg-type]
 
     def firing(self) -> dict[int, tuple[str, ...]]:
         """Card index -> texts of the rules firing on it now. Safe from any thread: a copy made

@@ -19,7 +19,7 @@ from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.cli.tables import users_text
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
-from gpumon.monitor.holders import Holder, HolderTracker
+from gpumon.monitor.holders import Holder, HolderTracker, users_document
 from gpumon.monitor.sampler import Sampler
 from gpumon.sanitize import printable
 from gpumon.units import format_duration
@@ -114,10 +114,7 @@ async def _watch_fleet(runner: Any, window: float) -> tuple[list[Holder], tuple[
 def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tuple[HostStatus, ...] | None,
            now: float | None = None) -> int:
     if args.json:
-        doc: dict[str, Any] = {"schema": 1, "time": now if now is not None else time.time(),
-                               "window_s": round(watched, 3), "holders": [h.to_dict() for h in holders]}
-        if statuses is not None:  # as `snapshot --hosts --json` lists them, without their cards
-            doc["hosts"] = [{k: v for k, v in s.to_dict().items() if k != "snapshot"} for s in statuses]
+        doc = users_document(holders, now if now is not None else time.time(), watched, statuses)
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK

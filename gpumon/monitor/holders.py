@@ -19,10 +19,13 @@ processes.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
+from gpumon.model import FleetSnapshot, GpuSample, HostStatus, ProcessSample, Snapshot
+from gpumon.sanitize import printable
 from gpumon.units import format_bytes, format_duration
 
 # Rows: users, and the jobs, pods and containers inside them. A systemd unit is only where a
@@ -236,3 +239,55 @@ def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: f
 def _order(h: Holder) -> tuple:
     """Users by name, each followed by its jobs, pods and containers."""
     return (h.user or "?", h.kind != "user", h.kind, h.id)
+
+
+# -- what the views say of them (the users view `u`, `gpumon users`, the page) --
+
+
+def users_document(holders: Iterable[Holder], now: float, window_s: float,
+                   statuses: Iterable[HostStatus] | None = None) -> dict[str, Any]:
+    """`gpumon users --json` (and the page's /api/users): `window_s` is how long the holders were
+    watched; `statuses`: a fleet's hosts, listed as `snapshot --hosts --json` lists them, without their cards."""
+    doc: dict[str, Any] = {"schema": 1, "time": now, "window_s": round(window_s, 3),
+                           "holders": [h.to_dict() for h in holders]}
+    if statuses is not None:
+        doc["hosts"] = [{k: v for k, v in dataclasses.replace(s, snapshot=None).to_dict().items() if k != "snapshot"}
+                        for s in statuses]
+    return doc
+
+
+def idle_cell(h: Holder) -> str:
+    """'2h12m' while idle; blank while it computes; '?' where per-process SM is not reported."""
+    if h.idle_s is not None:
+        return format_duration(h.idle_s)
+    return "?" if not h.sm_util else ""  # nothing computes, yet not idle: some process's SM is unknown
+
+
+def idle_holders(holders: tuple[Holder, ...]) -> list[Holder]:
+    """The holders to name as idle: idle users, and idle jobs/pods/containers of users who compute
+    elsewhere (an idle user's jobs are idle too: naming the user says it)."""
+    idle_users = {(h.host, h.user) for h in holders if h.kind == "user" and h.idle}
+    return [h for h in holders if h.idle and (h.kind == "user" or (h.host, h.user) not in idle_users)]
+
+
+def summary(holders: tuple[Holder, ...], hosts: bool = False) -> tuple[str, str]:
+    """(the idle part, the rest) of the line above the table: "2 holders idle: alice idle 2h12m
+    holding 40G on 2 cards; job 77.0 (bob) idle 3m holding 20G on 2 cards", and how many hold cards.
+    Names are made printable."""
+    users = sum(1 for h in holders if h.kind == "user")
+    others = len(holders) - users
+    counts = f"{users} user{'s' if users != 1 else ''}"
+    if others:
+        counts += f", {others} job{'s' if others != 1 else ''}/pod{'s' if others != 1 else ''}/container" \
+                  + ("s" if others != 1 else "")
+    idle = idle_holders(holders)
+    if not holders:
+        return "", "nobody holds a card"
+    if not idle:
+        return "", f"nobody holds a card idle · {counts} hold cards"
+    named = []
+    for h in idle:
+        who = printable(h.label) + ("" if h.kind == "user" else f" ({printable(h.user or '?')})")
+        named.append((f"{printable(h.host)}: " if hosts else "") + f"{who} {h.idle_text()}")
+    head = f"{len(idle)} holder{'s' if len(idle) != 1 else ''} idle: "
+    return head + "; ".join(named), f" · {counts}"

@@ -50,7 +50,10 @@ class GpumonApp(BaseApp):
                  low_bandwidth: bool = False) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
         sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
-        super().__init__(readonly=readonly, theme=theme, rules=rules, low_bandwidth=low_bandwidth)
+        # Who holds the cards, fed every reading from the start: idle time counts before `u` is
+        # pressed. `idle` rules read the same tracker.
+        holders = HolderTracker()
+        super().__init__(readonly=readonly, theme=theme, rules=rules, low_bandwidth=low_bandwidth, holders=holders)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.sampler = sampler
@@ -59,8 +62,7 @@ class GpumonApp(BaseApp):
         self.sample_count = sample_count
         self._cards_checked = False
         self._xid_listener: XidListener | None = None
-        # Who holds the cards, fed every reading from the start: idle time counts before `u` is pressed.
-        self.holders = HolderTracker()
+        self.holders = holders
         self.holding: tuple[Holder, ...] = ()
         self.users_screen: UsersScreen | None = None
         opening = sampler.backend is None

@@ -29,6 +29,7 @@ from textual.worker import WorkerFailed
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
+from gpumon.monitor.holders import HolderTracker
 from gpumon.monitor.xid import RecentXids
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.alerts import AlertsScreen
@@ -63,7 +64,8 @@ class BaseApp(App[int]):
     ]
 
     def __init__(self, *, readonly: bool = False, theme: str | None = None, rules: list[Rule] | None = None,
-                 low_bandwidth: bool = False) -> None:
+                 low_bandwidth: bool = False, holders: HolderTracker | None = None) -> None:
+        """`holders`: the app's HolderTracker, which `idle` rules then read too (one tracker per app)."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
         # Textual's own driver, and way of drawing, where this Textual is not the one they were written for.
         super().__init__(driver_class=WireDriver if usable("output layer") else None)
@@ -74,7 +76,7 @@ class BaseApp(App[int]):
         self.requested_theme = theme
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
-        self.engine = AlertEngine(rules or [])
+        self.engine = AlertEngine(rules or [], tracker=holders)
         self.alert_log: list[AlertEvent] = []
         self.recent_xids = RecentXids()  # heard by a source that listens for them (this machine's)
         self.failure: GpumonError | None = None  # why the data source (or a rule's card) could not be used

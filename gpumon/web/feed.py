@@ -3,8 +3,11 @@
 The cards are read once per interval, whatever the number of viewers: `Feed` keeps the latest
 view, encoded once as a Server-Sent Event, and every open page's stream waits on it. A page that
 reads slowly skips to the newest view rather than queueing old ones. `LocalCards` feeds it from
-this machine's `Sampler`, `FleetCards` from a `Fleet`; both keep the documents of /api/snapshot and
-/api/health for the latest reading, made at most once per reading however many ask.
+this machine's `Sampler`, `FleetCards` from a `Fleet`; both keep the documents of /api/snapshot,
+/api/health and /api/users for the latest reading, made at most once per reading however many ask.
+
+Who holds the cards comes from one HolderTracker fed every reading from the server's start (a fleet's
+host by host, as each reports), so idle time counts from then, whoever opens the page when.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.monitor.fleet import Fleet
+from gpumon.monitor.holders import Holder, HolderTracker, users_document
 from gpumon.monitor.sampler import Sampler, card_wait
 from gpumon.monitor.verdicts import fleet_health_document, health_document
 from gpumon.monitor.xid import XidListener
@@ -82,20 +86,30 @@ class LocalCards:
         self.sampler = sampler
         self.feed = feed
         self.latest: Snapshot | None = None
+        self.holders = HolderTracker()
+        self.holding: tuple[Holder, ...] = ()
+        self._first: float | None = None  # the first reading's time: how long the server has watched
         self._snapshot = _Cached(lambda s: s.to_dict())
         self._health = _Cached(health_document)
+        self._users = _Cached(lambda s: users_document(self.holding, s.time, s.time - (self._first or s.time)))
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
+        self.holding = self.holders.update(snapshot)
+        if self._first is None:
+            self._first = snapshot.time
         self.latest = snapshot
-        self.feed.publish(local_view(snapshot, self.sampler.interval))
+        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding))
 
     def snapshot_document(self) -> dict[str, Any] | None:
         return self._snapshot.of(self.latest)
 
     def health_document(self) -> dict[str, Any] | None:
         return self._health.of(self.latest)
+
+    def users_document(self) -> dict[str, Any] | None:
+        return self._users.of(self.latest)
 
     async def run(self) -> None:
         backend = await self.sampler.open()
@@ -135,25 +149,43 @@ class FleetCards:
         self.feed = feed
         self.latest: FleetSnapshot | None = None
         self._pending = False
+        # Each host's holders as of its latest reading, fed as hosts report (O(1) hosts a report).
+        self.holders = HolderTracker()
+        self.holding: dict[str, tuple[Holder, ...]] = {}
+        self._first: float | None = None  # the first host's first reading: how long the server has watched
         self._snapshot = _Cached(lambda d: d.to_dict())
         self._health = _Cached(fleet_health_document)
+        self.latest_holders: tuple[Holder, ...] = ()  # of `latest`'s hosts, as it was built
+        self._users = _Cached(lambda d: users_document(self.latest_holders, d.time, d.time - (self._first or d.time),
+                                                       d.hosts))
         fleet.subscribe(self._on_host)
 
     def _on_host(self, status: HostStatus) -> None:
+        if status.snapshot is not None and status.state in ("live", "stale"):
+            self.holding[status.host] = self.holders.update(status.snapshot, status.host)
+            if self._first is None:
+                self._first = status.snapshot.time
+        else:  # away: who held its cards is no longer known
+            self.holding.pop(status.host, None)
         if not self._pending:
             self._pending = True
             asyncio.get_running_loop().call_later(min(self.COALESCE_S, self.runner.interval / 4), self._build)
 
     def _build(self) -> None:
         self._pending = False
-        self.latest = self.runner.document()
-        self.feed.publish(fleet_view(self.latest, self.runner.interval, self.runner.problems()))
+        latest = self.runner.document()
+        self.latest_holders = tuple(h for status in latest.hosts for h in self.holding.get(status.host, ()))
+        self.latest = latest
+        self.feed.publish(fleet_view(latest, self.runner.interval, self.runner.problems(), self.latest_holders))
 
     def snapshot_document(self) -> dict[str, Any] | None:
         return self._snapshot.of(self.latest)
 
     def health_document(self) -> dict[str, Any] | None:
         return self._health.of(self.latest)
+
+    def users_document(self) -> dict[str, Any] | None:
+        return self._users.of(self.latest)
 
     async def run(self) -> None:
         self._build()  # the hosts, connecting, before any has answered

@@ -7,6 +7,7 @@ GET only (anything else: 405), nothing that acts: no launch, no signal, no setti
     /events        Server-Sent Events: the page's document (web/view.py) once per sample
     /api/snapshot  `gpumon snapshot --json` (with hosts: `snapshot --hosts … --json`)
     /api/health    `gpumon health --json` (with hosts: its fleet document)
+    /api/users     `gpumon users --json` (with hosts: its fleet document), watched since the server started
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Cards(Protocol):
 
     def snapshot_document(self) -> dict[str, Any] | None: ...
     def health_document(self) -> dict[str, Any] | None: ...
+    def users_document(self) -> dict[str, Any] | None: ...
 
 
 def _asset(name: str) -> bytes:
@@ -101,6 +103,7 @@ def make_app(cards: Cards, feed: Feed, token: str | None, local_names: set[str],
     app.router.add_get("/events", events, allow_head=False)
     app.router.add_get("/api/snapshot", document(cards.snapshot_document), allow_head=False)
     app.router.add_get("/api/health", document(cards.health_document), allow_head=False)
+    app.router.add_get("/api/users", document(cards.users_document), allow_head=False)
     return app
 
 

@@ -1,7 +1,8 @@
 """The page's document: what the browser shows, worked out here once per sample for every viewer.
 
 The page only lays it out: verdicts (monitor/verdicts, as `gpumon health` tells them), which card
-is free (jobs/placement's `free_enough`, as `gpumon select` decides), sizes in words (units).
+is free (jobs/placement's `free_enough`, as `gpumon select` decides), who holds the cards and who
+holds them idle (monitor/holders, as the users view says it), sizes in words (units).
 Every string from the cards, processes and hosts is made printable here (control and bidi
 characters as visible escapes); the page sets it as text, never as markup.
 """
@@ -12,12 +13,14 @@ from typing import Any
 
 from gpumon.jobs.placement import free_enough
 from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
+from gpumon.monitor.holders import Holder, idle_cell, idle_holders, summary
 from gpumon.monitor.verdicts import card_verdict
 from gpumon.sanitize import printable
-from gpumon.units import format_bytes
+from gpumon.units import format_bytes, format_duration, format_energy
 
 COMMAND_CHARS = 200  # a command line this long says enough; the rest is cut with …
 PROCESSES_PER_HOST = 200  # the page shows the biggest ones (by GPU memory), and says how many more
+HOLDERS_SHOWN = 500  # rows of the users table; the rest are counted (the idle line names every idle one)
 
 
 def _text(value: str | None, limit: int = 120) -> str | None:
@@ -96,13 +99,44 @@ def _summary(hosts: list[dict[str, Any]], fleet: bool) -> dict[str, Any]:
             "away": sum(h["state"] not in ("live", "stale") for h in hosts)}
 
 
-def local_view(snapshot: Snapshot, interval: float) -> dict[str, Any]:
+def _holder_row(h: Holder, branch: str) -> dict[str, Any]:
+    """A row of the users table, as the TUI's users view has it; `branch`: its tree mark under its
+    user ("├", "└"; "" for a user)."""
+    return {"key": f"{h.host}/{h.kind}/{h.id}", "kind": h.kind, "branch": branch, "idle": h.idle,
+            "host": _text(h.host, 60), "who": _text(h.label), "user": _text(h.user or "?", 40),
+            "cards": ",".join(map(str, h.cards)) or "-", "memory": format_bytes(h.gpu_memory),
+            "sm": "N/A" if h.sm_util is None else str(h.sm_util),
+            "power": "N/A" if h.power_w is None else f"{h.power_w:.0f} W",
+            "energy": format_energy(h.energy_j, na="N/A"),
+            "held": "N/A" if h.held_s is None else format_duration(h.held_s), "idle_for": idle_cell(h)}
+
+
+def users_view(holders: tuple[Holder, ...], fleet: bool) -> dict[str, Any]:
+    """The users section: a row per user, its jobs, pods and containers under it (the tracker lists
+    them so), and the line naming who holds cards idle."""
+    rows = []
+    shown = holders[:HOLDERS_SHOWN]
+    for i, h in enumerate(shown):
+        branch = ""
+        if h.kind != "user":
+            following = shown[i + 1] if i + 1 < len(shown) else None
+            last = following is None or following.kind == "user" or following.host != h.host
+            branch = "└" if last else "├"
+        rows.append(_holder_row(h, branch))
+    idle, rest = summary(holders, hosts=fleet)
+    return {"rows": rows, "more": max(0, len(holders) - HOLDERS_SHOWN), "idle_count": len(idle_holders(holders)),
+            "idle": _text(idle, 2000), "rest": rest.removeprefix(" · ")}
+
+
+def local_view(snapshot: Snapshot, interval: float, holders: tuple[Holder, ...] = ()) -> dict[str, Any]:
     hosts = [host_view(snapshot.host, "stale" if snapshot.stale else "live", snapshot)]
     return {"time": snapshot.time, "interval": interval, "fleet": False, "hosts": hosts,
-            "summary": _summary(hosts, fleet=False)}
+            "summary": _summary(hosts, fleet=False), "users": users_view(holders, fleet=False)}
 
 
-def fleet_view(doc: FleetSnapshot, interval: float, problems: tuple[str, ...] = ()) -> dict[str, Any]:
+def fleet_view(doc: FleetSnapshot, interval: float, problems: tuple[str, ...] = (),
+               holders: tuple[Holder, ...] = ()) -> dict[str, Any]:
     hosts = [host_view(s.host, s.state, s.snapshot, s.error, fleet=True) for s in doc.hosts]
     return {"time": doc.time, "interval": interval, "fleet": True, "hosts": hosts,
-            "summary": _summary(hosts, fleet=True), "problems": [_text(p, 300) for p in problems]}
+            "summary": _summary(hosts, fleet=True), "problems": [_text(p, 300) for p in problems],
+            "users": users_view(holders, fleet=True)}

@@ -19,42 +19,13 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Input
 
-from gpumon.monitor.holders import Holder
+from gpumon.monitor.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.holder_table import HolderTable
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh
 from gpumon.tui.wire.compositor import use_lean_compositor
-
-
-def idle_holders(holders: tuple[Holder, ...]) -> list[Holder]:
-    """The holders to name as idle: idle users, and idle jobs/pods/containers of users who compute
-    elsewhere (an idle user's jobs are idle too: naming the user says it)."""
-    idle_users = {(h.host, h.user) for h in holders if h.kind == "user" and h.idle}
-    return [h for h in holders if h.idle and (h.kind == "user" or (h.host, h.user) not in idle_users)]
-
-
-def summary(holders: tuple[Holder, ...], hosts: bool = False) -> tuple[str, str]:
-    """(the idle part, the rest) of the line above the table: "2 holders idle: alice idle 2h12m
-    holding 40G on 2 cards; job 77.0 (bob) idle 3m holding 20G on 2 cards", and how many hold cards."""
-    users = sum(1 for h in holders if h.kind == "user")
-    others = len(holders) - users
-    counts = f"{users} user{'s' if users != 1 else ''}"
-    if others:
-        counts += f", {others} job{'s' if others != 1 else ''}/pod{'s' if others != 1 else ''}/container" \
-                  + ("s" if others != 1 else "")
-    idle = idle_holders(holders)
-    if not holders:
-        return "", "nobody holds a card"
-    if not idle:
-        return "", f"nobody holds a card idle · {counts} hold cards"
-    named = []
-    for h in idle:
-        who = printable(h.label) + ("" if h.kind == "user" else f" ({printable(h.user or '?')})")
-        named.append((f"{printable(h.host)}: " if hosts else "") + f"{who} {h.idle_text()}")
-    head = f"{len(idle)} holder{'s' if len(idle) != 1 else ''} idle: "
-    return head + "; ".join(named), f" · {counts}"
 
 
 class UsersLine(CachedStyles, PartialRefresh, Widget):

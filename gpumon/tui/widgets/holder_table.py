@@ -20,7 +20,7 @@ from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
 
-from gpumon.monitor.holders import Holder
+from gpumon.monitor.holders import Holder, idle_cell
 from gpumon.sanitize import printable
 from gpumon.tui.widgets.line_table import LineTable
 from gpumon.units import format_bytes, format_duration, format_energy
@@ -41,13 +41,6 @@ SORT_VALUES = {
     "power": lambda h: h.power_w or 0.0, "energy": lambda h: h.energy_j or 0.0, "held": lambda h: h.held_s or 0.0,
 }
 GAP = 2
-
-
-def idle_cell(h: Holder) -> str:
-    """'2h12m' while idle; blank while it computes; '?' where per-process SM is not reported."""
-    if h.idle_s is not None:
-        return format_duration(h.idle_s)
-    return "?" if not h.sm_util else ""  # nothing computes, yet not idle: some process's SM is unknown
 
 
 @lru_cache(maxsize=4096)

@@ -130,6 +130,57 @@
     return section;
   }
 
+  // The users section: a row per user, its jobs, pods and containers under it. An idle row says so
+  // in words and a sign ("! idle"), never by colour alone.
+  const HOLDER_COLUMNS = [["mark", ""], ["host", "HOST"], ["who", "WHO"], ["user", "USER"], ["cards", "CARDS"],
+    ["memory", "MEMORY"], ["sm", "SM %"], ["power", "POWER"], ["energy", "ENERGY"], ["held", "HELD"],
+    ["idle_for", "IDLE"]];
+  const NUMERIC = new Set(["memory", "sm", "power", "energy", "held", "idle_for"]);
+
+  function holderRow(h, columns) {
+    const row = el("tr");
+    row.dataset.holder = h.key;
+    row.dataset.kind = h.kind;
+    row.dataset.idle = h.idle ? "yes" : "no";
+    for (const [key] of columns) {
+      const cell = el("td", key + (NUMERIC.has(key) ? " num" : ""));
+      if (key === "mark") {
+        if (h.idle) cell.append(el("span", "idle-mark", "! idle"));
+      } else if (key === "who") {
+        if (h.branch) cell.append(el("span", "branch", `${h.branch} `));
+        cell.append(el("span", "who-name", h.who));
+      } else {
+        cell.textContent = h[key] ?? "";
+      }
+      row.append(cell);
+    }
+    return row;
+  }
+
+  function renderUsers(users, fleet) {
+    const section = document.getElementById("users");
+    section.hidden = false;
+    const summary = document.getElementById("users-summary");
+    summary.dataset.idle = String(users.idle_count);
+    summary.replaceChildren();
+    if (users.idle) summary.append(el("span", "users-idle", users.idle), document.createTextNode(" \u00b7 "));
+    summary.append(el("span", "users-rest", users.rest));
+    const columns = HOLDER_COLUMNS.filter(([key]) => fleet || key !== "host");
+    const table = document.getElementById("users-table");
+    if (!users.rows.length) { table.replaceChildren(); table.hidden = true; }
+    else {
+      table.hidden = false;
+      const head = el("tr");
+      for (const [key, name] of columns) head.append(el("th", NUMERIC.has(key) ? "num" : null, name));
+      const thead = el("thead");
+      thead.append(head);
+      const body = el("tbody");
+      for (const h of users.rows) body.append(holderRow(h, columns));
+      table.replaceChildren(thead, body);
+    }
+    document.getElementById("users-more").textContent = users.more ? `and ${users.more} more holders` : "";
+  }
+
   function render(doc) {
     interval = doc.interval || 1;
     document.body.dataset.time = String(doc.time);
@@ -139,6 +190,8 @@
     if (s.failing) words.push(`${s.failing} failing`);
     if (s.warning) words.push(`${s.warning} warning`);
     if (s.away) words.push(`${s.away} host${s.away === 1 ? "" : "s"} not answering`);
+    const idle = doc.users ? doc.users.idle_count : 0;
+    if (idle) words.push(`${idle} holder${idle === 1 ? "" : "s"} idle`);
     summary.textContent = words.join(" \u00b7 ");
     summary.dataset.free = String(s.free);
     document.getElementById("updated").textContent =
@@ -152,6 +205,7 @@
     });
     for (const key of history.keys()) if (!seen.has(key)) history.delete(key);
     document.getElementById("hosts").replaceChildren(...sections);
+    if (doc.users) renderUsers(doc.users, doc.fleet);
   }
 
   function connection(state, text) {
