@@ -1,10 +1,11 @@
 """A table drawn line by line: a header, then one row per key of `order`, with a cursor.
 
-The process table and the fleet's host table are both this: Textual's DataTable re-renders every
-visible cell on any change, which costs a frame's worth of CPU each second on a busy machine. Here
-only the lines on screen are drawn (`render_line`), each row's strip is cached by the subclass,
-and a changed row repaints its own line alone. Subclasses draw the header and a row
-(`_header`, `_row_strip`) and may act on a click on the header (`header_clicked`).
+The process table, the users view's table (both through sortable_table.SortableTable) and the
+fleet's host table are this: Textual's DataTable re-renders every visible cell on any change,
+which costs a frame's worth of CPU each second on a busy machine. Here only the lines on screen
+are drawn (`render_line`), each row's strip is cached by the subclass, and a changed row repaints
+its own line alone. Subclasses draw the header and a row (`_header`, `_row_strip`) and may act on
+a click on the header (`header_clicked`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class LineTable(ScrollView, can_focus=True):
         y = index - self.scroll_offset.y + 1
         if 1 <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
+
+    @property
+    def row_count(self) -> int:
+        return len(self.order)
 
     # -- the cursor --
 
