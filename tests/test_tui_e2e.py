@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import re
 import shlex
 import sys
 import time
@@ -81,3 +82,26 @@ def test_no_driver_in_tmux_says_so(tmux_session, tmp_path):
         time.sleep(0.1)
     assert status_file.read_text().strip() == "3"
     assert "--demo" in Path(tmp_path / "err").read_text()
+
+
+SGR = re.compile(r"(?:\x1b\[[0-9;]*m)+")  # one change of style: one or more SGR sequences in a row
+
+
+def leading_styles(line: str, upto: str) -> int:
+    """How many style changes a process row has between its first cell and `upto` (its pid)."""
+    row = line.split("│", 1)[1]
+    return len(SGR.findall(row[:row.index(upto)]))
+
+
+def test_the_cursor_row_is_painted_whole_when_the_cursor_moves(tmux_session):
+    """Every cell of the row the cursor leaves loses its colour, and the row it reaches gets it,
+    the first cell included (it was repainted from the second cell on)."""
+    tmux = tmux_session(120, 40)
+    tmux.start(f"{shlex.quote(sys.executable)} -m gpumon --demo")
+    tmux.wait_for(lambda s: "48214" in s, what="the demo's processes")
+    tmux.keys("Tab", "Down")
+    time.sleep(1.0)
+    screen = tmux("capture-pane", "-p", "-e", "-t", "t")
+    rows = {pid: next(line for line in screen.splitlines() if pid in line) for pid in ("48213", "48214")}
+    assert leading_styles(rows["48213"], "48213") <= 1, repr(rows["48213"])
+    assert leading_styles(rows["48214"], "48214") <= 1, repr(rows["48214"])

@@ -158,15 +158,6 @@ class ProcessTable(SortableTable):
 
     # -- drawing --
 
-    def _refresh_cells(self, index: int, columns: list[int]) -> None:
-        """Repaint only these cells of row `index`, if it is on screen."""
-        y = index - self.scroll_offset.y + 1
-        if columns and 1 <= y < self.size.height:
-            self.refresh(self._cells_region(y, columns))
-
-    def _refresh_row(self, index: int) -> None:
-        self._refresh_cells(index, list(range(len(KEYS))))
-
     def _styled_row(self, key: str, cells: Cells, on_cursor: bool) -> tuple[list[tuple[str, Style]], Style]:
         styles = self._styles()
         row = self.rows_by_key[key]
