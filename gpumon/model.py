@@ -295,19 +295,18 @@ class Topology:
     numa_node: tuple[int | None, ...]
     left_out: tuple[tuple[int, str], ...] = ()  # cards not in the matrix, and why
     nvswitch: tuple[bool, ...] = ()  # per card: its NVLinks go to NVSwitches
+    unknown: tuple[tuple[int, str], ...] = ()  # cards in the matrix of which links are not known, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "left_out": [{"index": index, "reason": reason} for index, reason in self.left_out],
+            "unknown": [{"index": index, "reason": reason} for index, reason in self.unknown],
             "gpus": [
                 {
                     "index": idx,
                     "links": {str(other): self.links[i][j] for j, other in enumerate(self.indices)},
-                    "nvlinks": {
-                        str(other): self.nvlinks[i][j]
-                        for j, other in enumerate(self.indices)
-                        if self.nvlinks[i][j]
-                    },
+                    "nvlinks": {str(other): self.nvlinks[i][j] for j, other in enumerate(self.indices)
+                                if self.nvlinks[i][j]},
                     "cpu_affinity": self.cpu_affinity[i],
                     "numa_node": self.numa_node[i],
                     "nvswitch": bool(self.nvswitch and self.nvswitch[i]),

@@ -25,7 +25,7 @@ from fakedrm import (
 
 from gpumon.monitor.backends.drm import DrmBackend
 from gpumon.monitor.backends.drm.backend import DISCOVER_S
-from gpumon.monitor.fleet.schema import snapshot_from_remote
+from gpumon.monitor.fleet.schema import snapshot_from_remote, topology_from_remote
 
 
 class Clock:
@@ -249,3 +249,28 @@ def test_topo_places_amd_cards_on_pcie_and_in_their_xgmi_hive(fake_kernel):
     assert (rows[4]["numa_node"], rows[0]["cpu_affinity"]) == (1, "0-7")
     text = fake_kernel.run("topo")
     assert "XGMI" in text.stdout and "xGMI hive" in text.stdout and a.address == "0000:03:00.0"
+
+
+def test_topo_says_it_does_not_know_the_hive_of_a_sleeping_card(fake_kernel):
+    """A card asleep is not read (its files hang here, as a read would wake a real one), so which
+    xGMI hive it is in is not known: topo says so rather than showing it on PCIe alone."""
+    up = ("pci0000:00", "0000:00:01.1", "0000:01:00.0")
+    hive = {"xgmi_hive_info/xgmi_hive_id": "1234567890abcdef"}
+    fake_kernel.sys.amd("0000:03:00.0", files={**MI210, **hive}, parents=(*up, "0000:02:00.0"), numa=0)
+    asleep = fake_kernel.sys.amd("0000:04:00.0", files={**MI210, **hive}, parents=(*up, "0000:02:04.0"), numa=0)
+    radeon = fake_kernel.sys.amd("0000:43:00.0", files=RX7900, hwmon=RX7900_HWMON, parents=("pci0000:40",))
+    fake_kernel.sys.suspend(asleep)
+    fake_kernel.sys.suspend(radeon)  # asleep too, but in no hive: its links are all PCIe, and known
+    out = fake_kernel.run("topo", "--json", "--timeout", "2", timeout=30)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["left_out"] == [] and [g["index"] for g in doc["gpus"]] == [0, 1, 2]
+    assert doc["gpus"][0]["links"]["1"] == "PIX"  # what its PCIe path says; xGMI not known
+    assert doc["unknown"] == [{"index": 1, "reason": "asleep: its xGMI links are not known (reading them "
+                                                     "would wake it)"}]
+    # A fleet host's `t` reads the same document over ssh.
+    assert topology_from_remote(doc).unknown == ((1, doc["unknown"][0]["reason"]),)
+    text = fake_kernel.run("topo", "--timeout", "2", timeout=30)
+    assert text.returncode == 0, text.stderr
+    assert "GPU1 asleep: its xGMI links are not known (reading them would wake it)\n" in text.stdout
+    assert "GPU2 asleep" not in text.stdout

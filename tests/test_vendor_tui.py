@@ -7,13 +7,14 @@ import shlex
 import sys
 
 from conftest import Card
-from fakedrm import RX7900, RX7900_HWMON, amdgpu_fdinfo
+from fakedrm import MI210, RX7900, RX7900_HWMON, amdgpu_fdinfo
 from test_tui import run, started
 from test_tui_dialogs import wait_until
 
 from gpumon.monitor.backends import open_backend
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.run_dialog import RunDialog
+from gpumon.tui.screens.topology import TopologyScreen
 
 
 def mixed_host(fake_driver, fake_kernel):
@@ -78,3 +79,27 @@ def test_r_launches_on_the_selected_amd_card(fake_driver, fake_kernel, tmp_path,
         for job in records.list_jobs():
             if job.state == "running":
                 records.stop(job)
+
+
+def test_t_says_which_sleeping_cards_xgmi_links_are_not_known(fake_kernel):
+    hive = {"xgmi_hive_info/xgmi_hive_id": "1234567890abcdef"}
+    fake_kernel.sys.amd("0000:03:00.0", files={**MI210, **hive})
+    fake_kernel.sys.suspend(fake_kernel.sys.amd("0000:04:00.0", files={**MI210, **hive}))
+    backend = open_backend(nvml_lib=fake_kernel.no_nvidia, sysfs=str(fake_kernel.sys.root),
+                           procfs=str(fake_kernel.proc.root))
+    app = create_app(backend, interval=0.2)
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("t")
+            assert isinstance(app.screen, TopologyScreen)
+            screen = app.screen
+            await wait_until(pilot, lambda: not screen.reading, seconds=20, what="the links")
+            partners = str(screen.query_one("#topo-partners").render())
+            assert "GPU 1 asleep: its xGMI links are not known (reading them would wake it)" in partners
+
+    try:
+        run(go())
+    finally:
+        backend.close()

@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gpumon.alerting.prometheus_amd import DRM_GAUGES, amd_families
 from gpumon.alerting.prometheus_health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_rule_expr, health_value
 from gpumon.alerting.prometheus_owners import OWNER_LABELS, card_labels, process_labels
 from gpumon.alerting.rules import AlertEngine, Rule
@@ -144,7 +145,7 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
                                   g.pci_bus_id or "", g.vendor, *card_labels(g)]
               for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
-    for name, doc, read in GAUGES + HEALTH_GAUGES:
+    for name, doc, read in GAUGES + HEALTH_GAUGES + DRM_GAUGES:
         family = GaugeMetricFamily(name, doc, labels=LABELS)
         for _, g, card in cards:
             value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
@@ -184,6 +185,7 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
     for _, g, card in cards:
         lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
     yield lost
+    yield from amd_families([(r.host, r.snapshot.gpus) for r in readings])
     host_label = ["Hostname"] if per_host else []
     stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.", labels=host_label)
     now = time.time()

@@ -43,6 +43,13 @@ def _ratio(pct: float | None) -> float | None:
     return None if pct is None else pct / 100
 
 
+def _memory_temperature(g: GpuSample) -> float | None:
+    """NVIDIA's from its health counters; AMD's and Intel's (hwmon's mem/vram sensor) from the sample."""
+    if g.counters is not None and g.counters.memory_temperature is not None:
+        return float(g.counters.memory_temperature)
+    return None if g.temperature_memory is None else float(g.temperature_memory)
+
+
 def _nvlink_kib(c: CardCounters) -> float | None:
     if c.nvlink_tx_total is None and c.nvlink_rx_total is None:
         return None
@@ -50,7 +57,7 @@ def _nvlink_kib(c: CardCounters) -> float | None:
 
 
 HEALTH_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
-    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _counter(lambda c: c.memory_temperature)),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _memory_temperature),
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
      _counter(lambda c: c.energy_j * _MS_PER_J if c.energy_j is not None and c.energy_source == "driver" else None)),
     ("gpumon_gpu_energy_joules", "Energy used: the driver's counter, or power integrated since gpumon started.",

@@ -150,6 +150,7 @@ def topology_text(topo: Topology) -> str:
         rows.append([name] + [cell or NA for cell in topo.links[i]]
                     + [topo.cpu_affinity[i] or NA, _fmt(topo.numa_node[i])])
     left_out = "".join(f"GPU{index} left out: {reason}\n" for index, reason in topo.left_out)
+    left_out += "".join(f"GPU{index} {reason}\n" for index, reason in topo.unknown)
     matrix = table(rows) + "\n\n" if topo.indices else "No cards to show.\n\n"
     return matrix + (left_out + "\n" if left_out else "") + TOPOLOGY_LEGEND + "\n"
 

@@ -68,7 +68,7 @@ class CompositeBackend:
             nvlinks=tuple(row + (0,) * width for row in nvidia.nvlinks)
             + tuple((0,) * len(indices) for _ in others.indices),
             cpu_affinity=nvidia.cpu_affinity + others.cpu_affinity, numa_node=numa,
-            left_out=nvidia.left_out + others.left_out,
+            left_out=nvidia.left_out + others.left_out, unknown=nvidia.unknown + others.unknown,
             nvswitch=(nvidia.nvswitch or (False,) * len(nvidia.indices)) + (False,) * width)
 
     def close(self) -> None:

@@ -298,7 +298,20 @@ def topology_from_remote(doc: Any) -> Topology:
         indices=tuple(indices), links=tuple(links), nvlinks=tuple(nvlinks),
         cpu_affinity=tuple(_text(c.get("cpu_affinity"), "cpu_affinity", limit=256) for c in cards),
         numa_node=tuple(_number(c.get("numa_node"), "numa_node", integer=True) for c in cards),  # type: ignore[misc]
+        left_out=_card_notes(doc, "left_out"), unknown=_card_notes(doc, "unknown"),
     )
+
+
+def _card_notes(doc: dict, key: str) -> tuple[tuple[int, str], ...]:
+    """`left_out`, `unknown`: [{"index", "reason"}] (absent from older gpumons: none)."""
+    notes = []
+    for i, note in enumerate(_list(doc.get(key, []), key, MAX_CARDS)):
+        if not isinstance(note, dict):
+            raise SchemaError(f"{key}[{i}] is not an object")
+        index = _number(note.get("index"), f"{key}[{i}].index", integer=True)
+        if index is not None:
+            notes.append((int(index), _text(note.get("reason"), f"{key}[{i}].reason", limit=512) or "?"))
+    return tuple(notes)
 
 
 JOB_STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")

@@ -106,4 +106,5 @@ class TopologyScreen(ModalScreen[None]):
 
 
 def _left_out(topo: Topology) -> str:
-    return "".join(f"\nGPU {index} left out: {printable(reason)}" for index, reason in topo.left_out)
+    return ("".join(f"\nGPU {index} left out: {printable(reason)}" for index, reason in topo.left_out)
+            + "".join(f"\nGPU {index} {printable(reason)}" for index, reason in topo.unknown))

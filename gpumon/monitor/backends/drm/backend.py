@@ -39,6 +39,7 @@ from gpumon.monitor.backends.lanes import STALE_AFTER_S, Lanes, not_responding, 
 log = logging.getLogger(__name__)
 DISCOVER_S = 5.0
 ASLEEP = ("suspended", "suspending")
+XGMI_ASLEEP = "asleep: its xGMI links are not known (reading them would wake it)"
 DEFAULT_WAIT_S = 2.0  # how long sample() and topology() wait for slow cards when the caller does not say
 STAGGER_S = 0.02  # cards are read one after another (no contention for the GIL) unless one is slow
 
@@ -226,18 +227,27 @@ class DrmBackend:
         for future in reading.values():
             settle(future, deadline - time.monotonic())
         hung = {index for index, future in reading.items() if not future.done()}
+        asleep = {index for index, future in reading.items() if future.done() and not future.exception()
+                  and future.result()}
         present = [c for c in self.cards if c.present and c.index not in hung]
         return link_matrix(
             [c.index for c in present], [pci_path(c.node.device) for c in present],
             [c.node.numa_node for c in present], [c.node.local_cpus for c in present],
             [c.identity.xgmi_hive if c.identity else None for c in present],
             left_out=sorted([(c.index, "gone from sysfs") for c in self.cards if not c.present]
-                            + [(index, "not responding") for index in hung]))
+                            + [(index, "not responding") for index in hung]),
+            # amdgpu links a card into its hive's directory only when it is in one: a directory
+            # entry, which the card need not be awake for (its hive id is the card's to say).
+            unknown=[(c.index, XGMI_ASLEEP) for c in present if c.index in asleep
+                     and os.path.isdir(os.path.join(c.node.device, "xgmi_hive_info"))])
 
-    def _read_identity(self, card: _Card) -> None:
-        """On the card's lane: its identity (xGMI hive), once it is awake."""
-        if card.identity is None and runtime_status(card.node) not in ASLEEP:
+    def _read_identity(self, card: _Card) -> bool:
+        """On the card's lane: its identity (xGMI hive), once it is awake. True: it sleeps, unread."""
+        if card.identity is None and runtime_status(card.node) in ASLEEP:
+            return True
+        if card.identity is None:
             card.identity = amdgpu.read_identity(card.node.device)
+        return False
 
     def close(self) -> None:
         pass

@@ -54,8 +54,9 @@ def pcie_link(a: Sequence[str], b: Sequence[str], numa_a: int | None, numa_b: in
 
 
 def link_matrix(indices: Sequence[int], paths: Sequence[Sequence[str]], numa: Sequence[int | None],
-                cpus: Sequence[str | None], hives: Sequence[str | None], left_out=()) -> Topology:
-    """The Topology of these cards (each a path, NUMA node, local CPUs and xGMI hive)."""
+                cpus: Sequence[str | None], hives: Sequence[str | None], left_out=(), unknown=()) -> Topology:
+    """The Topology of these cards (each a path, NUMA node, local CPUs and xGMI hive); `unknown`:
+    (card, why) for cards whose xGMI hive could not be read (None in `hives`)."""
     links = []
     for i in range(len(indices)):
         row = []
@@ -69,4 +70,5 @@ def link_matrix(indices: Sequence[int], paths: Sequence[Sequence[str]], numa: Se
         links.append(tuple(row))
     return Topology(indices=tuple(indices), links=tuple(links),
                     nvlinks=tuple(tuple(0 for _ in indices) for _ in indices), cpu_affinity=tuple(cpus),
-                    numa_node=tuple(numa), left_out=tuple(left_out), nvswitch=tuple(False for _ in indices))
+                    numa_node=tuple(numa), left_out=tuple(left_out), nvswitch=tuple(False for _ in indices),
+                    unknown=tuple(unknown))
