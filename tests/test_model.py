@@ -30,6 +30,8 @@ SCHEMA_GPU_KEYS = {
     "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "clock_event_s",
     "throttled_power_pct", "throttled_thermal_pct", "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active",
     "sm_occupancy", "tensor_active", "dram_active",
+    # Added with AMD's RAS counters (issues 27/28): bad pages reserved, and those that could not be.
+    "retired_pages_reserved", "retired_pages_failed",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
                     # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).
