@@ -193,19 +193,29 @@ def terminal_bytes(keys: bytes, seconds: float) -> int:
                             stderr=slave, env=dict(os.environ, TERM="xterm-256color"), start_new_session=True)
     os.close(slave)
 
-    def drain(until: float) -> int:
-        count = 0
-        while time.monotonic() < until:
+    def drain(until: float, seen: bytes | None = None) -> int:
+        """Bytes read until `until`; with `seen`, until those bytes have come (or 60 s: a loaded machine)."""
+        count, tail = 0, b""
+        deadline = time.monotonic() + 60 if seen is not None else until
+        while time.monotonic() < deadline:
             if select.select([master], [], [], 0.1)[0]:
                 try:
-                    count += len(os.read(master, 65536))
+                    chunk = os.read(master, 65536)
                 except OSError:
                     break
+                count += len(chunk)
+                if seen is not None and seen in tail + chunk:
+                    return count
+                tail = (tail + chunk)[-len(seen or b""):]
         return count
 
     try:
-        drain(time.monotonic() + 4)  # started, first frames drawn
+        # Measured from after the first frame and the overlay are drawn, however long they take.
+        drain(0, seen=b"demo")
+        drain(time.monotonic() + 2)
         os.write(master, keys)
+        if keys == b"?":
+            drain(0, seen=b"gpumon keys")
         drain(time.monotonic() + 1.5)
         return drain(time.monotonic() + seconds)
     finally:
