@@ -109,6 +109,24 @@ def test_the_exporter_labels_processes_and_held_cards_with_their_job_pod_or_cont
         assert exporter.stop() == 0
 
 
+def test_cards_carry_their_owner_without_per_process_series(held, fake_driver):
+    """Who holds a card is a label of the card's series whether or not processes are exported."""
+    _, config = held
+    exporter = Exporter({**fake_driver.env, "GPUMON_CONFIG": str(config)}, "node-1", processes=False).start()
+    try:
+        def card_labelled():
+            try:
+                body = scrape(exporter.target)
+            except OSError:
+                return None
+            return body if b'hpc_job="4242"' in body else None
+
+        body = wait_until(card_labelled, 60, "a card's owner on the exporter")
+        assert b"gpumon_process_gpu_memory_bytes" not in body
+    finally:
+        assert exporter.stop() == 0
+
+
 def test_prometheus_splits_cards_and_memory_by_job_and_pod(held, fake_driver, tmp_path):
     pids, config = held
     prometheus = require_tool("prometheus")

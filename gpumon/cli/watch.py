@@ -33,9 +33,11 @@ def run(args: argparse.Namespace) -> int:
     hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
     recorder = Recorder(args.record) if args.record else None
     per_process = args.prometheus_processes or config.prometheus_processes
-    # Card events never name processes: psutil is needed only to record them, export them, or
-    # know who holds the cards (idle rules).
-    enrich = recorder is not None or per_process or needs_processes(rules)
+    address = args.prometheus or config.prometheus
+    # Card events never name processes: psutil is needed only to record them, to export (a card's
+    # series name the job or pod holding it, as dcgm-exporter's do), or to know who holds the cards
+    # (idle rules).
+    enrich = recorder is not None or bool(address) or needs_processes(rules)
     watch = Watch(
         Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
@@ -44,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     )
     server = None
     try:
-        address = args.prometheus or config.prometheus
         if address:
             server = watch.serve_prometheus(address, per_process, _hostname(args, config))
         return asyncio.run(watch.run())
