@@ -9,7 +9,8 @@ import time
 
 import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
-from conftest import GIB, Card
+from conftest import GIB
+from holders_lab import CONTAINER, FAKE_RELOAD_S, POD, place_holders, set_load
 
 from gpumon.model import ProcessOwner, ProcessSample, Snapshot
 from gpumon.monitor.backends.nvml import NvmlBackend
@@ -17,36 +18,14 @@ from gpumon.monitor.holders import HolderTracker
 from gpumon.monitor.sampler import Sampler
 from gpumon.units import format_duration
 
-POD = "0a0a0a0a-1b1b-2c2c-3d3d-4e4e4e4e4e4e"
-CONTAINER = "ab" * 32
-FAKE_RELOAD_S = 0.1  # the fake driver looks at its file at most every 50 ms
-
 
 @pytest.fixture
 def held(cgroup_lab, idle_processes, fake_driver):  # noqa: F811 - the fixture imported above
-    """Three real processes: one in Slurm job 77 (two cards), one in a pod, one in a Docker container."""
-    job, pod, box = (idle_processes("sleep", "600") for _ in range(3))
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_77/step_0/user/task_0", job.pid)
-    cgroup_lab.place(cgroup_lab.v2, f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/"
-                                    f"cri-containerd-{'cd' * 32}.scope", pod.pid)
-    cgroup_lab.place(cgroup_lab.v1, f"docker/{CONTAINER}", box.pid)
-    fake_driver.machine.cards = [Card(extra={"power_mw": 300_000}), Card(extra={"power_mw": 200_000}),
-                                 Card(extra={"power_mw": 100_000})]
-    pids = {"job": job.pid, "pod": pod.pid, "box": box.pid}
-    set_load(fake_driver, pids, job_sm=60, pod_sm=20, box_sm=0)
+    """The three holders of holders_lab, read by a real sampler."""
+    pids = place_holders(cgroup_lab, idle_processes, fake_driver)
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
     yield pids, Sampler(backend)
     backend.close()
-
-
-def set_load(fake_driver, pids, job_sm: int, pod_sm: int, box_sm: int) -> None:
-    fake_driver.machine.procs = [
-        dict(gpu=0, pid=pids["job"], mem=10 * GIB, sm=job_sm), dict(gpu=1, pid=pids["job"], mem=10 * GIB, sm=job_sm),
-        dict(gpu=0, pid=pids["pod"], mem=4 * GIB, sm=pod_sm),
-        dict(gpu=2, pid=pids["box"], mem=2 * GIB, sm=box_sm),
-    ]
-    fake_driver.write()
-    time.sleep(FAKE_RELOAD_S)
 
 
 def rows(holders) -> dict[tuple[str, str], object]:

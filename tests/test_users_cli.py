@@ -13,8 +13,8 @@ import time
 import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
+from holders_lab import CONTAINER, POD, place_holders, set_load
 from test_cli import assert_one_line_error
-from test_holders import CONTAINER, POD, set_load
 from test_watch import events_of, start_watch
 
 JOB = ("slurm", "77.0")
@@ -24,16 +24,7 @@ BOX = ("container", CONTAINER[:12])
 @pytest.fixture
 def held(cgroup_lab, idle_processes, fake_driver):  # noqa: F811 - the fixture imported above
     """Slurm job 77 on cards 0 and 1 (60 % SM), a pod on card 0 (20 %), a Docker container on card 2 (0 %)."""
-    job, pod, box = (idle_processes("sleep", "600") for _ in range(3))
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_77/step_0/user/task_0", job.pid)
-    cgroup_lab.place(cgroup_lab.v2, f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/"
-                                    f"cri-containerd-{'cd' * 32}.scope", pod.pid)
-    cgroup_lab.place(cgroup_lab.v1, f"docker/{CONTAINER}", box.pid)
-    fake_driver.machine.cards = [Card(extra={"power_mw": 300_000}), Card(extra={"power_mw": 200_000}),
-                                 Card(extra={"power_mw": 100_000})]
-    pids = {"job": job.pid, "pod": pod.pid, "box": box.pid}
-    set_load(fake_driver, pids, job_sm=60, pod_sm=20, box_sm=0)
-    return pids
+    return place_holders(cgroup_lab, idle_processes, fake_driver)
 
 
 def by_key(holders: list[dict]) -> dict[tuple[str, str], dict]:
