@@ -35,3 +35,19 @@ def set_load(fake_driver, pids, job_sm: int, pod_sm: int, box_sm: int) -> None:
     ]
     fake_driver.write()
     time.sleep(FAKE_RELOAD_S)
+
+
+def two_hosts(cgroup_lab, idle_processes, ssh_lab):
+    """Hosts nodea and nodeb of the real-sshd lab: on nodea Slurm job 501 holds both cards at 0 % SM,
+    on nodeb job 502 computes (70 %) on its one card. -> (nodea, nodeb)"""
+    job, other = idle_processes("sleep", "600"), idle_processes("sleep", "600")
+    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_501/step_0/user/task_0", job.pid)
+    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_502/step_0/user/task_0", other.pid)
+    a, b = ssh_lab.host("nodea"), ssh_lab.host("nodeb")
+    a.machine.cards = [Card(), Card()]
+    a.machine.procs = [dict(gpu=0, pid=job.pid, mem=3 * GIB, sm=0), dict(gpu=1, pid=job.pid, mem=3 * GIB, sm=0)]
+    b.machine.cards = [Card()]
+    b.machine.procs = [dict(gpu=0, pid=other.pid, mem=5 * GIB, sm=70)]
+    a.write()
+    b.write()
+    return a, b

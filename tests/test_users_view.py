@@ -15,6 +15,7 @@ import time
 import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
+from holders_lab import two_hosts
 
 from gpumon.monitor import owners
 from gpumon.monitor.backends.nvml import NvmlBackend
@@ -159,16 +160,7 @@ def test_the_fleet_view_lists_every_hosts_holders_with_a_host_column(cgroup_lab,
                                                                      tmux_session, tmp_path):
     """`gpumon --hosts a,b` over a real sshd, `u`: each host's users and jobs, named by host; a job
     at 0 % SM shown idle with its host in the summary."""
-    job, other = idle_processes("sleep", "600"), idle_processes("sleep", "600")
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_501/step_0/user/task_0", job.pid)
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_502/step_0/user/task_0", other.pid)
-    a, b = ssh_lab.host("nodea"), ssh_lab.host("nodeb")
-    a.machine.cards = [Card(), Card()]
-    a.machine.procs = [dict(gpu=0, pid=job.pid, mem=3 * GIB, sm=0), dict(gpu=1, pid=job.pid, mem=3 * GIB, sm=0)]
-    b.machine.cards = [Card()]
-    b.machine.procs = [dict(gpu=0, pid=other.pid, mem=5 * GIB, sm=70)]
-    a.write()
-    b.write()
+    two_hosts(cgroup_lab, idle_processes, ssh_lab)
     from test_fleet_tui_ssh import quit_tui, start_tui
 
     tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "nodea,nodeb", size=(150, 30))

@@ -11,6 +11,7 @@ import time
 import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
+from holders_lab import two_hosts
 from webpage import Served, browser, get, until  # noqa: F401 - browser is a fixture
 
 from gpumon.sanitize import printable
@@ -155,16 +156,7 @@ def test_beyond_loopback_api_users_needs_the_token(held, fake_driver):
 def test_a_fleets_users_each_host_by_name(cgroup_lab, idle_processes, ssh_lab, browser):  # noqa: F811
     """`serve --hosts a,b` over a real sshd: every host's holders, with a HOST column, and /api/users
     the fleet form of `users --json` (its "hosts")."""
-    job, other = idle_processes("sleep", "600"), idle_processes("sleep", "600")
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_501/step_0/user/task_0", job.pid)
-    cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_502/step_0/user/task_0", other.pid)
-    a, b = ssh_lab.host("nodea"), ssh_lab.host("nodeb")
-    a.machine.cards = [Card(), Card()]
-    a.machine.procs = [dict(gpu=0, pid=job.pid, mem=3 * GIB, sm=0), dict(gpu=1, pid=job.pid, mem=3 * GIB, sm=0)]
-    b.machine.cards = [Card()]
-    b.machine.procs = [dict(gpu=0, pid=other.pid, mem=5 * GIB, sm=70)]
-    a.write()
-    b.write()
+    two_hosts(cgroup_lab, idle_processes, ssh_lab)
     argv = ssh_lab.gpumon_argv("serve", "--listen", "127.0.0.1:0", "--hosts", "nodea,nodeb,nowhere.invalid",
                                "--interval", str(INTERVAL))
     with Served(argv, ssh_lab.env()) as served:
