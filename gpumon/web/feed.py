@@ -77,7 +77,25 @@ class _Cached:
         return self._doc
 
 
-class LocalCards:
+class _Documents:
+    """The /api documents of the latest reading: each made once per reading however many ask."""
+
+    latest: Any
+    _snapshot: _Cached
+    _health: _Cached
+    _users: _Cached
+
+    def snapshot_document(self) -> dict[str, Any] | None:
+        return self._snapshot.of(self.latest)
+
+    def health_document(self) -> dict[str, Any] | None:
+        return self._health.of(self.latest)
+
+    def users_document(self) -> dict[str, Any] | None:
+        return self._users.of(self.latest)
+
+
+class LocalCards(_Documents):
     """This machine's cards, from one Sampler."""
 
     fleet = False
@@ -101,15 +119,6 @@ class LocalCards:
             self._first = snapshot.time
         self.latest = snapshot
         self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding))
-
-    def snapshot_document(self) -> dict[str, Any] | None:
-        return self._snapshot.of(self.latest)
-
-    def health_document(self) -> dict[str, Any] | None:
-        return self._health.of(self.latest)
-
-    def users_document(self) -> dict[str, Any] | None:
-        return self._users.of(self.latest)
 
     async def run(self) -> None:
         backend = await self.sampler.open()
@@ -137,7 +146,7 @@ def _let_passes_end(timeout: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class FleetCards:
+class FleetCards(_Documents):
     """Every host's cards, from one Fleet: a view at most every `COALESCE_S` however many hosts report,
     and at least every interval."""
 
@@ -177,15 +186,6 @@ class FleetCards:
         self.latest_holders = tuple(h for status in latest.hosts for h in self.holding.get(status.host, ()))
         self.latest = latest
         self.feed.publish(fleet_view(latest, self.runner.interval, self.runner.problems(), self.latest_holders))
-
-    def snapshot_document(self) -> dict[str, Any] | None:
-        return self._snapshot.of(self.latest)
-
-    def health_document(self) -> dict[str, Any] | None:
-        return self._health.of(self.latest)
-
-    def users_document(self) -> dict[str, Any] | None:
-        return self._users.of(self.latest)
 
     async def run(self) -> None:
         self._build()  # the hosts, connecting, before any has answered
