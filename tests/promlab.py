@@ -43,6 +43,28 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, step: float 
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
+def serve_and_scrape(argv: list[str], env: dict[str, str], port: int, ready: Callable[[str], bool],
+                     timeout: float = 30) -> str:
+    """Start the exporter `argv` (which serves on `port`), scrape /metrics until `ready(body)`, stop it;
+    the body."""
+    watch = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        body = ""
+        while not ready(body):
+            assert time.monotonic() < deadline and watch.poll() is None, f"the exporter did not serve: {body[-2000:]}"
+            time.sleep(0.2)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    body = response.read().decode()
+            except OSError:
+                continue
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    return body
+
+
 class StaticServer:
     """Fixed answers by path (an exposition, or a broken answer), on a loopback port of its own.
     A body may be a function, called per request (an exposition whose timestamps follow the clock)."""

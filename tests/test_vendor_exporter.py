@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import getpass
 import subprocess
-import time
 
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import Card
 from fakedrm import RX7900, RX7900_HWMON, amdgpu_fdinfo
 from prometheus_client.parser import text_string_to_metric_families
-from test_prometheus import ALLOWED_LINT, fetch, free_port
+from promlab import serve_and_scrape
+from test_prometheus import ALLOWED_LINT, free_port
 
 from gpumon.alerting.prometheus_amd import AMD_GAUGES, AMD_LABELS
 
@@ -25,24 +25,8 @@ AMD_LINT = ('non-counter metrics should not have "_total" suffix',)
 
 def scrape_when(fake_driver, fake_kernel, ready) -> str:
     port = free_port()
-    # Who holds a card is read with the processes, which `watch` reads only to export them.
-    watch = subprocess.Popen(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port),
-                                              "--prometheus-processes"),
-                             env=fake_driver.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        body = ""
-        while not ready(body):
-            assert time.monotonic() < deadline and watch.poll() is None, f"the exporter did not serve: {body[-2000:]}"
-            time.sleep(0.2)
-            try:
-                body = fetch(f"http://127.0.0.1:{port}/metrics").decode()
-            except OSError:
-                continue
-    finally:
-        watch.terminate()
-        watch.wait(10)
-    return body
+    return serve_and_scrape(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port),
+                                             "--prometheus-processes"), fake_driver.env, port, ready, 60)
 
 
 def check_metrics(body: str) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 
 from fakedrm import RX7900, RX7900_HWMON, bad_page
-from test_prometheus import fetch, free_port
+from promlab import serve_and_scrape
+from test_prometheus import free_port
 from test_tui import started
 from test_vendor_cards import Clock, backend
 from textual.geometry import Region
@@ -132,21 +132,8 @@ def test_the_exporter_serves_amd_health_under_dcgms_names(fake_kernel):
     fake_kernel.sys.set(card, "ras/umc_err_count", "ue: 2\nce: 7")
     fake_kernel.sys.set(card, "ras/gpu_vram_bad_pages", bad_page(1, "R") + bad_page(2, "P"))
     port = free_port()
-    watch = subprocess.Popen(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port)),
-                             env=fake_kernel.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        body = ""
-        while "gpumon_gpu_health{" not in body:
-            assert time.monotonic() < deadline and watch.poll() is None, "the exporter did not serve"
-            time.sleep(0.2)
-            try:
-                body = fetch(f"http://127.0.0.1:{port}/metrics").decode()
-            except OSError:
-                continue
-    finally:
-        watch.terminate()
-        watch.wait(10)
+    body = serve_and_scrape(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port)),
+                            fake_kernel.env, port, lambda body: "gpumon_gpu_health{" in body)
     series = {line.split("{")[0]: line for line in body.splitlines() if 'vendor="amd"' in line}
     assert series["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"].endswith(" 2.0")
     assert series["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"].endswith(" 7.0")

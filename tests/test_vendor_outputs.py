@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from conftest import Card
-from test_prometheus import fetch, free_port
+from promlab import serve_and_scrape
+from test_prometheus import free_port
 
 
 def test_watch_alerts_and_records_amd_cards_and_a_replay_shows_them(fake_kernel, tmp_path):
@@ -35,21 +35,8 @@ def test_the_exporter_serves_amd_cards_under_dcgms_names_with_a_vendor(fake_driv
     fake_driver.write()
     fake_kernel.sys.amd()
     port = free_port()
-    watch = subprocess.Popen(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port)),
-                             env=fake_driver.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        body = ""
-        while "DCGM_FI_DEV_GPU_TEMP{" not in body:
-            assert time.monotonic() < deadline and watch.poll() is None, "the exporter did not serve"
-            time.sleep(0.2)
-            try:
-                body = fetch(f"http://127.0.0.1:{port}/metrics").decode()
-            except OSError:
-                continue
-    finally:
-        watch.terminate()
-        watch.wait(10)
+    body = serve_and_scrape(fake_kernel.argv("watch", "--interval", "0.3", "--prometheus", str(port)),
+                            fake_driver.env, port, lambda body: "DCGM_FI_DEV_GPU_TEMP{" in body)
     temps = [line for line in body.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
     amd = next(line for line in temps if 'vendor="amd"' in line)
     assert 'device="amd1"' in amd and 'gpu="1"' in amd and 'UUID="GPU-5a2c1e8172f8a8b6"' in amd
