@@ -221,7 +221,7 @@ def test_an_exported_alert_goes_on_firing_when_the_job_on_its_card_changes(tmp_p
 def test_cards_read_through_prometheus_keep_their_pod_on_the_fleet_exporter():
     """A host read through Prometheus (dcgm-exporter's pod mapping: the card's pod by name, no
     processes' owners) is exported again by `watch --hosts … --prometheus` with the same labels; a
-    card two pods share has none."""
+    card two pods share has none; a card its HPC job mapping names (`hpc_job`) keeps its job."""
     from gpumon.alerting.prometheus import FleetCollector, Reading, exposition
     from gpumon.monitor.fleet.dcgm import read_cluster
 
@@ -230,10 +230,12 @@ def test_cards_read_through_prometheus_keep_their_pod_on_the_fleet_exporter():
 
     pytorch = dict(pod="train-llama-7f9c6d-x2x4q", namespace="ml-team", container="pytorch")
     cluster = read_cluster(0.0, [card(0, **pytorch), card(1), card(2, pod="a", namespace="x", container="c"),
-                                 card(2, pod="b", namespace="x", container="c")], [], [], [])
+                                 card(2, pod="b", namespace="x", container="c"), card(3, hpc_job="40_3")],
+                           [], [], [])
     snapshot = cluster.hosts["node-a"].snapshot()
     body = exposition(FleetCollector(lambda: ([Reading("node-a", snapshot)], {"node-a": True})))
     check_metrics(body)
     lost = {s.labels["gpu"]: owner_of(s.labels) for f in text_string_to_metric_families(body.decode())
             if f.name == "gpumon_gpu_lost" for s in f.samples}
-    assert lost == {"0": ("", "train-llama-7f9c6d-x2x4q", "ml-team", "pytorch"), "1": NOBODY, "2": NOBODY}
+    assert lost == {"0": ("", "train-llama-7f9c6d-x2x4q", "ml-team", "pytorch"), "1": NOBODY, "2": NOBODY,
+                    "3": ("40_3", "", "", "")}

@@ -55,8 +55,11 @@ def card_labels(g: GpuSample) -> Labels:
     """The labels of a card held by exactly one job, pod or container; empty for a card with none
     or several (a process of another owner, or one gpumon cannot see, counts as another). A pod's
     containers sharing its card: the pod's labels without a container. `GpuSample.owner` (a
-    source that names the card's pod, dcgm-exporter through Prometheus) wins where it is given."""
+    source that names the card's pod or job, dcgm-exporter through Prometheus: "job 42") wins where
+    it is given."""
     if g.owner is not None:
+        if g.owner.startswith("job ") and ", " not in g.owner:
+            return (g.owner[4:], "", "", "")
         return pod_labels(g.owner)
     held = {process_labels(p.owner) for p in g.processes}
     if len(held) == 1:

@@ -13,7 +13,10 @@ The card's owner: with Kubernetes mapping dcgm-exporter names the pod that holds
 ServiceMonitor adds the exporter's own pod), Prometheus renames the exporter's to `exported_pod`,
 … So the owner is read from the `exported_` labels when there are some, else from the plain ones
 unless they name the exporter's own pod (the pod on its `up` series). It is shown as
-"namespace/pod (container)", several joined by ", " (a shared card).
+"namespace/pod (container)", several joined by ", " (a shared card). With HPC job mapping
+(`--hpc-job-mapping-dir`; gpumon's own exporter too) it names the job in `hpc_job` (`42`, an
+array task `40_3`), read by the same rule (`exported_hpc_job` first) where no pod holds the card,
+and shown as "job 42".
 
 Total memory is used + free (+ reserved, when exported). Everything in a query's answer is
 untrusted: strings are made printable and cut, numbers must be finite and below DCGM's "blank"
@@ -81,8 +84,10 @@ CARD_METRICS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "gpumon_gpu_lost"
 
 KEY_LABELS = (*HOST_LABELS, "instance", "gpu", "GPU_I_ID")
 INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "GPU_I_PROFILE",
-               "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container", "vendor")
+               "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container", "vendor",
+               "hpc_job", "exported_hpc_job")
 OWNER_LABELS = ("pod", "namespace", "container")
+MAX_JOB_ID = 64  # Slurm's ids are a few digits; anything longer is not one
 
 _SELECTOR = '{__name__=~"' + "|".join((*FIELDS, *COUNTER_FIELDS, SAMPLE_AGE)) + '"}'
 # The few queries one refresh makes, whatever the number of hosts (benchmarks/prometheus_source.py
@@ -134,17 +139,28 @@ def _index(labels: Mapping[str, Any]) -> int | None:
 
 
 def owner_of(labels: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
-    """"namespace/pod (container)" of the pod holding the card, or None (see the module's doc)."""
+    """"namespace/pod (container)" of the pod holding the card, else "job ID" of the job, or None
+    (see the module's doc)."""
     if labels.get("exported_pod"):
         pod = text(labels, "exported_pod")
         namespace = text(labels, "exported_namespace") or text(labels, "namespace")
         container = text(labels, "exported_container") or text(labels, "container")
     else:
         pod = text(labels, "pod")
-        if pod is None or labels.get("pod") == target.get("pod"):
-            return None  # nobody's, or the exporter's own pod (the scrape target's label)
+        if pod is None or labels.get("pod") == target.get("pod"):  # nobody's, or the exporter's own pod
+            return _job_of(labels, target)
         namespace, container = text(labels, "namespace"), text(labels, "container")
     return (f"{namespace}/" if namespace else "") + str(pod) + (f" ({container})" if container else "")
+
+
+def _job_of(labels: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
+    if labels.get("exported_hpc_job"):
+        job = text(labels, "exported_hpc_job", MAX_JOB_ID)
+    else:
+        job = text(labels, "hpc_job", MAX_JOB_ID)
+        if job is None or labels.get("hpc_job") == target.get("hpc_job"):  # the scrape target's own label
+            return None
+    return f"job {job}"
 
 
 @dataclass
