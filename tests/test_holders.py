@@ -131,3 +131,55 @@ def test_unknown_per_process_sm_is_not_idle_and_a_fleet_resend_is_not_counted_tw
     gap = rows(tracker.update(snapshot(2000.0, 0)))
     assert gap["slurm", "5"].energy_j == pytest.approx(1000)
     assert gap["slurm", "5"].idle_s == pytest.approx(1000)
+
+
+def _cluster(at: float, *cards: tuple) -> Snapshot:
+    """A snapshot as a cluster read through Prometheus gives it: cards named by their holder
+    (`owner`), no processes. `cards`: (index, owner, utilisation, MiB used, W)."""
+    from gpumon.model import GpuSample
+    return Snapshot(time=at, host="node-a", backend="prometheus", driver_version=None, cuda_driver_version=None,
+                    gpus=tuple(GpuSample(index=i, uuid=f"GPU-{i}", name="A100", pci_bus_id=None, owner=owner,
+                                         utilization_gpu=util, memory_used=mib << 20, power_draw=watts)
+                               for i, owner, util, mib, watts in cards))
+
+
+def test_cards_named_by_their_source_are_held_per_card_and_idle_by_the_cards_utilisation():
+    tracker = HolderTracker()
+    pod, job = "ml/train-7f9c (main)", "job 42"
+    first = rows(tracker.update(_cluster(1000.0, (0, pod, 70, 1000, 300.0), (1, pod, 30, 500, 200.0),
+                                         (2, job, 50, 2000, 250.0), (3, "ml/a (c), ml/b (c)", 90, 100, 100.0),
+                                         (4, None, 0, 0, 50.0))))
+    # The pod's two cards are one holder; the card two pods share counts for nobody; a card nobody names neither.
+    assert set(first) == {("k8s", "ml/train-7f9c"), ("slurm", "42")}
+    p = first["k8s", "ml/train-7f9c"]
+    assert (p.label, p.user, p.cards, p.uuids, p.processes, p.gpu_memory, p.sm_util, p.power_w, p.held_s, p.idle_s) \
+        == (pod, None, (0, 1), ("GPU-0", "GPU-1"), 0, 1500 << 20, 100, 500.0, None, None)
+    assert (first["slurm", "42"].label, first["slurm", "42"].cards) == (job, (2,))
+
+    # The job's card stops computing: idle since it was last seen busy, then computing again.
+    tracker.update(_cluster(1010.0, (0, pod, 70, 1000, 300.0), (2, job, 0, 2000, 250.0)))
+    later = rows(tracker.update(_cluster(1030.0, (0, pod, 0, 1000, 300.0), (2, job, 0, 2000, 250.0))))
+    assert later["slurm", "42"].idle_s == pytest.approx(30) and later["slurm", "42"].watched_s == pytest.approx(30)
+    assert later["slurm", "42"].idle_text() == "idle 30s holding 2.0G on 1 card"
+    assert later["k8s", "ml/train-7f9c"].idle_s == pytest.approx(20)  # its card 1 is gone; card 0 idle since 1010
+    assert later["slurm", "42"].energy_j == pytest.approx(250 * 30)
+    assert rows(tracker.update(_cluster(1040.0, (2, job, 5, 2000, 250.0))))["slurm", "42"].idle_s is None
+
+    # Another job takes the card: its idle clock starts when gpumon first sees it there.
+    other = rows(tracker.update(_cluster(1050.0, (2, "job 43", 0, 2000, 250.0))))
+    assert set(other) == {("slurm", "43")} and other["slurm", "43"].idle_s == 0
+    # A card that does not say its utilisation: not known to be idle.
+    unknown = rows(tracker.update(_cluster(1060.0, (2, "job 43", None, 2000, 250.0))))
+    assert unknown["slurm", "43"].idle_s is None and unknown["slurm", "43"].sm_util is None
+
+
+def test_a_card_that_lists_processes_is_counted_by_its_processes_only():
+    from gpumon.model import GpuSample
+    proc = ProcessSample(pid=10, type="compute", gpu_memory=GIB, sm_util=0, user="bob", started=900.0,
+                         owner=ProcessOwner("slurm", "5", None, "bob"))
+    snapshot = Snapshot(time=1000.0, host="h", backend="prometheus", driver_version=None, cuda_driver_version=None,
+                        gpus=(GpuSample(index=0, uuid="GPU-x", name="A", pci_bus_id=None, owner="job 5",
+                                        utilization_gpu=80, memory_used=4 * GIB, processes=(proc,)),))
+    holders = rows(HolderTracker().update(snapshot))
+    assert set(holders) == {("user", "bob"), ("slurm", "5")}
+    assert (holders["slurm", "5"].processes, holders["slurm", "5"].gpu_memory) == (1, GIB)

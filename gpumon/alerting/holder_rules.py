@@ -9,7 +9,9 @@ counts from when gpumon first saw the holder: a watch started a minute ago canno
 Which holders: each Slurm job, Kubernetes pod and container, and a user only where none of that
 user's processes on the host run in one (so one idle job fires once, not again for its user). It
 resolves when the holder computes again, holds less than `mem`, or lets go of the cards (its
-processes gone: the resolved event's holder then has `processes` 0). The event names the holder,
+processes gone: the resolved event's holder then has `processes` 0 and `sm_util` null; a pod or job
+holding whole cards of a cluster read through Prometheus has `processes` 0 throughout, and
+`sm_util` its cards' utilisation while it holds them). The event names the holder,
 its user, host, cards and memory (`holder`, as `gpumon users --json` has it), so a hook can write
 to them.
 

@@ -12,9 +12,19 @@ saw them. gpumon cannot know what happened before it watched, so `idle_s` is a l
 truth, never more. Where the driver does not report per-process SM (`sm_util` None) idleness is not
 known: None, not 0.
 
-The tracker is fed snapshots (of one host, or of a fleet host by host) and keeps per process only
-when it first saw it and when it last saw it busy: what a sample pass adds is one pass over the
-processes.
+A card that lists no processes but whose source names its holder (`GpuSample.owner`: a cluster read
+through Prometheus, where dcgm-exporter labels a card with the pod or Slurm job holding it) counts
+as held by that holder, as a whole card: kind "slurm" for "job ID", else "k8s" (id the
+"namespace/pod" part); no user, no process (`processes` 0), not known since when (`held_s` None).
+Its memory is the card's used memory, its SM % the card's utilisation (card-level, not per
+process), its power the card's; it is idle while the card's utilisation is 0, by the same clock
+(from when gpumon first saw it hold the card). A card shared by several pods (owners joined by
+", ") counts for nobody: whose share is whose, nobody says, and counting the card for each would
+count it twice. A card with processes is counted by its processes only.
+
+The tracker is fed snapshots (of one host, or of a fleet host by host) and keeps per process (and
+per card held without processes) only when it first saw it and when it last saw it busy: what a
+sample pass adds is one pass over the processes.
 """
 
 from __future__ import annotations
@@ -130,6 +140,8 @@ class HolderTracker:
     def __init__(self) -> None:
         # (host, pid, start time) -> [first seen, last seen busy or None]
         self._processes: dict[tuple[str, int, float | None], list[float | None]] = {}
+        # (host, card's UUID or index, its holder) -> the same, for cards held without processes
+        self._cards: dict[tuple[str, str | int, str], list[float | None]] = {}
         self._energy: dict[tuple[str, str, str], float] = {}
         self._last_time: dict[str, float] = {}
         self._last: dict[str, tuple[float, tuple[Holder, ...]]] = {}
@@ -145,8 +157,11 @@ class HolderTracker:
         gap = now - previous if previous is not None and 0 < now - previous <= LONGEST_GAP_S else 0.0
         sums: dict[tuple[str, str], _Sum] = {}
         seen: set[tuple[str, int, float | None]] = set()
+        cards: set[tuple[str, str | int, str]] = set()
         for gpu in snapshot.gpus:
             if not gpu.processes:
+                if gpu.owner and ", " not in gpu.owner and gpu.state != "lost":
+                    self._add_card(sums, cards, host, gpu, now)
                 continue
             shares = _power_shares(gpu.processes, gpu.power_draw)
             for p, power in zip(gpu.processes, shares):
@@ -161,9 +176,15 @@ class HolderTracker:
                     total = sums.get((kind, ident))
                     if total is None:
                         total = sums[kind, ident] = _Sum(label, user)
-                    _add(total, p, gpu.index, gpu.uuid, power, times)
+                    total.processes += 1
+                    if p.started is not None and (total.started is None or p.started < total.started):
+                        total.started = p.started
+                    _add(total, gpu.index, gpu.uuid, p.gpu_memory, p.sm_util, power, times)
         for key in [k for k in self._processes if k[0] == host and k not in seen]:
             del self._processes[key]
+        if self._cards:
+            for card in [k for k in self._cards if k[0] == host and k not in cards]:
+                del self._cards[card]
         holders = []
         for (kind, ident), total in sums.items():
             energy_key = (host, kind, ident)
@@ -176,6 +197,23 @@ class HolderTracker:
         self._last_time[host] = now
         self._last[host] = (now, result)
         return result
+
+    def _add_card(self, sums: dict[tuple[str, str], _Sum], cards: set[tuple[str, str | int, str]], host: str,
+                  gpu: GpuSample, now: float) -> None:
+        """A card held as a whole by the holder its source names (no processes listed)."""
+        owner = gpu.owner or ""
+        kind, ident = ("slurm", owner[4:]) if owner.startswith("job ") else ("k8s", owner.partition(" (")[0])
+        key = (host, gpu.uuid or gpu.index, owner)
+        times = self._cards.get(key)
+        if times is None:
+            times = self._cards[key] = [now, None]
+        if gpu.utilization_gpu:
+            times[1] = now
+        cards.add(key)
+        total = sums.get((kind, ident))
+        if total is None:
+            total = sums[kind, ident] = _Sum(owner, None)
+        _add(total, gpu.index, gpu.uuid, gpu.memory_used, gpu.utilization_gpu, gpu.power_draw, times)
 
     def update_fleet(self, fleet: FleetSnapshot) -> tuple[Holder, ...]:
         """Every host's holders whose last snapshot is a reading (live or stale), host by host."""
@@ -199,22 +237,20 @@ def _power_shares(processes: tuple[ProcessSample, ...], power: float | None) -> 
     return [power * w / total for w in weights]
 
 
-def _add(total: _Sum, p: ProcessSample, index: int, uuid: str | None, power: float | None,
+def _add(total: _Sum, index: int, uuid: str | None, memory: int | None, sm: int | None, power: float | None,
          times: list[float | None]) -> None:
+    """One process's (or one card's held without processes) figures on card `index`."""
     total.cards[index] = uuid
-    total.processes += 1
-    if p.gpu_memory is not None:
-        total.memory = (total.memory or 0) + p.gpu_memory
-    if p.sm_util is None:
+    if memory is not None:
+        total.memory = (total.memory or 0) + memory
+    if sm is None:
         total.unknown = True
     else:
         total.sm_known = True
-        total.sm += p.sm_util
-        total.busy = total.busy or p.sm_util > 0
+        total.sm += sm
+        total.busy = total.busy or sm > 0
     if power is not None:
         total.power = (total.power or 0.0) + power
-    if p.started is not None and (total.started is None or p.started < total.started):
-        total.started = p.started
     first_seen, last_busy = times
     since = last_busy if last_busy is not None else first_seen
     if total.idle_since is None or (since is not None and since > total.idle_since):

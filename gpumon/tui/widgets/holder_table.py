@@ -61,7 +61,7 @@ def groups(holders: tuple[Holder, ...]) -> list[tuple[Holder, list[Holder]]]:
             out.append((h, children))
         elif (h.host, h.user) in by_user:
             by_user[h.host, h.user].append(h)
-        else:  # not expected: a job always counts for its user too
+        else:  # a card held without processes (a cluster read through Prometheus): no user known
             out.append((h, []))
     return out
 
