@@ -87,7 +87,7 @@ INFO_LABELS = (*KEY_LABELS, "job", "UUID", "modelName", "pci_bus_id", "DCGM_FI_D
                "pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container", "vendor",
                "hpc_job", "exported_hpc_job")
 OWNER_LABELS = ("pod", "namespace", "container")
-MAX_JOB_ID = 64  # Slurm's ids are a few digits; anything longer is not one
+MAX_JOB_ID = 64  # Slurm's ids are a few digits: a longer label is cut there
 
 _SELECTOR = '{__name__=~"' + "|".join((*FIELDS, *COUNTER_FIELDS, SAMPLE_AGE)) + '"}'
 # The few queries one refresh makes, whatever the number of hosts (benchmarks/prometheus_source.py
