@@ -189,7 +189,8 @@ def users_text(holders: list[Holder], show_hosts: bool = False) -> str:
     for h in holders:
         idle = format_duration(h.idle_s) if h.idle_s is not None else ("-" if h.sm_util is not None else NA)
         label = printable(h.label)  # names from other users' cgroups, pods and containers
-        who = fit(label, OWNER_CELLS) if h.kind == "user" else "  " + fit(label, OWNER_CELLS - 2)
+        # A job under its user's row; one with no user (a card a cluster's Prometheus names) stands alone.
+        who = fit(label, OWNER_CELLS) if h.kind == "user" or h.user is None else "  " + fit(label, OWNER_CELLS - 2)
         rows.append(([fit(printable(h.host), HOST_CELLS)] if show_hosts else []) + [
             who, fit(printable(h.user or "?"), USER_CELLS), ",".join(map(str, h.cards)), format_bytes(h.gpu_memory),
             _fmt(h.sm_util), _fmt(h.power_w, "W"), _energy(h.energy_j),

@@ -323,7 +323,7 @@ def summary(holders: tuple[Holder, ...], hosts: bool = False) -> tuple[str, str]
         return "", f"nobody holds a card idle · {counts} hold cards"
     named = []
     for h in idle:
-        who = printable(h.label) + ("" if h.kind == "user" else f" ({printable(h.user or '?')})")
+        who = printable(h.label) + ("" if h.kind == "user" or h.user is None else f" ({printable(h.user)})")
         named.append((f"{printable(h.host)}: " if hosts else "") + f"{who} {h.idle_text()}")
     head = f"{len(idle)} holder{'s' if len(idle) != 1 else ''} idle: "
     return head + "; ".join(named), f" · {counts}"
