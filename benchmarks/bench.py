@@ -53,10 +53,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fakenvml import GIB, Card, FakeMachine, build  # noqa: E402
+from fakenvml import build  # noqa: E402
 from link_lag import lag_on_link  # noqa: E402
+from scenario import env_for, machine  # noqa: E402
 
-CARD_NAME = "NVIDIA H100 80GB HBM3"
 NEEDLE = "H100 80GB"  # what every tool prints of the name (compact views drop "NVIDIA ")
 SIZE = (200, 50)  # the size of the main measurements; --sizes adds bytes at others
 DSR, CPR = b"\x1b[6n", b"\x1b[1;1R"  # a position report asked for, and a terminal's answer
@@ -158,19 +158,6 @@ class PtyRun:
         os.close(self.master)
 
 
-def machine(cards: int, pids: list[int], slow_ms: int = 0) -> FakeMachine:
-    m = FakeMachine(
-        cards=[Card(CARD_NAME, mem_total=80 * GIB, extra=dict(util="10..95", temp="35..80",
-                                                              power_mw="100000..650000", power_limit_mw=700000,
-                                                              clock_sm=1980, clock_mem=2619, fan=40))
-               for _ in range(cards)],
-        procs=[dict(gpu=i % cards, pid=pid, mem=GIB, sm="0..60") for i, pid in enumerate(pids)],
-    )
-    if slow_ms:
-        m.delays = {"nvmlDeviceGetUtilizationRates": slow_ms}
-    return m
-
-
 def tools(python: str) -> dict[str, list[str]]:
     found = {
         "gpumon": [python, "-m", "gpumon", "--interval", "1"],
@@ -181,14 +168,6 @@ def tools(python: str) -> dict[str, list[str]]:
     if nvitop:
         found["nvitop"] = [nvitop, "--interval", "1", "--force-color"]
     return found
-
-
-def env_for(lib_dir: Path, config: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "GPUMON_NVML_LIB")}
-    env.update(TERM="xterm-256color", FAKE_NVML_CONFIG=str(config), LD_LIBRARY_PATH=str(lib_dir),
-               PYTHONPATH=str(ROOT))
-    env.pop("COLORTERM", None)
-    return env
 
 
 def measure(name: str, argv: list[str], env: dict[str, str], seconds: float, size: tuple[int, int] = SIZE) -> Result:

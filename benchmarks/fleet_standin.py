@@ -42,9 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpumon.fleet import Fleet  # noqa: E402
+from gpumon.fleet.schema import snapshot_from_remote  # noqa: E402
 from gpumon.model import SCHEMA_VERSION  # noqa: E402
-from gpumon.monitor.fleet import Fleet, HostSpec  # noqa: E402
-from gpumon.monitor.fleet.schema import snapshot_from_remote  # noqa: E402
+from gpumon.remote.hosts import HostSpec  # noqa: E402
 
 GIB = 1 << 30
 VARIANTS = 6  # lines made per host, played in turn: values move every interval
@@ -151,8 +152,8 @@ def main() -> None:
     if opts.one:
         print(json.dumps(measure(opts.one, opts.seconds, processes=opts.processes)))
         return
-    baseline = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import gpumon.monitor.fleet, "
-                               "gpumon.monitor.fleet.schema; print(open('/proc/self/status').read())" % str(ROOT)],
+    baseline = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import gpumon.fleet, "
+                               "gpumon.fleet.schema; print(open('/proc/self/status').read())" % str(ROOT)],
                               capture_output=True, text=True, check=True).stdout
     base_rss = next(int(line.split()[1]) for line in baseline.splitlines() if line.startswith("VmRSS")) / 1024
     print(f"interval 1 s, 8 cards a host, {opts.processes} process(es) a card; "

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from promlab import Prometheus, StaticServer, prometheus_binary, wait_until  # noqa: E402
 
-from gpumon.monitor.fleet import Fleet, PrometheusSource  # noqa: E402
-from gpumon.monitor.fleet.dcgm import FIELDS, SAMPLE_AGE  # noqa: E402
-from gpumon.monitor.fleet.prometheus_api import query  # noqa: E402
+from gpumon.fleet import Fleet, PrometheusSource  # noqa: E402
+from gpumon.fleet.prometheus.api import query  # noqa: E402
+from gpumon.fleet.prometheus.dcgm import FIELDS, SAMPLE_AGE  # noqa: E402
 
 CARDS = 8
 # dcgm-exporter 3.3's default counters and DCP fields: (name, type, low, high).

@@ -48,9 +48,9 @@ def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Pat
             health: bool = False, read_counters: bool = False) -> float:
     """CPU seconds a pass; `health`: every card reports every health counter; `read_counters`:
     each pass reads them (as one pass in every `[health] interval` does)."""
-    from gpumon.monitor import health as rules
-    from gpumon.monitor.backends.nvml import NvmlBackend
-    from gpumon.monitor.sampler import Sampler
+    from gpumon.cards.backends.nvml import NvmlBackend
+    from gpumon.cards.sampler import Sampler
+    from gpumon.health import rules as rules
 
     extra = dict(util="10..90", temp="40..80", power_mw="100000..300000", **(HEALTH if health else {}))
     machine = FakeMachine(
@@ -84,10 +84,10 @@ def measure_holders(cards: int, procs: list[subprocess.Popen], passes: int, work
     rows to add up). The owner lookup itself is in the pass: read once per process, kept."""
     import dataclasses
 
+    from gpumon.cards.backends.nvml import NvmlBackend
+    from gpumon.cards.sampler import Sampler
     from gpumon.model import ProcessOwner
-    from gpumon.monitor.backends.nvml import NvmlBackend
-    from gpumon.monitor.holders import HolderTracker
-    from gpumon.monitor.sampler import Sampler
+    from gpumon.owners.holders import HolderTracker
 
     machine = FakeMachine(cards=[Card(extra=dict(util="10..90", power_mw="100000..300000")) for _ in range(cards)],
                           procs=[dict(gpu=i % cards, pid=p.pid, mem=GIB, sm="0..100") for i, p in enumerate(procs)])
@@ -128,8 +128,8 @@ def measure_drm(cards: int, procs: list[subprocess.Popen], others: int, passes: 
     fd lists read)."""
     from fakedrm import FakeKernel, amdgpu_fdinfo
 
-    from gpumon.monitor.backends.drm import DrmBackend
-    from gpumon.monitor.sampler import Sampler
+    from gpumon.cards.backends.drm import DrmBackend
+    from gpumon.cards.sampler import Sampler
 
     kernel = FakeKernel(workdir / f"drm-{cards}-{len(procs)}-{others}-{rescan_s}")
     addresses = [kernel.sys.amd(f"0000:{0x10 + i:02x}:00.0", parents=(f"pci0000:{0x10 + i:02x}",)).address
@@ -181,7 +181,7 @@ def main() -> None:
             how = "every sample" if rescan == 0.0 else "cached"
             print(f"{cards:>5} {nprocs:>5} {others:>5} {how:>12} {cost * 1000:>14.2f} {scans / 30:>16.0f}")
 
-        from gpumon.monitor.health import DEFAULT_INTERVAL_S
+        from gpumon.health.rules import DEFAULT_INTERVAL_S
 
         between = measure(8, [], passes=20, workdir=workdir, lib=lib, health=True)
         reading = measure(8, [], passes=20, workdir=workdir, lib=lib, health=True, read_counters=True)

@@ -33,15 +33,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench import build, machine  # noqa: E402
+from fakenvml import build  # noqa: E402
+from scenario import machine  # noqa: E402
 
 SIZE = (200, 50)
 ROUNDS, PER_ROUND = 6, 10
 
 
 def read_snapshots(lib: Path, count: int) -> list:
-    from gpumon.monitor.backends.nvml import NvmlBackend
-    from gpumon.monitor.sampler import Sampler
+    from gpumon.cards.backends.nvml import NvmlBackend
+    from gpumon.cards.sampler import Sampler
 
     backend = NvmlBackend(lib_path=str(lib))
     sampler = Sampler(backend)
@@ -58,7 +59,7 @@ async def measure(lib: Path, snapshots: list, compare: bool) -> None:
     from textual._compositor import Compositor
     from textual._styles_cache import StylesCache
 
-    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.cards.backends.nvml import NvmlBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.widgets.whole_lines import WholeLinesCache
     from gpumon.tui.wire import updates

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import env_for, machine  # noqa: E402
 from fakenvml import build  # noqa: E402
+from scenario import env_for, machine  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:

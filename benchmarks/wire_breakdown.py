@@ -54,7 +54,7 @@ async def _layout(lib: Path, size: tuple[int, int]) -> tuple[list[tuple[str, obj
     """(region name, textual Region) in the order they are painted on the map, and the screen's text."""
     from textual.widgets import Footer
 
-    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.cards.backends.nvml import NvmlBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.screens.main import CHART_METRICS
 

@@ -40,7 +40,7 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     tls_cert = "/etc/gpumon/cert.pem"             # HTTPS with this certificate
     tls_key = "/etc/gpumon/key.pem"               # and its key
 
-    [health]                  # the card health rules (gpumon/monitor/health.py checks this table)
+    [health]                  # the card health rules (gpumon/health/rules.py checks this table)
     window = "10m"
     [health.rules.pcie_replays]
     threshold = 20

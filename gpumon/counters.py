@@ -4,7 +4,7 @@ The counters change slowly and some are costly to read, so a backend reads them 
 and hands the same `CardCounters` object to every sample in between: a sample costs nothing more.
 In JSON each counter is a key of its own in the card (`null` where the card or driver does not say,
 never 0), beside `"health": {"verdict": "ok"|"warn"|"fail", "reasons": [{"code", "text", "action"}]}`.
-The rules that draw the verdict are in gpumon/monitor/health.py.
+The rules that draw the verdict are in gpumon/health/rules.py.
 """
 
 from __future__ import annotations

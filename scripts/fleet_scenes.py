@@ -12,8 +12,9 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from gpumon.counters import Health, HealthReason
+from gpumon.fleet import Fleet
 from gpumon.model import GpuSample, MigSample, Snapshot
-from gpumon.monitor.fleet import Fleet, parse_hosts
+from gpumon.remote.hosts import parse_hosts
 
 GIB = 1 << 30
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from fleet_scenes import card, machine, scene_fleet
 
 from gpumon.alerting.rules import parse_rules
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs.records import JobSpec
-from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.tui.app import GpumonApp, create_app
 from gpumon.tui.fleet_app import FleetApp
 

@@ -235,3 +235,12 @@ class Exporter:
 
 def scrape_job(name: str, targets: list[str], labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {"job_name": name, "static_configs": [{"targets": targets, "labels": labels or {}}]}
+
+
+def exposition(collector) -> bytes:
+    """What a scrape of `collector` reads, as `watch --prometheus` serves it."""
+    from prometheus_client import generate_latest
+
+    from gpumon.exporter.collector import registry_for
+
+    return generate_latest(registry_for(collector))

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from import_graph import cycles, import_graph, module_files
 
 import gpumon
+from gpumon.cards.backends.demo import SCENARIOS
 from gpumon.cli.parser import DEMO_SCENARIOS, build_parser, normalise_argv
-from gpumon.monitor.backends.demo import SCENARIOS
 
 PACKAGE = Path(gpumon.__file__).parent
 MAX_MODULE_LINES = 420
@@ -30,10 +32,34 @@ def test_no_textual_when_every_headless_module_is_imported():
     modules = [m.name for m in pkgutil.walk_packages([str(PACKAGE)], "gpumon.")
                if not m.name.startswith("gpumon.tui") and m.name not in ("gpumon.cli.tui", "gpumon.__main__")
                and "sitecustomize" not in m.name]
-    assert "gpumon.monitor.sampler" in modules and "gpumon.alerting.watch" in modules
+    assert "gpumon.cards.sampler" in modules and "gpumon.alerting.watch" in modules
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_no_import_cycles_anywhere():
+    """Not in the package, counting imports inside functions (which import-linter's layers cannot
+    see within one layer), and not among the benchmark scripts."""
+    found = cycles(import_graph(module_files(PACKAGE, "gpumon")))
+    found += cycles(import_graph(module_files(PACKAGE.parent / "benchmarks", "")))
+    assert found == [], f"import cycles: {found}"
+
+
+def test_the_cycle_finder_finds_one(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    import b\n")
+    (tmp_path / "b.py").write_text("from a import f\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    assert cycles(import_graph(module_files(tmp_path, ""))) == [["a", "b"]]
+
+
+def test_design_names_every_package():
+    """docs/design.md's table of packages is the tree's list of packages, no more and no less."""
+    table = (PACKAGE.parent / "docs" / "design.md").read_text().split("## The package, by concern", 1)[1]
+    named = set(re.findall(r"^\| `([a-z_/]+/)` \|", table, flags=re.M))
+    tree = {str(p.parent.relative_to(PACKAGE)) + "/" for p in PACKAGE.rglob("*.py")
+            if p.parent != PACKAGE and p.name in ("__init__.py", "sitecustomize.py")}
+    assert named == tree | {"gpumon/"}
 
 
 def test_modules_stay_small():

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from gpumon.cards.cuda_order import cuda_ordinals
 from gpumon.jobs import processes as actions
 from gpumon.model import GpuSample
-from gpumon.monitor.containers import container_of
-from gpumon.monitor.cuda_order import cuda_ordinals
+from gpumon.owners.containers import container_of
 
 
 def gpu(index: int, bus: str, name: str = "NVIDIA A100", uuid: str | None = None) -> GpuSample:

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from gpumon.cards.backends.demo import LOST_AFTER_SAMPLES, SCENARIOS, DemoBackend
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
-from gpumon.monitor.backends.demo import LOST_AFTER_SAMPLES, SCENARIOS, DemoBackend
 
 
 def _values(snapshot):

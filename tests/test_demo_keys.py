@@ -7,8 +7,8 @@ import os
 import shlex
 import sys
 
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.recording import Recorder
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.recording import Recorder
 
 
 def start(tmux, *args: str) -> None:

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import GIB, Card
 
-from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.process_table import ProcessTable

@@ -10,7 +10,7 @@ import time
 from conftest import Card
 from terminal import gpumon_on_pty
 
-from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.cards.backends.nvml import NvmlBackend
 
 TEXTUAL_STARTED = b"\x1b[?1000h"  # Textual turns mouse reporting on as it starts; the splash never does
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 from conftest import Card, require_tool
 from prometheus_client.parser import text_string_to_metric_families
-from promlab import Prometheus, StaticServer, scrape_job
+from promlab import Prometheus, StaticServer, exposition, scrape_job
 from test_prometheus import check_metrics, free_port
 
-from gpumon.alerting.prometheus import FleetCollector, Reading, exposition
-from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.exporter.collector import FleetCollector, Reading
 
 
 def _until(condition, timeout: float = 30.0, what: str = "condition"):

@@ -15,7 +15,10 @@ from pathlib import Path
 import psutil
 from conftest import Card
 
-from gpumon.monitor.fleet import SshTransport, children, open_fleet, parse_hosts
+from gpumon.fleet import open_fleet
+from gpumon.remote import children
+from gpumon.remote.hosts import parse_hosts
+from gpumon.remote.ssh import SshTransport
 
 HOUR_MS = 3_600_000  # the fake driver's "hangs": one call that takes an hour
 

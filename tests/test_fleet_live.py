@@ -15,9 +15,11 @@ import psutil
 import pytest
 from conftest import Card
 
+from gpumon.fleet import open_fleet
 from gpumon.jobs.host import HostError, host_for
 from gpumon.jobs.launch import LaunchRequest, shell_request
-from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
+from gpumon.remote.hosts import parse_hosts
+from gpumon.remote.ssh import SshTransport
 
 
 @pytest.fixture

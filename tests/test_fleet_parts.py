@@ -22,11 +22,11 @@ from test_cli import assert_one_line_error, gpumon
 
 from gpumon.config import load_config
 from gpumon.errors import UsageError
+from gpumon.fleet import open_fleet
+from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.model import FleetSnapshot, HostStatus
-from gpumon.monitor.fleet import open_fleet
-from gpumon.monitor.fleet.hosts import expand_ranges, parse_hosts, read_hostfile
-from gpumon.monitor.fleet.schema import SchemaError, snapshot_from_remote
-from gpumon.monitor.fleet.ssh import SshTransport, describe_failure, quote_remote
+from gpumon.remote.hosts import expand_ranges, parse_hosts, read_hostfile
+from gpumon.remote.ssh import SshTransport, describe_failure, quote_remote
 
 
 def names(text: str, groups=None) -> list[str]:

@@ -19,9 +19,9 @@ from conftest import GIB, Card, FakeDriver, require_tool
 from promlab import RECORDED, Exporter, Prometheus, StaticServer, free_port, scrape_job
 from test_cli import assert_one_line_error
 
+from gpumon.fleet import Fleet, PrometheusSource
 from gpumon.jobs.host import HostError, host_for
 from gpumon.model import HostStatus
-from gpumon.monitor.fleet import Fleet, PrometheusSource
 
 MIB = 1 << 20
 NOTE = "read through Prometheus: no way to reach the node"

@@ -23,8 +23,8 @@ from conftest import require_tool
 from promlab import Prometheus, StaticServer
 from test_cli import assert_one_line_error
 
+from gpumon.fleet import Fleet, PrometheusSource
 from gpumon.model import HostStatus
-from gpumon.monitor.fleet import Fleet, PrometheusSource
 
 MIB = 1 << 20
 USER, PASSWORD = "gpumon", "s3cret-Pa55"

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.backends.replay import ReplayBackend
+from gpumon.cards.recording import read_recording
 from gpumon.cli import main
 from gpumon.config import load_config
 from gpumon.errors import UsageError
 from gpumon.jobs.placement import resolve_spec
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.backends.replay import ReplayBackend
-from gpumon.monitor.recording import read_recording
 from gpumon.units import parse_cpu_list, parse_duration, parse_size
 
 SNAPSHOT = DemoBackend(cards=8).sample()

@@ -13,9 +13,9 @@ import pytest
 from conftest import GIB, Card
 from test_cli import assert_one_line_error
 
+from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.counters import COUNTER_KEYS
-from gpumon.monitor import health as health_rules
-from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.health import rules as health_rules
 
 H100 = "NVIDIA H100 80GB HBM3"
 REMAPS_OK = dict(remap_cor=0, remap_unc=0, remap_pending=0, remap_failure=0)

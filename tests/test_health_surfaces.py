@@ -16,8 +16,8 @@ from conftest import Card, FakeDriver, require_tool
 from promlab import Exporter, Prometheus, StaticServer, scrape_job, wait_until
 from textual.geometry import Region
 
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.fleet.schema import SchemaError, snapshot_from_remote
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.health import HealthScreen
 from gpumon.tui.widgets.gpu_panel import GpuPanel

@@ -1,4 +1,4 @@
-"""Who holds the cards (monitor/holders.py), from real processes in real Slurm, kubepods and Docker
+"""Who holds the cards (owners/holders.py), from real processes in real Slurm, kubepods and Docker
 shaped cgroups, listed by the fake NVIDIA driver with their memory and per-process SM %, read by
 the real sampler: one row per user and per job/pod/container, power shares, energy, and idle time
 that starts when every process of a holder shows 0 % SM and ends when one computes again."""
@@ -12,10 +12,10 @@ from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB
 from holders_lab import CONTAINER, FAKE_RELOAD_S, POD, place_holders, set_load
 
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import Sampler
 from gpumon.model import ProcessOwner, ProcessSample, Snapshot
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.holders import HolderTracker
-from gpumon.monitor.sampler import Sampler
+from gpumon.owners.holders import HolderTracker
 from gpumon.units import format_duration
 
 

@@ -11,10 +11,12 @@ import psutil
 import pytest
 from conftest import Card
 
+from gpumon.fleet import open_fleet
+from gpumon.fleet.schema import jobs_from_remote
 from gpumon.jobs.host import HostError, LocalHost, host_at, host_for
 from gpumon.jobs.launch import LaunchRequest
-from gpumon.monitor.fleet import SshTransport, open_fleet, parse_hosts
-from gpumon.monitor.fleet.schema import jobs_from_remote
+from gpumon.remote.hosts import parse_hosts
+from gpumon.remote.ssh import SshTransport
 
 JOB_FIELDS = {"host", "id", "name", "state", "gpus", "gpu_indices", "pid", "exit_code", "started", "ended",
               "command", "log", "reason"}

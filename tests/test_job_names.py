@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import records
 from gpumon.jobs.launch import prepare, program_name, shell_request, start
-from gpumon.monitor.backends.demo import DemoBackend
 
 
 @pytest.mark.parametrize("argv, name", [

@@ -48,7 +48,7 @@ REUSE_DRIVER = textwrap.dedent("""
     from gpumon.jobs import records
     from gpumon.jobs.launch import LaunchRequest, prepare
     from gpumon.jobs.supervisor import Supervisor
-    from gpumon.monitor.backends import open_backend
+    from gpumon.cards.backends import open_backend
 
     # The command asks its supervisor to stop it (as `gpumon jobs --stop` does) and waits to be stopped.
     command = [sys.executable, "-c", "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); "

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, throttle_names
-from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.units import format_bytes, format_cpu_list, parse_cpu_list, parse_duration, parse_size
 
 SCHEMA_GPU_KEYS = {

@@ -11,9 +11,9 @@ import psutil
 import pytest
 from conftest import GIB, Card
 
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import sample_once
 from gpumon.errors import NoDriverError
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import sample_once
 
 
 @pytest.fixture

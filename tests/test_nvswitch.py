@@ -10,7 +10,7 @@ import pytest
 from conftest import GIB, Card, require_tool
 from test_topology import eight_cards
 
-from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.card_list import CardList
 
@@ -121,9 +121,12 @@ def test_fabric_rule_fires_for_cards_not_registered(fake_driver):
 
 
 def test_fabric_is_exported_like_dcgm_exporter(fake_driver):
-    from gpumon.alerting.prometheus import GpumonCollector, exposition, rule_expr
+    from promlab import exposition
+
+    from gpumon.alerting.prometheus_rules import rule_expr
     from gpumon.alerting.rules import parse_rule
-    from gpumon.monitor.sampler import sample_once
+    from gpumon.cards.sampler import sample_once
+    from gpumon.exporter.collector import GpumonCollector
 
     fabric_machine(fake_driver.machine)
     fake_driver.write()

@@ -11,11 +11,11 @@ import os
 
 import pytest
 
+from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.model import ProcessOwner, ProcessSample, Snapshot
-from gpumon.monitor.cgroups import CgroupFacts, parse_cgroup
-from gpumon.monitor.fleet.schema import SchemaError, snapshot_from_remote
-from gpumon.monitor.owner_records import ContainerNames, JobMap, PodNames
-from gpumon.monitor.owners import HostPaths, OwnerReader, on_mapped_card
+from gpumon.owners.cgroups import CgroupFacts, parse_cgroup
+from gpumon.owners.reader import HostPaths, OwnerReader, on_mapped_card
+from gpumon.owners.records import ContainerNames, JobMap, PodNames
 
 CID = "3f2a9c0d1e2b4a5c6d7e8f90123456789abcdef0123456789abcdef012345678"  # 64 hex
 CID2 = "ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12cd34ef56ab12"

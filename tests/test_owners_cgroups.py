@@ -16,9 +16,9 @@ import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
 
-from gpumon.monitor import owners
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.owners import HostPaths
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.owners import reader as owners
+from gpumon.owners.reader import HostPaths
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.process_table import ProcessTable
 
@@ -204,7 +204,7 @@ def line_text(table: ProcessTable, y: int) -> str:
 
 
 def test_a_narrow_table_narrows_then_leaves_out_the_owner_before_the_command():
-    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.cards.backends.demo import DemoBackend
 
     def row(table, pid):
         return next(line_text(table, y) for y in range(1, table.row_count + 1) if f" {pid} " in line_text(table, y))

@@ -18,7 +18,7 @@ from promlab import Exporter, Prometheus, free_port, scrape_job, wait_until
 from test_owners_cgroups import MAPPED_CARD, hexid, host_records, uid, write_config
 from test_prometheus import check_metrics
 
-from gpumon.alerting.prometheus import prometheus_rules
+from gpumon.alerting.prometheus_rules import prometheus_rules
 from gpumon.alerting.rules import parse_rules
 
 OWNER = ("hpc_job", "pod", "namespace", "container")
@@ -222,8 +222,10 @@ def test_cards_read_through_prometheus_keep_their_pod_on_the_fleet_exporter():
     """A host read through Prometheus (dcgm-exporter's pod mapping: the card's pod by name, no
     processes' owners) is exported again by `watch --hosts … --prometheus` with the same labels; a
     card two pods share has none; a card its HPC job mapping names (`hpc_job`) keeps its job."""
-    from gpumon.alerting.prometheus import FleetCollector, Reading, exposition
-    from gpumon.monitor.fleet.dcgm import read_cluster
+    from promlab import exposition
+
+    from gpumon.exporter.collector import FleetCollector, Reading
+    from gpumon.fleet.prometheus.dcgm import read_cluster
 
     def card(gpu: int, **owner: str) -> tuple[dict[str, str], float]:
         return {"Hostname": "node-a", "gpu": str(gpu), "UUID": f"GPU-{gpu}", "modelName": "NVIDIA A100", **owner}, 0.0

@@ -8,9 +8,9 @@ import time
 
 from conftest import GIB, Card
 
-from gpumon.monitor import procinfo
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import Sampler
+from gpumon.cards import procinfo
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import Sampler
 
 
 def sampler_for(fake_driver) -> tuple[Sampler, NvmlBackend]:

@@ -11,11 +11,13 @@ import urllib.request
 
 import pytest
 from conftest import GIB, Card, require_tool
+from promlab import exposition
 
-from gpumon.alerting.prometheus import GpumonCollector, exposition, parse_listen_address, prometheus_rules
+from gpumon.alerting.prometheus_rules import prometheus_rules
 from gpumon.alerting.rules import parse_rules
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.errors import UsageError
-from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.exporter.collector import GpumonCollector, parse_listen_address
 
 # dcgm-exporter's label names are camelCase (modelName, UUID, Hostname), and one of its metric names
 # says its type (the PCIe replay counter); compatibility wins over promtool's naming lint, whose
@@ -194,7 +196,7 @@ def test_the_exported_mem_rule_means_what_gpumons_own_mem_rule_does(tmp_path):
     (FB_RESERVED, where the exporter has it). The exported rule, evaluated by promtool, fires on
     exactly the cards where gpumon's own rule fires on the same values as gpumon reads them."""
     from gpumon.alerting.rules import AlertEngine
-    from gpumon.monitor.fleet.dcgm import read_cluster
+    from gpumon.fleet.prometheus.dcgm import read_cluster
 
     promtool = require_tool("promtool")
     rules = parse_rules(["mem > 86", "mem >= 75%", "mem < 50"])

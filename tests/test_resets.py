@@ -10,8 +10,8 @@ import time
 import pytest
 from conftest import GIB, Card
 
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import sample_once
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import sample_once
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_watch_survives_a_driver_reload(fake_driver, backend):
 
 
 def test_mig_slices_created_and_destroyed_at_run_time(fake_driver, backend, monkeypatch):
-    from gpumon.monitor.backends.nvml import opening
+    from gpumon.cards.backends.nvml import opening
 
     monkeypatch.setattr(opening, "SLOW_STATE_S", 0.5)  # 10 s in real life
     fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-80GB", mem_total=80 * GIB, extra=dict(mig=2)), Card()]
@@ -169,7 +169,7 @@ def test_a_card_lost_from_the_start_has_null_ids_and_topo_says_it_left_it_out(fa
 
 def test_card_lost_in_the_tui_comes_back(fake_driver, backend):
     # The history of a card that comes back continues under its UUID.
-    from gpumon.monitor.sampler import History
+    from gpumon.cards.sampler import History
 
     fake_driver.machine.cards = [Card(extra=dict(util=30, lost_after=0.3, back_after=1.0))]
     b = backend()

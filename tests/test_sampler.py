@@ -9,9 +9,9 @@ import time
 import pytest
 from conftest import GIB, Card
 
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import History, Sampler
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import History, Sampler
 
 
 def _threads(prefix: str) -> int:

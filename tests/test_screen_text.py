@@ -12,8 +12,8 @@ from rich.cells import cell_len
 from rich.text import Text
 from test_jobs import job_json, run_job, wait_for
 
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.model import GpuSample
-from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.sanitize import printable
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.card_list import CardList

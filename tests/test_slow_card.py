@@ -12,8 +12,8 @@ import time
 
 from conftest import GIB, Card
 
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import Sampler
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import Sampler
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList

@@ -88,7 +88,7 @@ def test_bytes_to_the_terminal_stay_low(fake_driver, idle_processes):
 def test_low_bandwidth_redraws_every_few_seconds_and_b_toggles_it(monkeypatch):
     import asyncio
 
-    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.cards.backends.demo import DemoBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.widgets.status_bar import StatusBar
 

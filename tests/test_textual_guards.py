@@ -24,7 +24,7 @@ CHANGED = Path(__file__).with_name("textual_changed.py")
 HEADLESS = r"""
 import asyncio, json, logging
 from rich.console import Console
-from gpumon.monitor.backends.demo import DemoBackend
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.wire import sgr
 from gpumon.tui.wire.screen import ScreenDiff

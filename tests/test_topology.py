@@ -7,9 +7,9 @@ import json
 
 from conftest import GIB, Card
 
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.topology import best_partners, link_rank
 from gpumon.jobs.placement import choose
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.topology import best_partners, link_rank
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.topology import TopologyScreen
 

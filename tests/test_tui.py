@@ -15,8 +15,8 @@ from conftest import GIB, Card
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.backends.nvml import NvmlBackend
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
@@ -254,22 +254,26 @@ def test_sixteen_cards_and_resizing_never_crash():
 
 def test_keys_are_answered_while_a_sample_is_in_flight():
     release = threading.Event()
+    blocked = threading.Event()  # a driver call is under way …
+    returned = threading.Event()  # … and has not come back
 
     class SlowDemo(DemoBackend):
         def sample(self):
             if self.step >= 1:
+                blocked.set()
                 release.wait(10)
+                returned.set()
             return super().sample()
 
     async def go():
         async with create_app(SlowDemo(), interval=0.1).run_test(size=(120, 40)) as pilot:
             screen = await started(pilot)
-            while not pilot.app.sampler.in_flight:
+            while not blocked.is_set():
                 await pilot.pause(0.02)
             await pilot.press("j")
             await pilot.press("question_mark")
             # Both keys took effect while the driver call was still blocked.
-            assert pilot.app.sampler.in_flight
+            assert not returned.is_set()
             assert screen.query_one(CardList).selected == 1
             assert isinstance(pilot.app.screen, HelpScreen)
             release.set()
@@ -473,8 +477,8 @@ def test_alert_badges_on_cards_and_the_alerts_list():
 
 
 def test_replay_pause_step_and_speed(tmp_path):
-    from gpumon.monitor.backends.replay import ReplayBackend
-    from gpumon.monitor.recording import Recorder
+    from gpumon.cards.backends.replay import ReplayBackend
+    from gpumon.cards.recording import Recorder
 
     recording = tmp_path / "rec.jsonl"
     recorder, demo = Recorder(str(recording)), DemoBackend()

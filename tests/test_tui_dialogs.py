@@ -16,8 +16,8 @@ from conftest import GIB, Card
 from rich.text import Text
 from test_tui import launch_app, nvml_app, run, started  # noqa: F401 - fixtures used by name
 
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import records
-from gpumon.monitor.backends.demo import DemoBackend
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.help import HelpScreen
@@ -153,7 +153,7 @@ def test_a_confirmation_shows_a_command_line_as_text_not_markup(nvml_app, fake_d
 
 
 def test_the_dashboard_keeps_updating_behind_an_overlay(fake_driver):
-    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.cards.backends.nvml import NvmlBackend
 
     fake_driver.machine.cards = [Card("NVIDIA A10", extra=dict(util=37)), Card("NVIDIA A10", extra=dict(util=12))]
     fake_driver.write()

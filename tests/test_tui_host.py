@@ -10,11 +10,12 @@ import time
 from conftest import GIB, Card
 from test_tui import run, started
 
+from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.jobs import records
 from gpumon.jobs.host import LocalHost, host_at
 from gpumon.jobs.launch import shell_request
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.fleet import SshTransport, parse_hosts
+from gpumon.remote.hosts import parse_hosts
+from gpumon.remote.ssh import SshTransport
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.jobs import JobsScreen

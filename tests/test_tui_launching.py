@@ -14,7 +14,8 @@ from test_tui import run, started
 from test_tui_host import app_on, wait_until
 
 from gpumon.jobs.host import LocalHost, host_at
-from gpumon.monitor.fleet import SshTransport, parse_hosts
+from gpumon.remote.hosts import parse_hosts
+from gpumon.remote.ssh import SshTransport
 
 CARDS = [Card("NVIDIA A10", uuid=f"GPU-1a0c4e{i}0-0000-1111-2222-333344445555", mem_total=24 * GIB)
          for i in range(2)]

@@ -15,9 +15,9 @@ import pytest
 from conftest import GIB, Card
 from terminal import Tmux
 
+from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import records
 from gpumon.jobs.launch import card_limits
-from gpumon.monitor.backends.demo import DemoBackend
 
 TRIES = 10
 # No letter that is a key of the main screen: were Enter taken early, what follows it must not

@@ -222,7 +222,7 @@ def test_idle_rule_in_the_tui_marks_the_idle_holders_card(held, fake_driver):
     from test_tui import run, started
 
     from gpumon.alerting.rules import parse_rules
-    from gpumon.monitor.backends.nvml import NvmlBackend
+    from gpumon.cards.backends.nvml import NvmlBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.widgets.card_list import CardList
 

@@ -17,9 +17,9 @@ from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
 from holders_lab import two_hosts
 
-from gpumon.monitor import owners
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.owners import HostPaths
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.owners import reader as owners
+from gpumon.owners.reader import HostPaths
 from gpumon.sanitize import printable
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.main import MainScreen
@@ -199,20 +199,3 @@ def test_demo_in_a_real_terminal_shows_an_idle_holder(tmux_session, tmp_path):
     while not status.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert status.read_text().strip() == "0"
-
-
-def test_update_fleet_reads_live_and_stale_hosts_not_away_ones():
-    """A fleet's hosts are "live" while they answer (the JSON says "ok"): their holders count."""
-    from gpumon.model import FleetSnapshot, GpuSample, HostStatus, ProcessOwner, ProcessSample, Snapshot
-    from gpumon.monitor.holders import HolderTracker
-
-    def host(name: str, state: str) -> HostStatus:
-        proc = ProcessSample(pid=10, type="compute", gpu_memory=GIB, sm_util=0, user="bob", started=900.0,
-                             owner=ProcessOwner("slurm", "5", None, "bob"))
-        snap = Snapshot(time=1000.0, host=name, backend="nvml", driver_version=None, cuda_driver_version=None,
-                        gpus=(GpuSample(index=0, uuid="GPU-x", name="A", pci_bus_id=None, processes=(proc,)),))
-        return HostStatus(host=name, state=state, snapshot=snap)
-
-    holders = HolderTracker().update_fleet(FleetSnapshot(1000.0, (host("a", "live"), host("b", "stale"),
-                                                                  host("c", "unreachable"))))
-    assert {(h.host, h.label) for h in holders} == {("a", "bob"), ("a", "job 5"), ("b", "bob"), ("b", "job 5")}

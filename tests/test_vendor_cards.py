@@ -23,9 +23,9 @@ from fakedrm import (
     xe_fdinfo,
 )
 
-from gpumon.monitor.backends.drm import DrmBackend
-from gpumon.monitor.backends.drm.backend import DISCOVER_S
-from gpumon.monitor.fleet.schema import snapshot_from_remote, topology_from_remote
+from gpumon.cards.backends.drm import DrmBackend
+from gpumon.cards.backends.drm.backend import DISCOVER_S
+from gpumon.fleet.schema import snapshot_from_remote, topology_from_remote
 
 
 class Clock:

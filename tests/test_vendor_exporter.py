@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promlab import serve_and_scrape
 from test_prometheus import ALLOWED_LINT, free_port
 
-from gpumon.alerting.prometheus_amd import AMD_GAUGES, AMD_LABELS
+from gpumon.exporter.amd import AMD_GAUGES, AMD_LABELS
 
 MI210, RX, ARC = "AMD Instinct MI210", "AMD GPU 1002:744c", "Intel GPU 8086:56a0"  # the cards' names
 # AMD's names keep AMD's spelling, whose lint findings (gauges named ..._total) promtool may report.

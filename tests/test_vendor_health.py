@@ -15,7 +15,7 @@ from test_tui import started
 from test_vendor_cards import Clock, backend
 from textual.geometry import Region
 
-from gpumon.monitor import health
+from gpumon.health import rules as health
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.health import HealthScreen
 

@@ -15,8 +15,8 @@ import time
 from conftest import Card
 from fakedrm import RX7900, RX7900_HWMON
 
-from gpumon.monitor.backends.drm import DrmBackend
-from gpumon.monitor.sampler import Sampler
+from gpumon.cards.backends.drm import DrmBackend
+from gpumon.cards.sampler import Sampler
 
 
 def two_amd_cards(kernel):

@@ -65,7 +65,7 @@ def test_a_fleet_host_with_amd_cards(ssh_lab, fake_kernel):
 
 def test_a_cluster_read_through_prometheus_keeps_gpumons_vendor_label():
     """gpumon's exporter labels AMD cards vendor="amd"; dcgm-exporter's series have no vendor."""
-    from gpumon.monitor.fleet.dcgm import read_cluster
+    from gpumon.fleet.prometheus.dcgm import read_cluster
 
     def labels(gpu: int, **more: str) -> dict[str, str]:
         return {"gpu": str(gpu), "UUID": f"GPU-{gpu}", "modelName": "a card", "Hostname": "node1",

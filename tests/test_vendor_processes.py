@@ -9,9 +9,9 @@ import getpass
 from conftest import GIB
 from fakedrm import amdgpu_fdinfo
 
-from gpumon.monitor.backends.drm import DrmBackend
-from gpumon.monitor.backends.drm.fdinfo import DrmClients, parse_fdinfo
-from gpumon.monitor.sampler import Sampler
+from gpumon.cards.backends.drm import DrmBackend
+from gpumon.cards.backends.drm.fdinfo import DrmClients, parse_fdinfo
+from gpumon.cards.sampler import Sampler
 
 
 class Clock:

@@ -11,7 +11,7 @@ from fakedrm import MI210, RX7900, RX7900_HWMON, amdgpu_fdinfo
 from test_tui import run, started
 from test_tui_dialogs import wait_until
 
-from gpumon.monitor.backends import open_backend
+from gpumon.cards.backends import open_backend
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.run_dialog import RunDialog
 from gpumon.tui.screens.topology import TopologyScreen

@@ -11,8 +11,9 @@ import time
 from conftest import Card, require_tool
 from test_watch import events_of, start_watch
 
-from gpumon.alerting.prometheus import GpumonCollector, prometheus_rules
+from gpumon.alerting.prometheus_rules import prometheus_rules
 from gpumon.alerting.rules import AlertEngine, parse_rule, parse_rules
+from gpumon.exporter.collector import GpumonCollector
 from gpumon.model import GpuSample, Snapshot
 
 
@@ -120,7 +121,7 @@ def test_scrapes_read_a_consistent_copy_of_the_rule_states():
     rules = parse_rules([f"temp > {t}" for t in range(0, 60, 2)])
     engine = AlertEngine(rules)
     first = snap(0.0, (GpuSample(index=0, uuid="GPU-0", name="A", pci_bus_id="0", temperature=90),))
-    collector = GpumonCollector(lambda: first, engine)
+    collector = GpumonCollector(lambda: first, engine.firing)
     errors: list[BaseException] = []
     done = threading.Event()
 
@@ -166,7 +167,7 @@ def test_hooks_get_xid_events_with_the_code(fake_driver, tmp_path):
 def test_exported_xid_code_comparisons_match_exactly_the_codes_gpumon_would():
     import re
 
-    from gpumon.alerting.prometheus import rule_expr
+    from gpumon.alerting.prometheus_rules import rule_expr
 
     for text in ("xid > 100", "xid < 50", "xid >= 13", "xid <= 9", "xid != 79", "xid == 79", "xid"):
         rule = parse_rule(text)

@@ -15,8 +15,8 @@ from conftest import Card
 from test_fleet_headless import _ssh_children
 from webpage import Served, get, until
 
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.sampler import Sampler
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import Sampler
 from gpumon.web.feed import Feed, LocalCards
 from gpumon.web.server import WebServer
 

@@ -155,7 +155,7 @@ def test_compositor_updates_drawn_as_cells_match_textuals_own_string():
     from rich.console import Console
     from textual._compositor import ChopsUpdate, LayoutUpdate
 
-    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.cards.backends.demo import DemoBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.wire import updates
 
@@ -216,7 +216,7 @@ def test_the_lean_compositor_leaves_the_screen_textuals_own_would():
     from rich.color import ColorSystem
     from textual._compositor import Compositor
 
-    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.cards.backends.demo import DemoBackend
     from gpumon.tui.app import create_app
     from gpumon.tui.wire import compositor, updates
 
@@ -274,7 +274,7 @@ def test_changed_table_rows_render_the_table_not_the_frame_and_screen_behind_it(
     from textual.geometry import Region
     from textual.widget import Widget
 
-    from gpumon.monitor.backends.demo import DemoBackend
+    from gpumon.cards.backends.demo import DemoBackend
     from gpumon.tui.app import create_app
 
     app = create_app(DemoBackend(), interval=60)

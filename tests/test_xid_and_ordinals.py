@@ -8,10 +8,10 @@ import asyncio
 from conftest import Card
 
 from gpumon.alerting.rules import parse_rules
+from gpumon.cards.backends.demo import DemoBackend
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.cuda_order import cuda_ordinals
 from gpumon.model import GpuSample
-from gpumon.monitor.backends.demo import DemoBackend
-from gpumon.monitor.backends.nvml import NvmlBackend
-from gpumon.monitor.cuda_order import cuda_ordinals
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.help import help_table
 from gpumon.tui.widgets.card_list import CardList

@@ -20,11 +20,11 @@ import time
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
-from gpumon.alerting.prometheus import FleetCollector, Reading, serve
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.exporter.collector import FleetCollector, Reading, serve
+from gpumon.fleet import Fleet
 from gpumon.model import HostStatus, Snapshot
-from gpumon.monitor.fleet import Fleet
 
 AWAY = ("unreachable", "reconnecting", "error")
 ANSWERS = ("live", "stale")  # gpumon_host_up 1: the host is read (stale: it has gone quiet for a while)

@@ -1,6 +1,6 @@
 """Rules about who holds the cards: `idle > DURATION [and mem > SIZE] [on GPUS]`.
 
-A holder (monitor/holders.py) is idle while every process of it shows 0 % SM; `idle > 30m` fires
+A holder (owners/holders.py) is idle while every process of it shows 0 % SM; `idle > 30m` fires
 when one has held its cards that way for longer than 30 minutes as gpumon has seen it (idle time
 counts from when gpumon first saw the holder: a watch started a minute ago cannot know more), and
 `mem > 10G` adds that it holds more than that much GPU memory. The duration is in the condition, so
@@ -27,7 +27,7 @@ from typing import Any
 from gpumon.alerting.rules import OPS, AlertEvent, Rule, parse_gpus, rule_error
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
-from gpumon.monitor.holders import Holder, HolderTracker
+from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.units import parse_duration, parse_size
 
 HOLDER_METRICS = ("idle",)

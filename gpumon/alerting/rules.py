@@ -35,7 +35,7 @@ from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 from gpumon.units import format_cpu_list, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from gpumon.monitor.holders import Holder
+    from gpumon.owners.holders import Holder
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
-from gpumon.alerting.prometheus import GpumonCollector, serve
 from gpumon.alerting.rules import AlertEngine, AlertEvent, missing_cards
+from gpumon.cards.recording import Recorder
+from gpumon.cards.sampler import Sampler
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.exporter.collector import GpumonCollector, serve
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
-from gpumon.monitor.recording import Recorder
-from gpumon.monitor.sampler import Sampler
 
 log = logging.getLogger(__name__)
 XID_POLL_S = 0.5
@@ -55,7 +55,7 @@ class Watch:
         self.sampler.stop()
 
     def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None):
-        collector = GpumonCollector(lambda: self.sampler.latest, self.engine, lambda: self.xid_seen, processes,
+        collector = GpumonCollector(lambda: self.sampler.latest, self.engine.firing, lambda: self.xid_seen, processes,
                                     hostname)
         return serve(address, collector)
 

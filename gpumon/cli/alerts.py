@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpumon.alerting.prometheus import prometheus_rules
+from gpumon.alerting.prometheus_rules import prometheus_rules
 from gpumon.alerting.rules import parse_rules
 from gpumon.cli.common import load_settings
 from gpumon.errors import EXIT_OK

@@ -18,7 +18,7 @@ from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 def load_settings(args: argparse.Namespace) -> Config:
     """The config file (checked by every command), with its interval as the default; its [health]
     rules apply to every card's verdict in this process."""
-    from gpumon.monitor import health
+    from gpumon.health import rules as health
 
     config = load_config(getattr(args, "config", None))
     health.configure(config.health, f"config {config.path}" if config.path else "config")
@@ -48,7 +48,7 @@ def _use_host_paths(procfs: str | None, config: Config) -> None:
     """Where this host's /proc and records of who runs what are (--path.procfs or [paths] procfs, [owners])."""
     from pathlib import Path
 
-    from gpumon.monitor.owners import HostPaths, use_host_paths
+    from gpumon.owners.reader import HostPaths, use_host_paths
 
     given = {key: Path(value).expanduser() for key, value in config.owners.items()}
     if procfs:
@@ -79,7 +79,7 @@ def backend_args(args: argparse.Namespace) -> dict[str, Any]:
 def open_source(args: argparse.Namespace, timeout: float | None = None):
     """The backend the options ask for: the demo, a recording, or the NVIDIA driver. With a
     `timeout`, a driver that does not even start within it is an error (exit status 3)."""
-    from gpumon.monitor.backends import open_backend
+    from gpumon.cards.backends import open_backend
 
     replay = getattr(args, "replay", None)
     opened = backend_args(args)

@@ -10,12 +10,12 @@ import os
 from gpumon.cli.common import backend_args, open_source
 from gpumon.config import Config
 from gpumon.errors import UsageError
+from gpumon.fleet import Fleet, open_fleet
+from gpumon.fleet.prometheus.source import DEFAULT_INTERVAL_S, PrometheusSource, parse_url
 from gpumon.jobs.host import local_args as host_local_args
 from gpumon.model import FleetSnapshot
-from gpumon.monitor.fleet import Fleet, HostSpec, SshTransport, open_fleet, parse_hosts, read_hostfile
-from gpumon.monitor.fleet.hosts import resolve
-from gpumon.monitor.fleet.prometheus import DEFAULT_INTERVAL_S, PrometheusSource, parse_url
-from gpumon.monitor.fleet.ssh import CONNECT_TIMEOUT_S
+from gpumon.remote.hosts import HostSpec, parse_hosts, read_hostfile, resolve
+from gpumon.remote.ssh import CONNECT_TIMEOUT_S, SshTransport
 
 
 def host_list(args: argparse.Namespace, config: Config, use_config: bool = False) -> list[HostSpec]:

@@ -18,8 +18,7 @@ from gpumon.jobs.host import host_at, host_for, jobs_of, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
 from gpumon.model import FleetSnapshot, Topology
-from gpumon.monitor.fleet import HostSpec
-from gpumon.monitor.fleet.hosts import parse_entry
+from gpumon.remote.hosts import HostSpec, parse_entry
 from gpumon.units import format_bytes, format_runtime
 
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import platformdirs
 
+from gpumon.cards.sampler import sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.counters import Health
+from gpumon.health.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, GpuSample
-from gpumon.monitor.sampler import sample_once
-from gpumon.monitor.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)

@@ -167,7 +167,7 @@ def _add_ssh_options(g, suppress: bool) -> None:
 
 
 def _prometheus_url(text: str) -> str:
-    from gpumon.monitor.fleet.prometheus_api import parse_url
+    from gpumon.fleet.prometheus.api import parse_url
 
     try:
         return parse_url(text)

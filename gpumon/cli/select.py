@@ -15,11 +15,11 @@ import shlex
 import sys
 import time
 
+from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.pinning import VISIBLE, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
-from gpumon.monitor.sampler import read_topology, sample_once
 
 
 def run(args: argparse.Namespace) -> int:

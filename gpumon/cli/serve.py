@@ -67,7 +67,7 @@ def _cards(args: argparse.Namespace, config: Config, feed):
 
         fleet = build(args, config, host_list(args, config, use_config=True), prometheus_url(args, config, True))
         return FleetCards(fleet, feed), None
-    from gpumon.monitor.sampler import Sampler
+    from gpumon.cards.sampler import Sampler
 
     backend = open_source(args)  # no driver: said now (status 3), before anything is bound
     return LocalCards(Sampler(backend, interval=args.interval, enrich=True), feed), backend

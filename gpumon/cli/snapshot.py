@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from gpumon.cards.sampler import sample_once
 from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import snapshot_text
-from gpumon.monitor.sampler import sample_once
 
 
 def run(args: argparse.Namespace) -> int:

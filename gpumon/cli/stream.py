@@ -19,12 +19,12 @@ import signal
 import sys
 import threading
 
+from gpumon.cards.sampler import Sampler
+from gpumon.cards.xid_events import XidListener
 from gpumon.cli.common import load_settings, open_source
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
-from gpumon.monitor.connection import stdin_connection
-from gpumon.monitor.sampler import Sampler
-from gpumon.monitor.xid import XidListener
+from gpumon.remote.connection import stdin_connection
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:

@@ -13,7 +13,7 @@ from rich.cells import cell_len, set_cell_size
 
 from gpumon.jobs.attempts import describe
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.monitor.holders import Holder
+from gpumon.owners.holders import Holder
 from gpumon.sanitize import printable
 from gpumon.units import format_bytes, format_duration, format_energy, format_runtime
 

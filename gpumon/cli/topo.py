@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from gpumon.cards.sampler import read_topology
 from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import topology_text
 from gpumon.errors import UsageError
-from gpumon.monitor.sampler import read_topology
 
 
 def run(args: argparse.Namespace) -> int:

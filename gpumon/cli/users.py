@@ -1,5 +1,5 @@
 """`gpumon users [--json] [--hosts …] [--window DURATION]`: who holds the cards, per user and per
-Slurm job, Kubernetes pod or container (monitor/holders.py), on this machine or every host.
+Slurm job, Kubernetes pod or container (owners/holders.py), on this machine or every host.
 
 Idle time needs watching: gpumon cannot know what a process did before it looked, so the command
 samples for --window (default two intervals: three samples) and prints the holders as the last
@@ -15,12 +15,12 @@ import sys
 import time
 from typing import Any
 
+from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.cli.tables import users_text
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
-from gpumon.monitor.holders import Holder, HolderTracker, users_document
-from gpumon.monitor.sampler import Sampler
+from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sanitize import printable
 from gpumon.units import format_duration
 

@@ -11,10 +11,10 @@ from gpumon.alerting.holder_rules import needs_processes
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, parse_rules
 from gpumon.alerting.watch import Watch
+from gpumon.cards.recording import Recorder
+from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.jobs.job_events import EventFollower
-from gpumon.monitor.recording import Recorder
-from gpumon.monitor.sampler import Sampler
 
 
 def run(args: argparse.Namespace) -> int:

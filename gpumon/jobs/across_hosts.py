@@ -11,9 +11,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpumon.cards.topology import UNKNOWN_RANK, link_between, link_rank
 from gpumon.jobs.placement import Choice, choose
 from gpumon.model import HostStatus, Topology
-from gpumon.monitor.topology import UNKNOWN_RANK, link_between, link_rank
 from gpumon.units import format_bytes
 
 

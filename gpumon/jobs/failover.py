@@ -1,7 +1,7 @@
 """When a job's card has failed, in words: what makes the supervisor move a `--failover` job.
 
 A card has failed (for a job's purposes) when it is lost (fell off the bus: NVML answers
-GPU_IS_LOST), when it reports one of the FATAL_XIDS (NVIDIA's catalogue, in monitor/xid.py: the
+GPU_IS_LOST), when it reports one of the FATAL_XIDS (NVIDIA's catalogue, in health/xid.py: the
 health verdict uses the same list), or when its NVSwitch fabric registration failed. A card that
 is merely busy, slow ("not responding") or whose driver is being reloaded has not failed: a job
 on it is left alone. A job that exits with an error on a healthy card is not moved either: that
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpumon.health.xid import FATAL_XIDS
 from gpumon.model import GpuSample, Snapshot
-from gpumon.monitor.xid import FATAL_XIDS
 
 
 @dataclass(frozen=True)

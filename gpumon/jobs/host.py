@@ -11,7 +11,7 @@ as a child process for this machine. So the host applies its own rules (pinning,
 own processes only, start-time checks), and a local and a remote host answer the same question
 with the same fields, checked by the same schema, and fail with the same kind of message: a
 HostError, "HOST: what went wrong". Its children are tied to gpumon's life and their output is
-read with a cap (monitor/fleet/children.py).
+read with a cap (remote/children.py).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from gpumon.errors import UsageError
+from gpumon.fleet import Fleet
+from gpumon.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
 from gpumon.jobs import records
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
-from gpumon.monitor.fleet import Fleet
-from gpumon.monitor.fleet.children import OutputTooLarge, call, popen, run_capped
-from gpumon.monitor.fleet.hosts import LOCAL, HostSpec
-from gpumon.monitor.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
-from gpumon.monitor.fleet.ssh import SshTransport, describe_failure
+from gpumon.remote.children import OutputTooLarge, call, popen, run_capped
+from gpumon.remote.hosts import LOCAL, HostSpec
+from gpumon.remote.ssh import SshTransport, describe_failure
 from gpumon.sanitize import printable
 
 MAX_OUTPUT = 16 << 20

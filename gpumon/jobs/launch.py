@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from gpumon.cards.backends import Backend
+from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
-from gpumon.monitor.backends import Backend
-from gpumon.monitor.sampler import sample_once
 from gpumon.units import format_bytes, format_cpu_list, parse_size
 
 # How many times a job launched with the run dialog's "move if the card fails" may move.

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from gpumon.errors import EXIT_OK
 from gpumon.jobs.records import Job, load_job
-from gpumon.monitor.connection import stdin_connection
+from gpumon.remote.connection import stdin_connection
 
 POLL_S = 0.25
 CHUNK = 1 << 16

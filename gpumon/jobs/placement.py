@@ -14,10 +14,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from gpumon.cards.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
 from gpumon.errors import UsageError
 from gpumon.jobs.pinning import Pinning, local_cpus, one_vendor, pin  # noqa: F401 - where launches find them
 from gpumon.model import VENDOR_NAMES, GpuSample, Snapshot, Topology
-from gpumon.monitor.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
 from gpumon.sanitize import printable
 from gpumon.units import format_bytes, parse_size
 

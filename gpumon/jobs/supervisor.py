@@ -32,7 +32,9 @@ from pathlib import Path
 
 import psutil
 
+from gpumon.cards.backends import Backend, open_backend
 from gpumon.errors import GpumonError
+from gpumon.health import rules as health
 from gpumon.jobs import job_events
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
@@ -44,8 +46,6 @@ from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec, take_environment, write_atomic
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
-from gpumon.monitor import health
-from gpumon.monitor.backends import Backend, open_backend
 
 GRACE_S = 5.0
 STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again

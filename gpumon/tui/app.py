@@ -19,13 +19,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from gpumon.alerting.rules import Rule, missing_cards
+from gpumon.cards.backends import Backend
+from gpumon.cards.recording import Recorder
+from gpumon.cards.sampler import Sampler
+from gpumon.cards.xid_events import XidListener
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
-from gpumon.monitor.backends import Backend
-from gpumon.monitor.holders import Holder, HolderTracker
-from gpumon.monitor.recording import Recorder
-from gpumon.monitor.sampler import Sampler
-from gpumon.monitor.xid import XidListener
+from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.users import UsersScreen

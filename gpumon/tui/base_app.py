@@ -29,8 +29,8 @@ from textual.worker import WorkerFailed
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
-from gpumon.monitor.holders import HolderTracker
-from gpumon.monitor.xid import RecentXids
+from gpumon.health.xid import RecentXids
+from gpumon.owners.holders import HolderTracker
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen

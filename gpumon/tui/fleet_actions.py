@@ -13,12 +13,12 @@ from typing import Any
 
 from textual.app import App
 
+from gpumon.fleet import Fleet
 from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
 from gpumon.jobs.host import host_for
 from gpumon.jobs.launch import card_limits
 from gpumon.model import GpuSample, HostStatus, ProcessSample
-from gpumon.monitor.fleet import Fleet
 from gpumon.tui.launching import launch
 from gpumon.tui.screens.card_actions import confirm_signal
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunDialog

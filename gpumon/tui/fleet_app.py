@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 from textual.screen import Screen
 
 from gpumon.errors import EXIT_OK
+from gpumon.fleet import Fleet
 from gpumon.jobs.across_hosts import choose_across
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
-from gpumon.monitor.fleet import Fleet
-from gpumon.monitor.holders import Holder, HolderTracker
+from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
 from gpumon.tui.screens.fleet import FleetScreen
@@ -49,8 +49,8 @@ class FleetApp(BaseApp):
         # picked a moment ago, not card 0.
         self.card_choice: dict[str, int] = {}
         self._runner = None
-        # Who holds the cards of every host, fed by each host's readings as they come (what
-        # `update_fleet` does for a whole fleet snapshot, one host at a time: O(1) hosts a report).
+        # Who holds the cards of every host, fed by each host's readings as they come, one host at
+        # a time: O(1) hosts a report.
         self.holders = HolderTracker()
         self.holding: dict[str, tuple[Holder, ...]] = {}
         self.users_screen: UsersScreen | None = None

@@ -7,6 +7,6 @@
 - `server`: the routes (GET only) and the server's life (TLS, start, clean stop).
 - `assets/`: the page itself (HTML without data, a script that only sets text, a style sheet).
 
-Views layer: it reads monitor/ and jobs/ (which card is free), never Textual; aiohttp is imported
-only here, so other commands never load it.
+Views layer: it reads cards/, fleet/, owners/, health/ and jobs/ (which card is free), never
+Textual; aiohttp is imported only here, so other commands never load it.
 """

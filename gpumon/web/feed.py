@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpumon.cards.sampler import Sampler, card_wait
+from gpumon.cards.xid_events import XidListener
+from gpumon.fleet import Fleet
+from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
-from gpumon.monitor.fleet import Fleet
-from gpumon.monitor.holders import Holder, HolderTracker, users_document
-from gpumon.monitor.sampler import Sampler, card_wait
-from gpumon.monitor.verdicts import fleet_health_document, health_document
-from gpumon.monitor.xid import XidListener
+from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.web.view import fleet_view, local_view
 
 

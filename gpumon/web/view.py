@@ -1,8 +1,8 @@
 """The page's document: what the browser shows, worked out here once per sample for every viewer.
 
-The page only lays it out: verdicts (monitor/verdicts, as `gpumon health` tells them), which card
+The page only lays it out: verdicts (health/verdicts, as `gpumon health` tells them), which card
 is free (jobs/placement's `free_enough`, as `gpumon select` decides), who holds the cards and who
-holds them idle (monitor/holders, as the users view says it), sizes in words (units).
+holds them idle (owners/holders, as the users view says it), sizes in words (units).
 Every string from the cards, processes and hosts is made printable here (control and bidi
 characters as visible escapes); the page sets it as text, never as markup.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpumon.health.verdicts import card_verdict
 from gpumon.jobs.placement import free_enough
 from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
-from gpumon.monitor.holders import Holder, idle_cell, idle_holders, summary
-from gpumon.monitor.verdicts import card_verdict
+from gpumon.owners.holders import Holder, idle_cell, idle_holders, summary
 from gpumon.sanitize import printable
 from gpumon.units import format_bytes, format_duration, format_energy
 

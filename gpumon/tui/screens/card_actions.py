@@ -19,7 +19,7 @@ from gpumon.jobs import processes as actions
 from gpumon.jobs import records as jobs
 from gpumon.jobs.launch import card_limits
 from gpumon.jobs.logout import logout_note
-from gpumon.monitor.containers import invisible_reason
+from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen

@@ -23,8 +23,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Input, Static
 
+from gpumon.fleet import Fleet
 from gpumon.model import HOST_STATES, HostStatus
-from gpumon.monitor.fleet import Fleet
 from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable

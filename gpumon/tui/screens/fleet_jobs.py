@@ -20,8 +20,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Log, Static
 
 from gpumon.errors import GpumonError
+from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for, jobs_of
-from gpumon.monitor.fleet import Fleet
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import why_not_here

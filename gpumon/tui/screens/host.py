@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from textual.binding import Binding
 from textual.widgets import Input, Static
 
+from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for
 from gpumon.model import HostStatus
-from gpumon.monitor.containers import invisible_reason
-from gpumon.monitor.fleet import Fleet
+from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
 from gpumon.tui.plain import plain

@@ -19,12 +19,12 @@ from textual.events import Resize, ScreenResume
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from gpumon.cards.cuda_order import cuda_ordinals
+from gpumon.cards.sampler import History
+from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
-from gpumon.monitor.containers import invisible_reason
-from gpumon.monitor.cuda_order import cuda_ordinals
-from gpumon.monitor.sampler import History
-from gpumon.monitor.topology import unknown_links
+from gpumon.owners.containers import invisible_reason
 from gpumon.tui.plain import plain
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.health import HealthScreen

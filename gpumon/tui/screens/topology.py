@@ -15,8 +15,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gpumon.cards.topology import best_partners, describe_link, link_rank
 from gpumon.model import Topology
-from gpumon.monitor.topology import best_partners, describe_link, link_rank
 from gpumon.sanitize import printable
 from gpumon.tui.plain import plain
 

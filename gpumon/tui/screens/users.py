@@ -2,7 +2,7 @@
 it: cards held, memory, SM %, power share, energy, how long held, how long idle — and a line at the
 top naming the holders that hold cards idle.
 
-The app keeps one HolderTracker fed with every reading from its start (monitor/holders.py), so
+The app keeps one HolderTracker fed with every reading from its start (owners/holders.py), so
 idle time counts before the view is opened; the view asks `source()` for the holders of the
 latest reading each time the app says there is one (`show_latest`), and repaints only what changed.
 """
@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Input
 
-from gpumon.monitor.holders import Holder, summary
+from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.holder_table import HolderTable

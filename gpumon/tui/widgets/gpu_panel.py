@@ -20,7 +20,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpumon.model import GpuSample
-from gpumon.monitor.holders import card_holder
+from gpumon.owners.holders import card_holder
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_segments
 from gpumon.tui.widgets.whole_lines import draw_whole_lines
 from gpumon.units import format_bytes

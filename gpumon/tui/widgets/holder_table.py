@@ -1,5 +1,5 @@
 """The users view's table: one row per user, with its jobs, pods and containers under it
-(monitor/holders.py `Holder`), drawn line by line as the process table is.
+(owners/holders.py `Holder`), drawn line by line as the process table is.
 
 Rows keep their keys (host, kind, id) from sample to sample; on each sample only the cells whose
 text changed are repainted (usually the ticking HELD/IDLE and the SM and power cells), and nothing
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from rich.style import Style
 
-from gpumon.monitor.holders import Holder, idle_cell
+from gpumon.owners.holders import Holder, idle_cell
 from gpumon.sanitize import printable
 from gpumon.tui.widgets.sortable_table import PLAIN, Cells, Column, SortableTable
 from gpumon.units import format_bytes, format_duration, format_energy

@@ -1,0 +1,245 @@
+"""Prometheus: the exposition `watch --prometheus` serves (the exported alerting rules over these
+series are alerting/prometheus_rules.py's).
+
+Metric names follow dcgm-exporter 3.x (the `DCGM_FI_DEV_*` fields of its default counters file,
+framebuffer sizes in MiB) with its labels `gpu`, `UUID`, `device`, `modelName`, `Hostname`,
+`pci_bus_id`, so dashboards and rules written for dcgm-exporter work unchanged, and its `hpc_job`,
+`pod`, `namespace`, `container` for who holds the card (prometheus_owners) on every reading of a
+card and every process. gpumon's own metrics are prefixed `gpumon_`.
+
+XIDs are events: `DCGM_FI_DEV_XID_ERRORS` keeps dcgm-exporter's meaning (the last XID's code, for
+dashboards), and `gpumon_xid_last_timestamp_seconds{..., xid="CODE"}` is the unix time of the
+newest XID of each code on each card. The exported `xid` rules are written over that one, so they
+mean what gpumon's do: firing as soon as an XID is scraped, resolved once the card has been quiet
+for the rule's quiet period.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpumon.errors import UsageError
+from gpumon.exporter.amd import DRM_GAUGES, amd_families
+from gpumon.exporter.health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_value
+from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
+from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
+
+MIB = 1 << 20
+log = logging.getLogger(__name__)
+THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
+
+
+def _reserved_mib(g: GpuSample) -> float | None:
+    """What the driver keeps for itself: with used and free, a reader adds up the card's total."""
+    if g.memory_total is None or g.memory_used is None or g.memory_free is None:
+        return None
+    return max(0, g.memory_total - g.memory_used - g.memory_free) / MIB
+
+
+# (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
+GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+     lambda g: None if g.memory_used is None else g.memory_used / MIB),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+     lambda g: None if g.memory_free is None else g.memory_free / MIB),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda g: _reserved_mib(g)),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature),
+    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_draw),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_util),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_util),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of uncorrectable (double-bit) volatile ECC errors.",
+     lambda g: g.ecc_errors_uncorrected),
+    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s).",
+     lambda g: None if g.pcie_tx is None else g.pcie_tx / 1024),
+    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s).",
+     lambda g: None if g.pcie_rx is None else g.pcie_rx / 1024),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
+     lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
+    ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
+]
+# `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
+# is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
+# dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
+FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One host's cards for the exposition: its snapshot, the Hostname label, and the copies the
+    event loop publishes (rules firing per card; (card, XID code) -> time of the newest, or None
+    when XIDs are not followed there)."""
+
+    host: str
+    snapshot: Snapshot
+    firing: dict[int, tuple[str, ...]] | None = None
+    xids: dict[tuple[int, int], float] | None = None
+
+
+class GpumonCollector(Collector):
+    """Builds the metrics at scrape time from the newest snapshot: nothing is done per sample."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None],
+                 firing: Callable[[], dict[int, tuple[str, ...]]] | None = None,
+                 xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False,
+                 hostname: str | None = None) -> None:
+        """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
+        replaces whole (read from the scrape thread). `hostname`: the Hostname label (default: the
+        snapshot's host, this machine's name), which is how a Prometheus reader tells hosts apart."""
+        self.latest = latest
+        self.firing = firing
+        self.xid = xid
+        self.processes = processes
+        self.hostname = hostname
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self.latest()
+        if snap is None:
+            return
+        firing = self.firing() if self.firing is not None else None
+        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {})
+        yield from families([reading], self.processes, alerts=self.firing is not None)
+
+
+class FleetCollector(Collector):
+    """`watch --hosts --prometheus`: every host's cards, each with the fleet's name for its host as
+    `Hostname`, and `gpumon_host_up{Hostname}` (1 while the host answers, 0 while it is away). A
+    host that is away has no card series: its old values are not a reading."""
+
+    def __init__(self, readings: Callable[[], tuple[list[Reading], dict[str, bool]]], processes: bool = False,
+                 alerts: bool = False) -> None:
+        """`readings`: the hosts that answer now, and every host's up (True) or away (False)."""
+        self.readings = readings
+        self.processes = processes
+        self.alerts = alerts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        readings, up = self.readings()
+        family = GaugeMetricFamily("gpumon_host_up", "1 while the host answers, 0 while it cannot be read.",
+                                   labels=["Hostname"])
+        for host, answers in up.items():
+            family.add_metric([host], 1.0 if answers else 0.0)
+        yield family
+        yield from families(readings, self.processes, alerts=self.alerts, per_host=True)
+
+
+def families(readings: list[Reading], processes: bool = False, alerts: bool = False,
+             per_host: bool = False) -> Iterator[GaugeMetricFamily]:
+    """The exposition of these hosts' cards. `per_host`: the series that are not about one card
+    (sample age, rules firing) get a Hostname label too, as one exporter speaks for many hosts."""
+    labels = {(r.host, g.index): [str(g.index), g.uuid or "", f"{g.vendor}{g.index}", g.name, r.host,
+                                  g.pci_bus_id or "", g.vendor, *card_labels(g)]
+              for r in readings for g in r.snapshot.gpus}
+    cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
+    for name, doc, read in GAUGES + HEALTH_GAUGES + DRM_GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        for _, g, card in cards:
+            value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
+            if value is not None:
+                family.add_metric(card, float(value))
+        yield family
+    followed = [r for r in readings if r.xids is not None]  # a fleet host's XIDs are not followed
+    if followed:
+        family = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
+                                   labels=LABELS)
+        seen = GaugeMetricFamily("gpumon_xid_last_timestamp_seconds", "Unix time of the newest XID error of this code.",
+                                 labels=LABELS + ["xid"])
+        for r in followed:
+            newest: dict[int, tuple[float, int]] = {}
+            for (index, code), when in r.xids.items():
+                newest[index] = max(newest.get(index, (when, code)), (when, code))
+            for g in r.snapshot.gpus:
+                family.add_metric(labels[r.host, g.index], float(newest[g.index][1]) if g.index in newest else 0.0)
+            for (index, code), when in sorted(r.xids.items()):
+                if (r.host, index) in labels:
+                    seen.add_metric(labels[r.host, index] + [str(code)], when)
+        yield family
+        yield seen
+    fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
+                               "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
+                               labels=LABELS)
+    for _, g, card in cards:
+        if g.fabric in FABRIC_STATUS:
+            fabric.add_metric(card, float(FABRIC_STATUS[g.fabric]))
+    yield fabric
+    verdicts = GaugeMetricFamily(HEALTH, HEALTH_HELP, labels=LABELS + ["reason"])
+    for _, g, card in cards:  # a lost card's verdict too: it fails
+        if (verdict := health_value(g)) is not None:
+            verdicts.add_metric(card + [verdict[1]], verdict[0])
+    yield verdicts
+    lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
+    for _, g, card in cards:
+        lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
+    yield lost
+    yield from amd_families([(r.host, r.snapshot.gpus) for r in readings])
+    host_label = ["Hostname"] if per_host else []
+    stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.", labels=host_label)
+    now = time.time()
+    for r in readings:
+        stale.add_metric([r.host] if per_host else [], max(0.0, now - r.snapshot.time))
+    yield stale
+    if alerts:
+        firing = GaugeMetricFamily("gpumon_alert_firing", "1 while a gpumon alert rule fires on a card.",
+                                   labels=["rule", "gpu", *host_label])
+        for r in readings:
+            for gpu, rules in (r.firing or {}).items():
+                for rule in rules:
+                    firing.add_metric([rule, str(gpu), *([r.host] if per_host else [])], 1.0)
+        yield firing
+    if processes:
+        procs = GaugeMetricFamily("gpumon_process_gpu_memory_bytes", "GPU memory used by a process.",
+                                  labels=["gpu", "UUID", "Hostname", "pid", "user", "name", *OWNER_LABELS])
+        for r, g, _ in cards:
+            for p in g.processes:
+                if p.gpu_memory is not None:
+                    name = (p.command or "?").split(" ", 1)[0].rsplit("/", 1)[-1][:64]
+                    procs.add_metric([str(g.index), g.uuid or "", r.host, str(p.pid), p.user or "?", name,
+                                      *process_labels(p.owner)], float(p.gpu_memory))
+        yield procs
+
+
+def registry_for(collector: Collector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def serve(address: str, collector: Collector):
+    """The exporter on ADDRESS (`--prometheus`), in a thread of its own; returns the server."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_listen_address(address)
+    try:
+        server, _ = start_http_server(port, host, registry=registry_for(collector))
+    except OSError as exc:
+        raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
+    log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
+    return server
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """'9400' or ':9400' -> loopback; 'HOST:PORT' binds HOST (explicitly, e.g. 0.0.0.0:9400)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"bad --prometheus address {text!r}: expected PORT or HOST:PORT") from None
+    if not 0 < number < 65536:
+        raise UsageError(f"bad --prometheus port {port}: must be 1-65535")
+    return host, number
+

@@ -1,0 +1,42 @@
+"""Many hosts: reading every GPU host the user can reach, over their own ssh, or through the
+cluster's Prometheus server.
+
+`stream` keeps one gpumon stream per host over remote/ssh (`nvidia_smi` when gpumon is not
+installed there), `local` reads this machine, `schema` checks everything a host sends,
+`prometheus/` reads every host a Prometheus server has GPU series of, and `fleet.Fleet` holds
+every host's latest status for the views. Talking to a host is remote/'s; acting on one is
+jobs/host.py's. See docs/design.md, "Many hosts".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpumon.cards.backends import Backend
+from gpumon.fleet.fleet import Fleet, Source
+from gpumon.fleet.local import LocalSource
+from gpumon.fleet.prometheus.source import PrometheusSource
+from gpumon.fleet.stream import SshSource
+from gpumon.remote.hosts import HostSpec
+from gpumon.remote.ssh import SshTransport
+
+
+def open_fleet(hosts: Sequence[HostSpec], transport: SshTransport | None, interval: float,
+               open_local: Callable[[], Backend] | None = None, local_args: Sequence[str] = (),
+               extra_sources: Sequence[Source] = ()) -> Fleet:
+    """A Fleet reading `hosts`: `local` through `open_local()`, the others through ssh; and the
+    hosts `extra_sources` find (a PrometheusSource)."""
+    sources: list[Source] = []
+    for spec in hosts:
+        if spec.is_local:
+            if open_local is None:
+                raise ValueError("the host list names `local` but no local backend was given")
+            sources.append(LocalSource(open_local, interval))
+        else:
+            if transport is None:
+                raise ValueError("remote hosts need an SshTransport")
+            sources.append(SshSource(spec, transport, interval))
+    return Fleet(hosts, [*sources, *extra_sources], interval, transport, local_args)
+
+
+__all__ = ["Fleet", "LocalSource", "PrometheusSource", "Source", "SshSource", "open_fleet"]

@@ -1,0 +1,48 @@
+"""The host `local`: this machine's own backend (NVML, or --demo/--replay), without ssh."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from gpumon.cards.backends import Backend
+from gpumon.cards.sampler import Sampler
+from gpumon.cards.sampler import run_in_daemon_thread as in_daemon_thread  # a hung driver init blocks nothing
+from gpumon.errors import GpumonError
+from gpumon.model import Snapshot
+from gpumon.remote.hosts import LOCAL
+
+RETRY_S = 30.0
+
+
+class LocalSource:
+    kind = "local"
+    hosts = (LOCAL,)
+
+    def __init__(self, open_backend: Callable[[], Backend], interval: float) -> None:
+        self.open_backend = open_backend
+        self.interval = interval
+
+    async def run(self, fleet) -> None:
+        while True:
+            try:
+                backend = await in_daemon_thread(self.open_backend)
+            except GpumonError as exc:  # no driver here: say so, and look again later
+                fleet.report(LOCAL, "error", error=str(exc).split("\n")[0], source="local")
+                await asyncio.sleep(RETRY_S)
+                continue
+            sampler = Sampler(backend, interval=self.interval, history_seconds=0)
+
+            def publish(snapshot: Snapshot) -> None:
+                fleet.report(LOCAL, "stale" if snapshot.stale else "live", snapshot=snapshot, source="local",
+                             error="the driver is slow to answer" if snapshot.stale else None)
+
+            sampler.subscribe(publish)
+            # Stopped, not cancelled: the sampler ends its own loop (a cancel could be lost in it).
+            running = asyncio.ensure_future(sampler.run())
+            try:
+                await asyncio.shield(running)
+            finally:
+                sampler.stop()
+                await running
+                backend.close()

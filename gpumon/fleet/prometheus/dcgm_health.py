@@ -1,0 +1,71 @@
+"""The cards' health as a Prometheus server holds it: dcgm-exporter's reliability counters (and
+`gpumon_gpu_health` where gpumon exports the card), made into CardCounters and a verdict.
+
+The verdict is drawn here by the same rules as on a host (health/rules.py) from what a scrape
+holds: pending or failed row remaps, uncorrectable ECC, retired pages, a lost card. What needs the
+host's own history (climbing counters, XIDs) only its gpumon knows: when its `gpumon_gpu_health`
+says worse than the counters do, the verdict is its, with a reason saying to ask the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpumon.counters import CardCounters, Health, HealthReason
+from gpumon.health import rules as health
+
+# dcgm-exporter's metric -> (CardCounters field, factor to gpumon's unit, its DCGM blank): as dcgm.FIELDS.
+INT32_BLANK = float(0x7FFFFFF0)
+INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
+COUNTER_FIELDS: dict[str, tuple[str, float, float]] = {
+    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temperature", 1, INT32_BLANK),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1 / 1000, INT64_BLANK),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_counter", 1, INT64_BLANK),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1, INT64_BLANK),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1, INT64_BLANK),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remapped_rows_failure", 1, INT64_BLANK),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remapped_rows_pending", 1, INT64_BLANK),
+    "DCGM_FI_DEV_RETIRED_SBE": ("retired_pages_sbe", 1, INT64_BLANK),
+    "DCGM_FI_DEV_RETIRED_DBE": ("retired_pages_dbe", 1, INT64_BLANK),
+    "DCGM_FI_DEV_RETIRED_PENDING": ("retired_pages_pending", 1, INT64_BLANK),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_errors_corrected", 1, INT64_BLANK),
+    "gpumon_gpu_health": ("gpumon_verdict", 1, 3.0),
+}
+_FLAGS = ("remapped_rows_failure", "remapped_rows_pending", "retired_pages_pending")
+_LEVELS = ("ok", "warn", "fail")
+
+
+def card_health(values: Mapping[str, float], lost: bool, ecc_uncorrected: int | None) -> tuple[
+        CardCounters | None, Health | None]:
+    """A card's counters and verdict from its readings (named by COUNTER_FIELDS' fields)."""
+    found: dict[str, Any] = {}
+    for name, _, _ in COUNTER_FIELDS.values():
+        value = values.get(name)
+        if value is None or name == "gpumon_verdict":
+            continue
+        found[name] = bool(value) if name in _FLAGS else float(value) if name == "energy_j" else round(value)
+    if "energy_j" in found:
+        found["energy_source"] = "driver"
+    counters = CardCounters(**found) if found else None
+    reported = values.get("gpumon_verdict")
+    if counters is None and reported is None and not lost:
+        return None, None  # nothing to judge by: a source without health counters
+    c = counters or CardCounters()
+    retired = None if c.retired_pages_sbe is None and c.retired_pages_dbe is None \
+        else (c.retired_pages_sbe or 0) + (c.retired_pages_dbe or 0)
+    verdict = health.assess(health.HealthValues(
+        lost=int(lost), remapped_rows_pending=_flag(c.remapped_rows_pending),
+        remapped_rows_failure=_flag(c.remapped_rows_failure), ecc_errors_uncorrected=ecc_uncorrected,
+        retired_pages_pending=_flag(c.retired_pages_pending), retired_pages=retired,
+        memory_temperature=c.memory_temperature))
+    if reported is not None and 0 <= reported < len(_LEVELS) and reported > _LEVELS.index(verdict.verdict):
+        said = _LEVELS[int(reported)]
+        verdict = Health(said, (*verdict.reasons, HealthReason(
+            "reported", f"gpumon on the host says {said}",
+            "run `gpumon health` on the host for the reasons and actions")))
+    return counters, verdict
+
+
+def _flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)

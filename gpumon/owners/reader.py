@@ -1,0 +1,98 @@
+"""Who owns a GPU process: a Slurm job, a Kubernetes pod, a Docker or Podman container, a systemd
+unit, or else its user (model.ProcessOwner, JSON "owner"; docs/design.md).
+
+Read once per process (the enricher keeps it by pid and start time): its cgroup paths
+(owners/cgroups.py) say which job, pod, container or unit it runs in, and the host's own records
+(owners/records.py) give names to the ids. A card that a scheduler's prolog mapped to jobs
+(`[owners] job_map_dir`) gives its processes that job when their cgroups name none.
+
+Where the host's records are is configurable, as node_exporter's `--path.procfs` is: gpumon in a
+container sees the host's /proc, /var/log/pods and engine state wherever they are mounted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpumon.model import ProcessOwner
+from gpumon.owners.cgroups import parse_cgroup
+from gpumon.owners.records import ContainerNames, JobMap, PodNames, slurm_environment, slurm_job_id
+
+SHORT_ID = 12  # a container's id as its engine shows it
+
+
+@dataclass(frozen=True, slots=True)
+class HostPaths:
+    """Where this host's records are (config [owners]; procfs: --path.procfs or [paths] procfs)."""
+
+    procfs: Path = Path("/proc")
+    pods_dir: Path = Path("/var/log/pods")
+    docker_dir: Path = Path("/var/lib/docker")
+    podman_dir: Path = Path("/var/lib/containers/storage")
+    job_map_dir: Path | None = None
+
+
+_host_paths = HostPaths()
+
+
+def use_host_paths(paths: HostPaths) -> None:
+    """Read this host's records there from now on: every reader made afterwards. (Not psutil's
+    process-wide root: gpumon's own jobs and supervisors live in this /proc; the processes of the
+    host's /proc are read through cards/procroot.)"""
+    global _host_paths
+    _host_paths = paths
+
+
+def host_paths() -> HostPaths:
+    return _host_paths
+
+
+class OwnerReader:
+    def __init__(self, paths: HostPaths | None = None) -> None:
+        self.paths = paths or host_paths()
+        self.pods = PodNames(self.paths.pods_dir)
+        self.containers = ContainerNames(self.paths.docker_dir, self.paths.podman_dir)
+        self.job_map = JobMap(self.paths.job_map_dir) if self.paths.job_map_dir is not None else None
+
+    def read(self, pid: int, user: str | None) -> ProcessOwner:
+        """The owner of a live process whose user is `user` (None: not known)."""
+        try:
+            text = (self.paths.procfs / str(pid) / "cgroup").read_text(errors="replace")
+        except OSError:  # gone, or hidden: what is known is the user
+            text = ""
+        facts = parse_cgroup(text)
+        if facts.slurm_job is not None:
+            job, name = slurm_job_id(facts.slurm_job, facts.slurm_step, slurm_environment(self.paths.procfs, pid))
+            return ProcessOwner("slurm", job, name, user)
+        if facts.pod_uid is not None:
+            return ProcessOwner("k8s", facts.pod_uid, self.pods.name(facts.pod_uid, facts.container_id), user)
+        if facts.container_id is not None and facts.engine is not None:
+            name = self.containers.name(facts.engine, facts.container_id)
+            return ProcessOwner("container", facts.container_id[:SHORT_ID], name, user, facts.engine)
+        if facts.unit is not None:
+            return ProcessOwner("unit", facts.unit, None, user)
+        return ProcessOwner("user", user or "?", None, user)
+
+    def card_jobs(self, index: int, uuid: str | None) -> str | None:
+        """The jobs a scheduler mapped this card to, if it keeps such a map."""
+        return self.job_map.jobs(index, uuid) if self.job_map is not None else None
+
+
+def on_mapped_card(owner: ProcessOwner | None, jobs: str) -> ProcessOwner:
+    """The owner of a process on a card mapped to `jobs`: its own Slurm job where its cgroups name
+    one (they say which step, too), else the card's."""
+    if owner is not None and owner.kind == "slurm":
+        return owner
+    return ProcessOwner("slurm", jobs, None, owner.user if owner is not None else None)
+
+
+def container_label(owner: ProcessOwner | None) -> str | None:
+    """'docker 3f2a9c0d1e2b', 'k8s pod …': which container a process is in, for people."""
+    if owner is None:
+        return None
+    if owner.kind == "container":
+        return f"{owner.engine} {owner.id}"
+    if owner.kind == "k8s":
+        return f"k8s pod {owner.id}"
+    return None
