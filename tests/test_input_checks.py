@@ -16,7 +16,7 @@ import time
 import pytest
 from conftest import GIB, Card
 
-from gpumon.jobs import records
+from gpumon.jobs import control, files, records
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -55,7 +55,7 @@ def stop_jobs():
     yield
     for job in records.list_jobs():
         if job.state in ("running", "queued"):
-            records.stop(job)
+            control.stop(job)
 
 
 # -- alert rules on cards that do not exist ------------------------------------------------------
@@ -187,7 +187,7 @@ def test_the_dialogs_refuse_a_memory_limit_above_the_cards_memory(fake_driver, t
     tmux.keys("q")
     wait_for(lambda: status.exists(), what="gpumon to quit")
     assert records.list_jobs() == []
-    assert not (records.state_dir() / "card-limits.json").exists(), "nothing was saved"
+    assert not (files.state_dir() / "card-limits.json").exists(), "nothing was saved"
 
 
 # -- the demo's scenarios ------------------------------------------------------------------------

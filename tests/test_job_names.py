@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpumon.cards.backends.demo import DemoBackend
-from gpumon.jobs import records
+from gpumon.jobs import command_history
 from gpumon.jobs.launch import prepare, program_name, shell_request, start
 
 
@@ -45,7 +45,7 @@ def test_history_keeps_the_typed_command_not_the_shell_wrapper(tmp_path):
     assert spec.command == ["/bin/sh", "-c", typed]
     assert spec.name == "train.py"
     start(spec, foreground=True, typed=request.typed)  # records it without starting a supervisor
-    assert records.command_history()[0] == typed
+    assert command_history.command_history()[0] == typed
 
 
 def test_a_typed_pipeline_of_inline_words_is_named_after_the_shell():

@@ -13,7 +13,7 @@ import pytest
 from conftest import GIB, Card
 from terminal import Tmux
 
-from gpumon.jobs import records
+from gpumon.jobs import control, records
 
 READY = "echo job-is-ready; exec sleep 60"
 
@@ -23,7 +23,7 @@ def terminal(tmux_session):
     yield lambda width=120, height=40: tmux_session(width, height)
     for job in records.list_jobs():  # a failed test may leave its job behind
         if job.state in ("running", "queued"):
-            records.stop(job)
+            control.stop(job)
 
 
 def machine(fake_driver) -> None:

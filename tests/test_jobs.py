@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import GIB, Card
 
-from gpumon.jobs import records as jobs
+from gpumon.jobs import files
 from gpumon.jobs.limits import limit_environment
 
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
@@ -292,7 +292,7 @@ def test_kill_9_during_launch_loses_no_job_and_no_record(fake_driver, tmp_path):
         launcher.kill()
         launcher.wait()
     time.sleep(0.5)
-    for directory in jobs.jobs_dir().iterdir() if jobs.jobs_dir().exists() else []:
+    for directory in files.jobs_dir().iterdir() if files.jobs_dir().exists() else []:
         record = json.loads((directory / "job.json").read_text())  # never half-written
         assert record["command"] == ["sleep", "2"]
     for job in job_json(fake_driver):

@@ -11,7 +11,7 @@ from conftest import GIB, Card
 from test_tui import run, started
 
 from gpumon.cards.backends.nvml import NvmlBackend
-from gpumon.jobs import records
+from gpumon.jobs import command_history, files, records
 from gpumon.jobs.host import LocalHost, host_at
 from gpumon.jobs.launch import shell_request
 from gpumon.remote.hosts import parse_hosts
@@ -64,14 +64,14 @@ def test_r_x_and_stop_here_go_through_this_machines_host(fake_driver, idle_proce
             said = local.launch(shell_request(typed, CARDS[0].uuid))
             twin = [j for j in local.jobs() if j["id"] == said.split()[1]]
             assert same(job[0]) == same(twin[0]) and same(job[0])["command"] == ["/bin/sh", "-c", typed]
-            assert records.command_history()[-1] == typed, "the history keeps the line as typed"
+            assert command_history.command_history()[-1] == typed, "the history keeps the line as typed"
 
             await pilot.press("J")
             assert isinstance(app.screen, JobsScreen) and app.screen.host is screen.target
             while app.screen.selected is None or app.screen.selected["id"] != job[0]["id"]:
                 await pilot.press("down")
             await pilot.press("s", "y")
-            await wait_until(pilot, lambda: records.load_job(records.jobs_dir() / job[0]["id"]).state == "killed",
+            await wait_until(pilot, lambda: records.load_job(files.jobs_dir() / job[0]["id"]).state == "killed",
                              "J's s to stop the job")
             local.stop(twin[0]["id"])
             await pilot.press("escape")
@@ -135,7 +135,7 @@ def test_a_job_r_launches_samples_at_the_tuis_interval(fake_driver):
             await started(pilot)
             await pilot.press("r", *"exec sleep 30", "enter")
             (job,) = await wait_until(pilot, lambda: [j for j in local.jobs() if j["state"] == "running"], "the job")
-            assert records.load_job(records.jobs_dir() / job["id"]).spec.interval == 0.2
+            assert records.load_job(files.jobs_dir() / job["id"]).spec.interval == 0.2
             local.stop(job["id"])
 
     try:

@@ -16,7 +16,7 @@ from conftest import GIB, Card
 from terminal import Tmux
 
 from gpumon.cards.backends.demo import DemoBackend
-from gpumon.jobs import records
+from gpumon.jobs import control, records
 from gpumon.jobs.launch import card_limits
 
 TRIES = 10
@@ -30,7 +30,7 @@ def terminal(tmux_session):
     yield lambda: tmux_session(120, 40)
     for job in records.list_jobs():  # a failed test may leave a job behind
         if job.state in ("running", "queued"):
-            records.stop(job)
+            control.stop(job)
 
 
 def start_gpumon(tmux: Tmux, *args: str) -> None:

@@ -74,11 +74,11 @@ def test_r_launches_on_the_selected_amd_card(fake_driver, fake_kernel, tmp_path,
         run(go())
     finally:
         backend.close()
-        from gpumon.jobs import records
+        from gpumon.jobs import control, records
 
         for job in records.list_jobs():
             if job.state == "running":
-                records.stop(job)
+                control.stop(job)
 
 
 def test_t_says_which_sleeping_cards_xgmi_links_are_not_known(fake_kernel):

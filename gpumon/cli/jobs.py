@@ -9,7 +9,7 @@ import sys
 from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.tables import jobs_text
 from gpumon.errors import EXIT_OK, UsageError
-from gpumon.jobs import records
+from gpumon.jobs import control, records
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"removed {len(removed)} finished job{'s' if len(removed) != 1 else ''}")
         return EXIT_OK
     if args.stop:
-        print(records.stop(records.find_job(args.stop)))
+        print(control.stop(records.find_job(args.stop)))
         return EXIT_OK
     listed = records.list_jobs()
     if args.json:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpumon.jobs.records import write_atomic
+from gpumon.jobs.files import write_atomic
 from gpumon.model import Snapshot
 
 RECORD = "energy.json"

@@ -15,7 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from gpumon.jobs.records import THIS_HOST, state_dir
+from gpumon.jobs.files import state_dir
+from gpumon.jobs.records import THIS_HOST
 from gpumon.model import FailoverEvent
 
 log = logging.getLogger(__name__)

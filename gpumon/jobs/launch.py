@@ -27,6 +27,7 @@ from typing import IO, Any
 from gpumon.cards.backends import Backend
 from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
+from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
 from gpumon.jobs.limits import CardLimits
 from gpumon.jobs.naming import command_line_name, program_name
@@ -65,7 +66,7 @@ def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
 
 
 def card_limits() -> CardLimits:
-    return CardLimits(jobs.state_dir() / "card-limits.json")
+    return CardLimits(files.state_dir() / "card-limits.json")
 
 
 def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, backend_args: dict[str, Any],
@@ -126,18 +127,18 @@ def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, t
     if systemd and not systemd_available():
         raise UsageError("--systemd: no systemd user instance is reachable here (systemctl --user failed)")
     directory = jobs.create_job(spec)
-    jobs.remember_command(typed or shlex.join(spec.command))
+    command_history.remember_command(typed or shlex.join(spec.command))
     if systemd:
-        jobs.save_environment(directory, dict(os.environ if env is None else env))
+        files.save_environment(directory, dict(os.environ if env is None else env))
         started = subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
-                                  *jobs.supervisor_command(directory)], capture_output=True, text=True)
+                                  *control.supervisor_command(directory)], capture_output=True, text=True)
         if started.returncode != 0:
-            jobs.take_environment(directory)  # nobody will read it
+            files.take_environment(directory)  # nobody will read it
             reason = (started.stderr.strip().splitlines() or [f"exit status {started.returncode}"])[-1]
             jobs.record_failure(directory, f"systemd-run failed: {reason}")
             raise UsageError(f"--systemd: systemd-run failed: {reason}")
     elif not foreground:
-        jobs.start_supervisor(directory, env=None if env is None else dict(env))
+        control.start_supervisor(directory, env=None if env is None else dict(env))
     return directory
 
 
@@ -149,7 +150,7 @@ def run_foreground(directory: Path, env: Mapping[str, str] | None = None) -> int
     # Ctrl-C while it starts up cannot kill it before it can record anything.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return jobs.start_supervisor(directory, foreground=True, env=None if env is None else dict(env)).wait()
+        return control.start_supervisor(directory, foreground=True, env=None if env is None else dict(env)).wait()
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -206,7 +207,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
     if request.foreground:
         return run_foreground(directory)
-    job = jobs.wait_until_started(directory)
+    job = control.wait_until_started(directory)
     if job is None:
         raise UsageError(f"job {spec.id} did not start; see {directory}/supervisor.log")
     for line in summary(job):

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from gpumon.jobs.records import write_atomic
+from gpumon.jobs.files import write_atomic
 from gpumon.units import format_bytes
 
 HOOK_DIR = Path(__file__).resolve().parent / "torch_hook"

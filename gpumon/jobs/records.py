@@ -1,4 +1,5 @@
-"""Jobs launched by gpumon: their records on disk, their state, launching and stopping them.
+"""Jobs launched by gpumon: what their records say, and the state read from them (files.py keeps
+the files, control.py starts and stops jobs).
 
 Each job has a private directory (0700) in the user's state dir:
     ~/.local/state/gpumon/jobs/<id>/
@@ -29,20 +30,17 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import psutil
 
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
-from gpumon.jobs.processes import ActionError, same_start, signal_process
+from gpumon.jobs.files import jobs_dir, read_json, write_atomic
+from gpumon.jobs.processes import same_start
 
 STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
 FINISHED = ("exited", "failed", "cancelled", "killed", "lost")
@@ -50,38 +48,6 @@ THIS_HOST = socket.gethostname()
 
 
 STOP_RECORD = "stop.json"  # `jobs --stop` of a job whose supervisor is gone
-ENVIRONMENT_RECORD = "environment.json"
-
-
-def state_dir() -> Path:
-    return Path(platformdirs.user_state_dir("gpumon"))
-
-
-def jobs_dir() -> Path:
-    return state_dir() / "jobs"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so readers see the old or the new file, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 @dataclass
@@ -191,7 +157,7 @@ class Job:
             return []
 
 
-def _alive(pid: int | None, started: float | None, booted: float | None = None) -> bool:
+def alive(pid: int | None, started: float | None, booted: float | None = None) -> bool:
     if pid is None:
         return False
     try:
@@ -218,16 +184,16 @@ def _ended_state(ended: dict[str, Any], reason: str | None) -> str:
 
 
 def load_job(directory: Path) -> Job | None:
-    data = _read_json(directory / "job.json")
+    data = read_json(directory / "job.json")
     if data is None:
         return None
     try:
         spec = JobSpec.from_dict(data)
     except TypeError:
         return None
-    process = _read_json(directory / "process.json") or {}
-    supervisor = _read_json(directory / "supervisor.json") or {}
-    ended = _read_json(directory / "exit.json")
+    process = read_json(directory / "process.json") or {}
+    supervisor = read_json(directory / "supervisor.json") or {}
+    ended = read_json(directory / "exit.json")
     job = Job(spec, directory, "lost", pid=process.get("pid"), started=process.get("started"),
               booted=process.get("booted"), supervisor_pid=supervisor.get("pid"),
               supervisor_started=supervisor.get("started"), supervisor_booted=supervisor.get("booted"))
@@ -236,7 +202,7 @@ def load_job(directory: Path) -> Job | None:
     except (OSError, ValueError):
         pass
     job.attempts = load_attempts(directory)
-    energy = _read_json(directory / "energy.json") or {}  # written by jobs/energy.py as the job ends
+    energy = read_json(directory / "energy.json") or {}  # written by jobs/energy.py as the job ends
     joules = energy.get("energy_j")
     job.energy_j = float(joules) if isinstance(joules, (int, float)) and not isinstance(joules, bool) else None
     job.energy_shared = energy.get("energy_shared") if isinstance(energy.get("energy_shared"), bool) else None
@@ -249,14 +215,14 @@ def load_job(directory: Path) -> Job | None:
     elif job.remote:
         # Another host's job: what its records say; only that host can tell whether it still runs.
         job.state = "running" if job.pid is not None else "queued"
-    elif _alive(job.pid, job.started, job.booted):
+    elif alive(job.pid, job.started, job.booted):
         job.state = "running"
-    elif _alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
+    elif alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state = "queued" if job.pid is None else "running"
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
-    elif (stopped := _read_json(directory / STOP_RECORD)) is not None:
+    elif (stopped := read_json(directory / STOP_RECORD)) is not None:
         job.state, job.ended = "killed", stopped.get("time")
         job.reason = "stopped by the user (gpumon's supervisor was gone: exit status unknown)"
     else:
@@ -325,88 +291,3 @@ def record_failure(directory: Path, reason: str) -> None:
                                                       "ended": time.time(), "reason": reason}))
 
 
-def supervisor_command(directory: Path) -> list[str]:
-    return [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
-
-
-def start_supervisor(directory: Path, foreground: bool = False,
-                     env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start the job's supervisor (with `env`, the environment the job gets; default this one's).
-    Detached: own session, no terminal, stdin from /dev/null."""
-    command = supervisor_command(directory)
-    if foreground:
-        return subprocess.Popen(command + ["--foreground"], env=env)
-    with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:
-        os.chmod(directory / "supervisor.log", 0o600)
-        return subprocess.Popen(command, stdin=devnull, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True, env=env)
-
-
-def save_environment(directory: Path, env: dict[str, str]) -> None:
-    """For a supervisor started by someone else (systemd): the environment the job must get. Private
-    (0600) like every record, and removed by the supervisor as soon as it has read it."""
-    write_atomic(directory / ENVIRONMENT_RECORD, json.dumps(env))
-
-
-def take_environment(directory: Path) -> dict[str, str] | None:
-    path = directory / ENVIRONMENT_RECORD
-    env = _read_json(path)
-    path.unlink(missing_ok=True)
-    return {str(k): str(v) for k, v in env.items()} if env is not None else None
-
-
-def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:
-    """The job once its command runs, is queued, or has ended; None if that takes too long."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = load_job(directory)
-        # A job that is not meant to wait is "queued" only for the moment before its command starts.
-        if job is not None and (job.pid is not None or (job.state in FINISHED and job.state != "lost")
-                                or (job.state == "queued" and job.spec.wait)):
-            return job
-        time.sleep(0.05)
-    return load_job(directory)
-
-
-def stop(job: Job) -> str:
-    """Ask the supervisor to stop the job: SIGTERM to the command, SIGKILL after its grace period.
-    Every signal goes to the process that was recorded (pid *and* start time), never to a pid the
-    kernel has given to someone else since."""
-    if job.state not in ("running", "queued"):
-        raise UsageError(f"job {job.spec.id} is {job.state}, not running")
-    if job.remote:
-        raise UsageError(f"job {job.spec.id} runs on {job.host}; stop it there: "
-                         f"ssh {job.host} gpumon jobs --stop {job.spec.id}")
-    if _alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
-        try:
-            signal_process(job.supervisor_pid, job.supervisor_started, signal.SIGTERM, booted=job.supervisor_booted)
-            return f"stopping job {job.spec.id}"
-        except ActionError:
-            pass  # it ended just now: the command may be left
-    # No supervisor (it was killed): signal the command's process group ourselves, SIGKILL when
-    # asked a second time, and record that the user stopped it.
-    if job.pid is not None and _alive(job.pid, job.started, job.booted):
-        again = (job.dir / STOP_RECORD).exists()
-        sig = signal.SIGKILL if again else signal.SIGTERM
-        try:
-            signal_process(job.pid, job.started, sig, group=True, booted=job.booted)
-        except ActionError as exc:
-            raise UsageError(f"job {job.spec.id}: {exc}") from None
-        write_atomic(job.dir / STOP_RECORD, json.dumps({"time": time.time()}))
-        return f"sent {sig.name} to job {job.spec.id} (its supervisor is gone)"
-    raise UsageError(f"job {job.spec.id} has no process left to stop")
-
-
-def command_history(limit: int = 100) -> list[str]:
-    path = state_dir() / "history"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    return list(dict.fromkeys(reversed(lines)))[:limit]  # newest first, no repeats
-
-
-def remember_command(command: str) -> None:
-    path = state_dir() / "history"
-    history = [c for c in reversed(command_history(200)) if c != command] + [command]
-    write_atomic(path, "\n".join(history[-200:]) + "\n")

@@ -40,10 +40,11 @@ from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
+from gpumon.jobs.files import take_environment, write_atomic
 from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
-from gpumon.jobs.records import THIS_HOST, JobSpec, take_environment, write_atomic
+from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
 

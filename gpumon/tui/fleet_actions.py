@@ -14,8 +14,8 @@ from typing import Any
 from textual.app import App
 
 from gpumon.fleet import Fleet
+from gpumon.jobs import command_history
 from gpumon.jobs import processes as actions
-from gpumon.jobs import records as jobs
 from gpumon.jobs.host import host_for
 from gpumon.jobs.launch import card_limits
 from gpumon.model import GpuSample, HostStatus, ProcessSample
@@ -56,7 +56,7 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
     local = fleet.specs[host].is_local
     card = where(status, gpu)
     simulated = local and not getattr(app, "local_real_pids", True)  # `local` in --demo
-    dialog = RunDialog(gpu, jobs.command_history(), card_limits().get(gpu.ref), launch_cwd if local else "",
+    dialog = RunDialog(gpu, command_history.command_history(), card_limits().get(gpu.ref), launch_cwd if local else "",
                        where=card + (f" ({why})" if why else ""), remote=not local,
                        note=SIMULATED_NOTE if simulated else "")
     app.push_screen(dialog, lambda choice: launch(app, host_for(fleet, host), gpu.ref, choice, card,

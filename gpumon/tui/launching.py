@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.app import App
 
-from gpumon.jobs import records
+from gpumon.jobs import command_history
 from gpumon.jobs.host import Host, HostError
 from gpumon.jobs.launch import LaunchRequest, run_in_terminal, shell_request
 from gpumon.tui.background import in_background
@@ -37,7 +37,7 @@ def launch(app: App, host: Host, gpu_ref: str, choice: RunChoice, card: str, *, 
     `launched()` once the host has started it; `note()`: a line to add to its summary (read in the
     background thread)."""
     request = request_for(choice, gpu_ref, interval)
-    records.remember_command(choice.command)  # the dialog's history is this machine's, whatever the host
+    command_history.remember_command(choice.command)  # the dialog's history is this machine's, whatever the host
     if choice.foreground:
         in_this_terminal(app, host, request, card)
         return

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from textual.widgets import Input
 
+from gpumon.jobs import command_history
 from gpumon.jobs import processes as actions
-from gpumon.jobs import records as jobs
 from gpumon.jobs.launch import card_limits
 from gpumon.jobs.logout import logout_note
 from gpumon.owners.containers import invisible_reason
@@ -44,7 +44,7 @@ class CardActions:
             return
         default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else SIMULATED_NOTE
-        self.app.push_screen(RunDialog(gpu, jobs.command_history(), default, self.app.launch_cwd, note=note),
+        self.app.push_screen(RunDialog(gpu, command_history.command_history(), default, self.app.launch_cwd, note=note),
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
     @cached_property
