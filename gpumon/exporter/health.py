@@ -125,4 +125,3 @@ def health_value(g: GpuSample) -> tuple[float, str] | None:
     return VERDICT_VALUE[g.health.verdict], ",".join(r.code for r in g.health.reasons)
 
 
-# PromQL for the health rules, over the names above.
