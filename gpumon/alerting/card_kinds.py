@@ -16,7 +16,7 @@ from typing import Any
 
 from gpumon.alerting.grammar import HOST, OPS, Rule, RuleKind, Token, Words
 from gpumon.errors import UsageError
-from gpumon.exporter.collector import THROTTLE_BITS
+from gpumon.exporter.fields import THROTTLE_BITS
 from gpumon.exporter.health import HEALTH
 from gpumon.model import THROTTLE_REASONS, GpuSample
 from gpumon.units import parse_size

@@ -25,50 +25,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.errors import UsageError
-from gpumon.exporter.amd import DRM_GAUGES, amd_families
-from gpumon.exporter.health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_value
+from gpumon.exporter.amd import DRM_FIELDS
+from gpumon.exporter.fields import CARD_FIELDS, LOST
+from gpumon.exporter.health import HEALTH, HEALTH_FIELDS, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
-from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
+from gpumon.exporter.vendors import vendor_families
+from gpumon.model import Snapshot
 
-MIB = 1 << 20
 log = logging.getLogger(__name__)
-THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
-
-
-def _reserved_mib(g: GpuSample) -> float | None:
-    """What the driver keeps for itself: with used and free, a reader adds up the card's total."""
-    if g.memory_total is None or g.memory_used is None or g.memory_free is None:
-        return None
-    return max(0, g.memory_total - g.memory_used - g.memory_free) / MIB
-
-
-# (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
-GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
-     lambda g: None if g.memory_used is None else g.memory_used / MIB),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
-     lambda g: None if g.memory_free is None else g.memory_free / MIB),
-    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda g: _reserved_mib(g)),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature),
-    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_draw),
-    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm),
-    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem),
-    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_util),
-    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_util),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of uncorrectable (double-bit) volatile ECC errors.",
-     lambda g: g.ecc_errors_uncorrected),
-    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s).",
-     lambda g: None if g.pcie_tx is None else g.pcie_tx / 1024),
-    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s).",
-     lambda g: None if g.pcie_rx is None else g.pcie_rx / 1024),
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
-     lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
-    ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
-]
+__all__ = ["FleetCollector", "GpumonCollector", "Reading", "families", "serve"]
+# Every card's readings under one set of labels, in the exposition's order.
+GAUGES = [f for f in CARD_FIELDS + HEALTH_FIELDS + DRM_FIELDS if f.exported]
 # `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
 # is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
@@ -143,11 +110,10 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
                                   g.pci_bus_id or "", g.vendor, *card_labels(g)]
               for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
-    for name, doc, read in GAUGES + HEALTH_GAUGES + DRM_GAUGES:
-        family = GaugeMetricFamily(name, doc, labels=LABELS)
-        for _, g, card in cards:
-            value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
-            if value is not None:
+    for f in GAUGES:
+        family = GaugeMetricFamily(f.name, f.help, labels=LABELS)
+        for _, g, card in cards:  # a card that does not answer has no readings
+            if g.state == "ok" and (value := f.value(g)) is not None:
                 family.add_metric(card, float(value))
         yield family
     followed = [r for r in readings if r.xids is not None]  # a fleet host's XIDs are not followed
@@ -179,11 +145,11 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         if (verdict := health_value(g)) is not None:
             verdicts.add_metric(card + [verdict[1]], verdict[0])
     yield verdicts
-    lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
+    lost = GaugeMetricFamily(LOST.name, LOST.help, labels=LABELS)
     for _, g, card in cards:
-        lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
+        lost.add_metric(card, LOST.value(g))  # type: ignore[arg-type]
     yield lost
-    yield from amd_families([(r.host, r.snapshot.gpus) for r in readings])
+    yield from vendor_families([(r.host, r.snapshot.gpus) for r in readings])
     host_label = ["Hostname"] if per_host else []
     stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.", labels=host_label)
     now = time.time()
