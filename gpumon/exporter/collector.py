@@ -11,12 +11,12 @@ XIDs are events: `DCGM_FI_DEV_XID_ERRORS` keeps dcgm-exporter's meaning (the las
 dashboards), and `gpumon_xid_last_timestamp_seconds{..., xid="CODE"}` is the unix time of the
 newest XID of each code on each card. The exported `xid` rules are written over that one, so they
 mean what gpumon's do: firing as soon as an XID is scraped, resolved once the card has been quiet
-for the rule's quiet period.
+for the rule's quiet period. `DCGM_EXP_XID_ERRORS_COUNT{..., window_size_in_ms, xid}` is
+dcgm-exporter's count of the XIDs of each code within the last 5 minutes.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,14 +32,13 @@ from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
 from gpumon.exporter.vendors import vendor_families
 from gpumon.model import Snapshot
 
-log = logging.getLogger(__name__)
-__all__ = ["FleetCollector", "GpumonCollector", "Reading", "families", "serve"]
 # Every card's readings under one set of labels, in the exposition's order.
 GAUGES = [f for f in CARD_FIELDS + HEALTH_FIELDS + DRM_FIELDS if f.exported]
 # `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
 # is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
+XID_COUNT_WINDOW_S = 300.0  # as dcgm-exporter's default --xid-count-window-size (300000 ms)
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
 
@@ -53,6 +52,7 @@ class Reading:
     snapshot: Snapshot
     firing: dict[int, tuple[str, ...]] | None = None
     xids: dict[tuple[int, int], float] | None = None
+    recent_xids: dict[tuple[int, int], tuple[float, ...]] | None = None  # the times of each within the window
 
 
 class GpumonCollector(Collector):
@@ -61,13 +61,16 @@ class GpumonCollector(Collector):
     def __init__(self, latest: Callable[[], Snapshot | None],
                  firing: Callable[[], dict[int, tuple[str, ...]]] | None = None,
                  xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False,
-                 hostname: str | None = None) -> None:
+                 hostname: str | None = None,
+                 recent_xids: Callable[[], dict[tuple[int, int], tuple[float, ...]]] | None = None) -> None:
         """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
-        replaces whole (read from the scrape thread). `hostname`: the Hostname label (default: the
-        snapshot's host, this machine's name), which is how a Prometheus reader tells hosts apart."""
+        replaces whole (read from the scrape thread); `recent_xids` the same with the times of each
+        within XID_COUNT_WINDOW_S. `hostname`: the Hostname label (default: the snapshot's host,
+        this machine's name), which is how a Prometheus reader tells hosts apart."""
         self.latest = latest
         self.firing = firing
         self.xid = xid
+        self.recent_xids = recent_xids
         self.processes = processes
         self.hostname = hostname
 
@@ -76,7 +79,8 @@ class GpumonCollector(Collector):
         if snap is None:
             return
         firing = self.firing() if self.firing is not None else None
-        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {})
+        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {},
+                          self.recent_xids() if self.recent_xids else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
 
 
@@ -133,6 +137,7 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
                     seen.add_metric(labels[r.host, index] + [str(code)], when)
         yield family
         yield seen
+        yield _xid_counts(followed, labels, time.time())
     fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
                                "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
                                labels=LABELS)
@@ -176,23 +181,25 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         yield procs
 
 
+def _xid_counts(readings: list[Reading], labels: dict[tuple[str, int], list[str]], now: float) -> GaugeMetricFamily:
+    """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: the XIDs of each code on each card within the
+    window (its --xid-count-window-size, 5 minutes by default), with the window in ms as a label."""
+    window = [str(int(XID_COUNT_WINDOW_S * 1000))]
+    counts = GaugeMetricFamily("DCGM_EXP_XID_ERRORS_COUNT",
+                               "Count of XID Errors within user-specified time window (see xid-count-window-size "
+                               "param).", labels=LABELS + ["window_size_in_ms", "xid"])
+    for r in readings:
+        for (index, code), times in sorted((r.recent_xids or {}).items()):
+            n = sum(1 for t in times if now - t <= XID_COUNT_WINDOW_S)
+            if n and (r.host, index) in labels:
+                counts.add_metric(labels[r.host, index] + window + [str(code)], float(n))
+    return counts
+
+
 def registry_for(collector: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
-
-
-def serve(address: str, collector: Collector):
-    """The exporter on ADDRESS (`--prometheus`), in a thread of its own; returns the server."""
-    from prometheus_client import start_http_server
-
-    host, port = parse_listen_address(address)
-    try:
-        server, _ = start_http_server(port, host, registry=registry_for(collector))
-    except OSError as exc:
-        raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
-    log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
-    return server
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
