@@ -53,6 +53,11 @@ class Field:
         return (self.field or self.name).rpartition(".")[2]
 
     @property
+    def reads_back(self) -> bool:
+        """Whether a reader takes it into a snapshot (a value worked out from no one field never is)."""
+        return self.back and self.field is not None
+
+    @property
     def counter(self) -> bool:
         return (self.field or "").startswith("counters.")
 
@@ -77,7 +82,7 @@ class Field:
 
 def read_back(fields: list[Field]) -> dict[str, tuple[str, float, float]]:
     """Metric -> (the key it is kept under, scale to the snapshot's unit, blank): what a reader takes."""
-    return {f.name: (f.key, f.scale, f.blank) for f in fields if f.back and f.field is not None}
+    return {f.name: (f.key, f.scale, f.blank) for f in fields if f.reads_back}
 
 
 def _reserved_mib(g: GpuSample) -> float | None:
