@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.errors import UsageError
@@ -79,7 +79,7 @@ class Rule:
     clear: float | None = None
     gpus: frozenset[int] | None = None
     reasons: frozenset[str] = frozenset()  # throttle rules
-    kind: RuleKind | None = None  # what the rule means; set by parse_rule
+    kind: RuleKind | None = field(default=None, compare=False, repr=False)  # what it means; set by parse_rule
 
     def applies_to(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
