@@ -129,13 +129,14 @@ def test_the_fleet_exporter_takes_the_same_web_config(fake_driver, tmp_path):
         watch.stderr.close()
 
 
-def test_basic_auth_over_plain_http_when_no_tls_is_given(fake_driver, tmp_path):
+def test_basic_auth_over_plain_http_when_no_tls_is_given_from_the_config_file(fake_driver, tmp_path):
     fake_driver.machine.cards = [Card()]
     fake_driver.write()
-    config = web_config(tmp_path, {"alice": "pw"}, tls=False)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[watch]\nweb_config_file = "{web_config(tmp_path, {"alice": "pw"}, tls=False)}"\n')
     port = free_port()
-    watch = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--interval", "0.5", "--prometheus", str(port),
-                              "--web-config-file", str(config)], env=fake_driver.env, stdout=subprocess.DEVNULL,
+    watch = subprocess.Popen([sys.executable, "-m", "gpumon", "--config", str(config), "watch", "--interval", "0.5",
+                              "--prometheus", str(port)], env=fake_driver.env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}/metrics"

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     rules = parse_rules(config.watch_rules + config.rules + args.alert)
     fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
-    web = _web_config(args, args.prometheus or config.prometheus)
+    web = _web_config(args.web_config_file or config.web_config_file, args.prometheus or config.prometheus)
     if fleet_requested(args):
         return _watch_hosts(args, config, rules, fmt, web)
     backend = open_source(args)
@@ -60,16 +60,17 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def _web_config(args: argparse.Namespace, address: str | None):
-    """--web-config-file, read before anything starts: a bad one is one line and exit status 2."""
-    if args.web_config_file is None:
+def _web_config(path: str | None, address: str | None):
+    """--web-config-file (or the config's), read before anything starts: a bad one is one line and
+    exit status 2."""
+    if path is None:
         return None
     from gpumon.errors import UsageError
     from gpumon.exporter.web_config import load_web_config
 
     if not address:
         raise UsageError("--web-config-file secures the exporter: give --prometheus ADDR too")
-    return load_web_config(args.web_config_file)
+    return load_web_config(path)
 
 
 def _hostname(args: argparse.Namespace, config) -> str | None:
