@@ -12,6 +12,7 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     prometheus = "127.0.0.1:9400"
     prometheus_processes = false
     prometheus_hostname = "gpu01"     # the exported Hostname label (default: this machine's name)
+    web_config_file = "/etc/gpumon/web.yml"   # TLS and basic auth for the exporter (--web-config-file)
 
     [fleet]
     hosts = ["gpu01", "gpu[02-08]"]   # the TUI's hosts when no --hosts is given
@@ -64,7 +65,8 @@ from gpumon.errors import UsageError
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
     "watch": {"rules": (list,), "on_alert": (str,), "hook_timeout": (int, float), "format": (str,),
-              "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,)},
+              "prometheus": (str,), "prometheus_processes": (bool,), "prometheus_hostname": (str,),
+              "web_config_file": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
     "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
@@ -88,6 +90,7 @@ class Config:
     prometheus: str | None = None
     prometheus_processes: bool = False
     prometheus_hostname: str | None = None
+    web_config_file: str | None = None
     fleet_hosts: list[str] = field(default_factory=list)
     fleet_ssh: str | None = None
     fleet_remote: str | None = None
@@ -171,6 +174,7 @@ def load_config(path: str | None = None) -> Config:
     config.prometheus = watch.get("prometheus")
     config.prometheus_processes = watch.get("prometheus_processes", False)
     config.prometheus_hostname = watch.get("prometheus_hostname")
+    config.web_config_file = watch.get("web_config_file")
     fleet = data.get("fleet", {})
     config.fleet_hosts = list(fleet.get("hosts", []))
     config.fleet_ssh = fleet.get("ssh")

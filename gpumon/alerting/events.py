@@ -8,7 +8,7 @@ import os
 import time
 from typing import IO
 
-from gpumon.alerting.rules import AlertEvent
+from gpumon.alerting.alert_event import AlertEvent
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.units import format_bytes

@@ -22,7 +22,9 @@ from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
 from gpumon.errors import EXIT_ALERT, EXIT_OK
-from gpumon.exporter.collector import FleetCollector, Reading, serve
+from gpumon.exporter.collector import FleetCollector, Reading
+from gpumon.exporter.serving import serve
+from gpumon.exporter.web_config import WebConfig
 from gpumon.fleet import Fleet
 from gpumon.model import HostStatus, Snapshot
 
@@ -52,10 +54,10 @@ class FleetWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def serve_prometheus(self, address: str, processes: bool = False):
+    def serve_prometheus(self, address: str, processes: bool = False, web: WebConfig | None = None):
         """One exporter for the whole fleet: nothing is installed on the nodes. Hosts read through
-        Prometheus are left out: their series are in Prometheus already."""
-        return serve(address, FleetCollector(self._readings, processes, alerts=True))
+        Prometheus are left out: their series are in Prometheus already. `web`: TLS and basic auth."""
+        return serve(address, FleetCollector(self._readings, processes, alerts=True), web)
 
     def _readings(self) -> tuple[list[Reading], dict[str, bool]]:
         """For the exporter's thread: the fleet's statuses and the engines' published copies."""

@@ -24,7 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gpumon.alerting.rules import OPS, AlertEvent, Rule, parse_gpus, rule_error
+from gpumon.alerting.alert_event import AlertEvent
+from gpumon.alerting.grammar import HOLDER, OPS, Rule, RuleKind, parse_gpus, rule_error
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
@@ -57,7 +58,7 @@ def parse_holder_rule(text: str, tokens: list[tuple[str, int, int]]) -> HolderRu
     if op is None or op[0] not in LONGER:
         where = op[1:] if op else end
         raise rule_error(text, *where, "expected > or >= after 'idle', e.g. 'idle > 30m'")
-    fields: dict[str, Any] = {"text": text, "metric": "idle", "op": op[0],
+    fields: dict[str, Any] = {"text": text, "metric": "idle", "op": op[0], "kind": IDLE,
                               "threshold": _duration(text, next(rest, None))}
     seen: set[str] = set()
     for tok in rest:
@@ -165,4 +166,8 @@ def _event(kind: str, rule: HolderRule, holder: Holder, snapshot: Snapshot) -> A
 
 def needs_processes(rules: list[Rule]) -> bool:
     """Holder rules read who runs each process: the sampler must enrich them."""
-    return any(r.metric in HOLDER_METRICS for r in rules)
+    return any(r.kind is not None and r.kind.scope == HOLDER for r in rules)
+
+
+IDLE = RuleKind(HOLDER_METRICS, scope=HOLDER, whole=parse_holder_rule,
+                not_in_promql="who holds a card idle is known to gpumon watch alone (it follows each process's SM %)")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 
-from gpumon.alerting.rules import AlertEvent
+from gpumon.alerting.alert_event import AlertEvent
 from gpumon.model import FailoverEvent
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,14 @@ from gpumon.alerting.rules import AlertEngine, AlertEvent, missing_cards
 from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.exporter.collector import GpumonCollector, serve
+from gpumon.exporter.collector import XID_COUNT_WINDOW_S, GpumonCollector
+from gpumon.exporter.serving import serve
+from gpumon.exporter.web_config import WebConfig
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
 XID_POLL_S = 0.5
+XID_KEPT = 1000  # the times kept of one card's one code within the count window: a storm counts up to this
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Watch:
     status: int = EXIT_OK
     # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
     xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    # (card, XID code) -> the times of each within the exporter's count window; replaced whole too.
+    xid_recent: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
     failure: UsageError | None = None  # a rule names a card this machine does not have
     _cards_checked: bool = False
     _xid_stop: threading.Event = field(default_factory=threading.Event)
@@ -54,10 +59,11 @@ class Watch:
     def stop(self) -> None:
         self.sampler.stop()
 
-    def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None):
+    def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None,
+                         web: WebConfig | None = None):
         collector = GpumonCollector(lambda: self.sampler.latest, self.engine.firing, lambda: self.xid_seen, processes,
-                                    hostname)
-        return serve(address, collector)
+                                    hostname, lambda: self.xid_recent)
+        return serve(address, collector, web)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -122,6 +128,11 @@ class Watch:
 
     def _on_xid(self, index: int, code: int, when: float) -> None:
         self.xid_seen = {**self.xid_seen, (index, code): when}
+        # Codes whose newest is past the window go; the one that came keeps its times within it.
+        recent = {key: times for key, times in self.xid_recent.items() if when - times[-1] <= XID_COUNT_WINDOW_S}
+        kept = tuple(t for t in recent.get((index, code), ()) if when - t <= XID_COUNT_WINDOW_S)
+        recent[index, code] = (*kept[-XID_KEPT + 1:], when)
+        self.xid_recent = recent
         latest = self.sampler.latest
         gpu = next((g for g in latest.gpus if g.index == index), None) if latest else None
         if gpu is None:

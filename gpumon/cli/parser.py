@@ -296,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prometheus-processes", action="store_true", help="also export per-process GPU memory")
     p.add_argument("--prometheus-hostname", metavar="NAME",
                    help="the metrics' Hostname label (default: this machine's name; set it in a container)")
+    p.add_argument("--web-config-file", metavar="FILE",
+                   help="TLS and basic auth for --prometheus: a Prometheus exporter-toolkit web config "
+                        "(tls_server_config, basic_auth_users), as node_exporter's --web.config.file")
     p.add_argument("--metrics", action="store_true", help="also print a metrics line per sample")
     _add_record_option(p, suppress=True)
     _add_source_options(p, suppress=True)

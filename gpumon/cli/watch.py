@@ -21,8 +21,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     rules = parse_rules(config.watch_rules + config.rules + args.alert)
     fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
+    web = _web_config(args.web_config_file or config.web_config_file, args.prometheus or config.prometheus)
     if fleet_requested(args):
-        return _watch_hosts(args, config, rules, fmt)
+        return _watch_hosts(args, config, rules, fmt, web)
     backend = open_source(args)
     replaying = args.replay is not None
     count = args.count
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         if address:
-            server = watch.serve_prometheus(address, per_process, _hostname(args, config))
+            server = watch.serve_prometheus(address, per_process, _hostname(args, config), web)
         return asyncio.run(watch.run())
     finally:
         if server is not None:
@@ -57,6 +58,19 @@ def run(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close()
         backend.close()
+
+
+def _web_config(path: str | None, address: str | None):
+    """--web-config-file (or the config's), read before anything starts: a bad one is one line and
+    exit status 2."""
+    if path is None:
+        return None
+    from gpumon.errors import UsageError
+    from gpumon.exporter.web_config import load_web_config
+
+    if not address:
+        raise UsageError("--web-config-file secures the exporter: give --prometheus ADDR too")
+    return load_web_config(path)
 
 
 def _hostname(args: argparse.Namespace, config) -> str | None:
@@ -69,7 +83,7 @@ def _hostname(args: argparse.Namespace, config) -> str | None:
     return name
 
 
-def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str) -> int:
+def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str, web=None) -> int:
     from gpumon.alerting.fleet_watch import FleetWatch
     from gpumon.cli import fleet
     from gpumon.errors import UsageError
@@ -86,7 +100,7 @@ def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str) -> int:
     try:
         address = args.prometheus or config.prometheus
         if address:  # every host's cards from this one exporter
-            server = watch.serve_prometheus(address, args.prometheus_processes or config.prometheus_processes)
+            server = watch.serve_prometheus(address, args.prometheus_processes or config.prometheus_processes, web)
         return asyncio.run(watch.run())
     finally:
         if server is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
+from gpumon.exporter.fields import Field
 from gpumon.exporter.owners import card_labels
 from gpumon.model import GpuSample
 
@@ -78,17 +79,19 @@ CLOCKS: list[tuple[str, str, Callable[[GpuSample], int | None]]] = [
 
 # What AMD and Intel cards tell and dcgm-exporter has no name for, under gpumon's names for every
 # card that has the value (so one query covers a mixed fleet; AMD's names above are AMD's only).
-DRM_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
-    ("gpumon_gpu_junction_temperature_celsius", "Junction (hotspot) temperature (in C).",
-     lambda g: g.temperature_junction),
-    ("gpumon_gpu_gtt_total_bytes", "System memory the card can map (AMD GTT), in bytes.", lambda g: g.gtt_total),
-    ("gpumon_gpu_gtt_used_bytes", "System memory the card has mapped (AMD GTT), in bytes.", lambda g: g.gtt_used),
-    ("gpumon_gpu_pcie_link_speed_gts", "PCIe link speed now (in GT/s).", lambda g: g.pcie_link_speed),
-    ("gpumon_gpu_pcie_link_speed_max_gts", "Fastest PCIe link speed of the card and its slot (in GT/s).",
-     lambda g: g.pcie_link_speed_max),
-    ("gpumon_gpu_pcie_link_width", "PCIe lanes in use now.", lambda g: g.pcie_link_width),
-    ("gpumon_gpu_pcie_link_width_max", "Most PCIe lanes the card and its slot can use.",
-     lambda g: g.pcie_link_width_max),
+# Written, not read back.
+DRM_FIELDS: list[Field] = [
+    Field("gpumon_gpu_junction_temperature_celsius", "Junction (hotspot) temperature (in C).",
+          "temperature_junction", back=False),
+    Field("gpumon_gpu_gtt_total_bytes", "System memory the card can map (AMD GTT), in bytes.", "gtt_total", back=False),
+    Field("gpumon_gpu_gtt_used_bytes", "System memory the card has mapped (AMD GTT), in bytes.", "gtt_used",
+          back=False),
+    Field("gpumon_gpu_pcie_link_speed_gts", "PCIe link speed now (in GT/s).", "pcie_link_speed", back=False),
+    Field("gpumon_gpu_pcie_link_speed_max_gts", "Fastest PCIe link speed of the card and its slot (in GT/s).",
+          "pcie_link_speed_max", back=False),
+    Field("gpumon_gpu_pcie_link_width", "PCIe lanes in use now.", "pcie_link_width", back=False),
+    Field("gpumon_gpu_pcie_link_width_max", "Most PCIe lanes the card and its slot can use.", "pcie_link_width_max",
+          back=False),
 ]
 
 
@@ -106,12 +109,13 @@ def _ids(gpus: list[GpuSample]) -> dict[int, str]:
     """gpu_id of each AMD card: its number in ROCm's order, as AMD's agent numbers them; where the
     sample has none (read back from JSON), its place among the AMD cards by PCI bus id, which is
     ROCm's order."""
-    amd = sorted((g for g in gpus if g.vendor == "amd"), key=lambda g: (g.pci_bus_id or "", g.index))
+    amd = sorted(gpus, key=lambda g: (g.pci_bus_id or "", g.index))
     return {g.index: str(g.vendor_index if g.vendor_index is not None else n) for n, g in enumerate(amd)}
 
 
 def amd_families(hosts: list[tuple[str, list[GpuSample]]]) -> Iterator[GaugeMetricFamily]:
-    """AMD's names for the AMD cards of these hosts ((Hostname, cards) each); nothing without one."""
+    """AMD's names for these hosts' AMD cards ((Hostname, its AMD cards) each; exporter/vendors.py
+    picks them); nothing without one."""
     cards: list[tuple[GpuSample, list[str]]] = []
     nodes = GaugeMetricFamily("gpu_nodes_total", "Number of GPUs in the node", labels=["hostname"])
     for host, gpus in hosts:

@@ -11,12 +11,12 @@ XIDs are events: `DCGM_FI_DEV_XID_ERRORS` keeps dcgm-exporter's meaning (the las
 dashboards), and `gpumon_xid_last_timestamp_seconds{..., xid="CODE"}` is the unix time of the
 newest XID of each code on each card. The exported `xid` rules are written over that one, so they
 mean what gpumon's do: firing as soon as an XID is scraped, resolved once the card has been quiet
-for the rule's quiet period.
+for the rule's quiet period. `DCGM_EXP_XID_ERRORS_COUNT{..., window_size_in_ms, xid}` is
+dcgm-exporter's count of the XIDs of each code within the last 5 minutes.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,54 +25,20 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.errors import UsageError
-from gpumon.exporter.amd import DRM_GAUGES, amd_families
-from gpumon.exporter.health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_value
+from gpumon.exporter.amd import DRM_FIELDS
+from gpumon.exporter.fields import CARD_FIELDS, LOST
+from gpumon.exporter.health import HEALTH, HEALTH_FIELDS, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
-from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
+from gpumon.exporter.vendors import vendor_families
+from gpumon.model import Snapshot
 
-MIB = 1 << 20
-log = logging.getLogger(__name__)
-THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
-
-
-def _reserved_mib(g: GpuSample) -> float | None:
-    """What the driver keeps for itself: with used and free, a reader adds up the card's total."""
-    if g.memory_total is None or g.memory_used is None or g.memory_free is None:
-        return None
-    return max(0, g.memory_total - g.memory_used - g.memory_free) / MIB
-
-
-# (metric name, help, value from a card); framebuffer in MiB like dcgm-exporter.
-GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.utilization_memory),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
-     lambda g: None if g.memory_used is None else g.memory_used / MIB),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
-     lambda g: None if g.memory_free is None else g.memory_free / MIB),
-    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda g: _reserved_mib(g)),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature),
-    ("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_draw),
-    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm),
-    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.clock_mem),
-    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", lambda g: g.encoder_util),
-    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", lambda g: g.decoder_util),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of uncorrectable (double-bit) volatile ECC errors.",
-     lambda g: g.ecc_errors_uncorrected),
-    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s).",
-     lambda g: None if g.pcie_tx is None else g.pcie_tx / 1024),
-    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s).",
-     lambda g: None if g.pcie_rx is None else g.pcie_rx / 1024),
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).",
-     lambda g: None if g.throttle_reasons is None else float(sum(THROTTLE_BITS[r] for r in g.throttle_reasons))),
-    ("gpumon_gpu_processes", "Processes using the GPU.", lambda g: None if g.state != "ok" else len(g.processes)),
-]
+# Every card's readings under one set of labels, in the exposition's order.
+GAUGES = [f for f in CARD_FIELDS + HEALTH_FIELDS + DRM_FIELDS if f.exported]
 # `vendor`: "nvidia", "amd", "intel": AMD and Intel cards are under the same names (their `device`
 # is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
+XID_COUNT_WINDOW_S = 300.0  # as dcgm-exporter's default --xid-count-window-size (300000 ms)
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
 
@@ -86,6 +52,7 @@ class Reading:
     snapshot: Snapshot
     firing: dict[int, tuple[str, ...]] | None = None
     xids: dict[tuple[int, int], float] | None = None
+    recent_xids: dict[tuple[int, int], tuple[float, ...]] | None = None  # the times of each within the window
 
 
 class GpumonCollector(Collector):
@@ -94,13 +61,16 @@ class GpumonCollector(Collector):
     def __init__(self, latest: Callable[[], Snapshot | None],
                  firing: Callable[[], dict[int, tuple[str, ...]]] | None = None,
                  xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False,
-                 hostname: str | None = None) -> None:
+                 hostname: str | None = None,
+                 recent_xids: Callable[[], dict[tuple[int, int], tuple[float, ...]]] | None = None) -> None:
         """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
-        replaces whole (read from the scrape thread). `hostname`: the Hostname label (default: the
-        snapshot's host, this machine's name), which is how a Prometheus reader tells hosts apart."""
+        replaces whole (read from the scrape thread); `recent_xids` the same with the times of each
+        within XID_COUNT_WINDOW_S. `hostname`: the Hostname label (default: the snapshot's host,
+        this machine's name), which is how a Prometheus reader tells hosts apart."""
         self.latest = latest
         self.firing = firing
         self.xid = xid
+        self.recent_xids = recent_xids
         self.processes = processes
         self.hostname = hostname
 
@@ -109,7 +79,8 @@ class GpumonCollector(Collector):
         if snap is None:
             return
         firing = self.firing() if self.firing is not None else None
-        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {})
+        reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {},
+                          self.recent_xids() if self.recent_xids else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
 
 
@@ -143,11 +114,10 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
                                   g.pci_bus_id or "", g.vendor, *card_labels(g)]
               for r in readings for g in r.snapshot.gpus}
     cards = [(r, g, labels[r.host, g.index]) for r in readings for g in r.snapshot.gpus]
-    for name, doc, read in GAUGES + HEALTH_GAUGES + DRM_GAUGES:
-        family = GaugeMetricFamily(name, doc, labels=LABELS)
-        for _, g, card in cards:
-            value = read(g) if g.state == "ok" or name == "gpumon_gpu_processes" else None
-            if value is not None:
+    for f in GAUGES:
+        family = GaugeMetricFamily(f.name, f.help, labels=LABELS)
+        for _, g, card in cards:  # a card that does not answer has no readings
+            if g.state == "ok" and (value := f.value(g)) is not None:
                 family.add_metric(card, float(value))
         yield family
     followed = [r for r in readings if r.xids is not None]  # a fleet host's XIDs are not followed
@@ -167,6 +137,7 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
                     seen.add_metric(labels[r.host, index] + [str(code)], when)
         yield family
         yield seen
+        yield _xid_counts(followed, labels, time.time())
     fabric = GaugeMetricFamily("DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
                                "NVSwitch fabric registration: 1 not started, 2 in progress, 3 success, 4 failure.",
                                labels=LABELS)
@@ -179,11 +150,11 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         if (verdict := health_value(g)) is not None:
             verdicts.add_metric(card + [verdict[1]], verdict[0])
     yield verdicts
-    lost = GaugeMetricFamily("gpumon_gpu_lost", "1 when the card has fallen off the bus.", labels=LABELS)
+    lost = GaugeMetricFamily(LOST.name, LOST.help, labels=LABELS)
     for _, g, card in cards:
-        lost.add_metric(card, 1.0 if g.state == "lost" else 0.0)
+        lost.add_metric(card, LOST.value(g))  # type: ignore[arg-type]
     yield lost
-    yield from amd_families([(r.host, r.snapshot.gpus) for r in readings])
+    yield from vendor_families([(r.host, r.snapshot.gpus) for r in readings])
     host_label = ["Hostname"] if per_host else []
     stale = GaugeMetricFamily("gpumon_sample_age_seconds", "Seconds since the newest sample.", labels=host_label)
     now = time.time()
@@ -210,23 +181,25 @@ def families(readings: list[Reading], processes: bool = False, alerts: bool = Fa
         yield procs
 
 
+def _xid_counts(readings: list[Reading], labels: dict[tuple[str, int], list[str]], now: float) -> GaugeMetricFamily:
+    """dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: the XIDs of each code on each card within the
+    window (its --xid-count-window-size, 5 minutes by default), with the window in ms as a label."""
+    window = [str(int(XID_COUNT_WINDOW_S * 1000))]
+    counts = GaugeMetricFamily("DCGM_EXP_XID_ERRORS_COUNT",
+                               "Count of XID Errors within user-specified time window (see xid-count-window-size "
+                               "param).", labels=LABELS + ["window_size_in_ms", "xid"])
+    for r in readings:
+        for (index, code), times in sorted((r.recent_xids or {}).items()):
+            n = sum(1 for t in times if now - t <= XID_COUNT_WINDOW_S)
+            if n and (r.host, index) in labels:
+                counts.add_metric(labels[r.host, index] + window + [str(code)], float(n))
+    return counts
+
+
 def registry_for(collector: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
-
-
-def serve(address: str, collector: Collector):
-    """The exporter on ADDRESS (`--prometheus`), in a thread of its own; returns the server."""
-    from prometheus_client import start_http_server
-
-    host, port = parse_listen_address(address)
-    try:
-        server, _ = start_http_server(port, host, registry=registry_for(collector))
-    except OSError as exc:
-        raise UsageError(f"cannot serve Prometheus metrics on {host}:{port}: {exc.strerror or exc}") from None
-    log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
-    return server
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:

@@ -13,33 +13,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters
+from gpumon.exporter.fields import INT32_BLANK, Field
 from gpumon.model import GpuSample
 
-_MS_PER_J = 1000.0
 _US_PER_S = 1e6
 
 
-def _counter(read: Callable[[CardCounters], float | int | bool | None]) -> Callable[[GpuSample], float | None]:
-    def value(g: GpuSample) -> float | None:
-        if g.counters is None:
-            return None
-        found = read(g.counters)
-        return None if found is None else float(found)
-    return value
+def _counters(read: Callable[[CardCounters], float | None]) -> Callable[[GpuSample], float | None]:
+    return lambda g: None if g.counters is None else read(g.counters)
 
 
-def _clock_us(*reasons: str) -> Callable[[CardCounters], float | None]:
+def _clock_us(*reasons: str) -> Callable[[GpuSample], float | None]:
     indices = [CLOCK_EVENT_TIMES.index(r) for r in reasons]
 
     def read(c: CardCounters) -> float | None:
         times = c.clock_event_s
         parts = [times[i] for i in indices if times is not None and times[i] is not None]
         return sum(parts) * _US_PER_S if parts else None
-    return read
-
-
-def _ratio(pct: float | None) -> float | None:
-    return None if pct is None else pct / 100
+    return _counters(read)
 
 
 def _memory_temperature(g: GpuSample) -> float | None:
@@ -55,67 +46,82 @@ def _nvlink_kib(c: CardCounters) -> float | None:
     return ((c.nvlink_tx_total or 0) + (c.nvlink_rx_total or 0)) / 1024
 
 
-HEALTH_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
-    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _memory_temperature),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
-     _counter(lambda c: c.energy_j * _MS_PER_J if c.energy_j is not None and c.energy_source == "driver" else None)),
-    ("gpumon_gpu_energy_joules", "Energy used: the driver's counter, or power integrated since gpumon started.",
-     _counter(lambda c: c.energy_j)),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", _counter(lambda c: c.pcie_replay_counter)),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
-     _counter(lambda c: c.remapped_rows_correctable)),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
-     _counter(lambda c: c.remapped_rows_uncorrectable)),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed",
-     _counter(lambda c: c.remapped_rows_failure)),
-    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (a reset applies it)",
-     _counter(lambda c: c.remapped_rows_pending)),
-    ("DCGM_FI_DEV_RETIRED_SBE", "Total number of retired pages due to single-bit errors.",
-     _counter(lambda c: c.retired_pages_sbe)),
-    ("DCGM_FI_DEV_RETIRED_DBE", "Total number of retired pages due to double-bit errors.",
-     _counter(lambda c: c.retired_pages_dbe)),
-    ("DCGM_FI_DEV_RETIRED_PENDING", "Total number of pages pending retirement.",
-     _counter(lambda c: c.retired_pages_pending)),
-    ("gpumon_gpu_retired_pages_reserved", "Memory pages retired whatever the cause (amdgpu's bad pages reserved).",
-     _counter(lambda c: c.retired_pages_reserved)),
-    ("gpumon_gpu_retired_pages_failed", "Bad memory pages the driver could not retire (amdgpu: unable to reserve).",
-     _counter(lambda c: c.retired_pages_failed)),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
-     _counter(lambda c: c.ecc_errors_corrected)),
-    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Total number of single-bit persistent ECC errors.",
-     _counter(lambda c: c.ecc_errors_corrected_aggregate)),
-    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Total number of double-bit persistent ECC errors.",
-     _counter(lambda c: c.ecc_errors_uncorrected_aggregate)),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "Total number of NVLink bandwidth counters for all lanes (in KiB, TX+RX).",
-     _counter(_nvlink_kib)),
-    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "Total number of NVLink flow-control CRC errors.",
-     _counter(lambda c: c.nvlink_crc_flit_errors)),
-    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "Total number of NVLink data CRC errors.",
-     _counter(lambda c: c.nvlink_crc_data_errors)),
-    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.",
-     _counter(lambda c: c.nvlink_replay_errors)),
-    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors.",
-     _counter(lambda c: c.nvlink_recovery_errors)),
-    ("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us).",
-     _counter(_clock_us("sw_power_cap", "hw_power_brake"))),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us).",
-     _counter(_clock_us("sw_thermal", "hw_thermal"))),
-    ("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "Throttling duration due to sync-boost constraints (in us).",
-     _counter(_clock_us("sync_boost"))),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
-     _counter(lambda c: _ratio(c.gr_engine_active))),
-    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.",
-     _counter(lambda c: _ratio(c.sm_active))),
-    ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.",
-     _counter(lambda c: _ratio(c.sm_occupancy))),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.",
-     _counter(lambda c: _ratio(c.tensor_active))),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.",
-     _counter(lambda c: _ratio(c.dram_active))),
+def _driver_energy(g: GpuSample) -> bool:
+    return g.counters is not None and g.counters.energy_source == "driver"
+
+
+def _counter(name: str, help: str, field: str, *, back: bool = True, blank: float | None = None,
+             **how) -> Field:
+    """A health counter's series: `field` a CardCounters attribute."""
+    extra = {} if blank is None else {"blank": blank}
+    return Field(name, help, f"counters.{field}", back=back, **extra, **how)
+
+
+# Read back (fleet/prometheus/dcgm_health.py): the counters a verdict is drawn from.
+HEALTH_FIELDS: list[Field] = [
+    _counter("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temperature", blank=INT32_BLANK,
+             write=_memory_temperature),
+    _counter("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_j",
+             scale=1 / 1000, only=_driver_energy),
+    _counter("gpumon_gpu_energy_joules", "Energy used: the driver's counter, or power integrated since gpumon started.",
+             "energy_j", back=False),
+    _counter("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay_counter"),
+    _counter("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
+             "remapped_rows_correctable"),
+    _counter("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
+             "remapped_rows_uncorrectable"),
+    _counter("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "remapped_rows_failure"),
+    _counter("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (a reset applies it)",
+             "remapped_rows_pending"),
+    _counter("DCGM_FI_DEV_RETIRED_SBE", "Total number of retired pages due to single-bit errors.", "retired_pages_sbe"),
+    _counter("DCGM_FI_DEV_RETIRED_DBE", "Total number of retired pages due to double-bit errors.", "retired_pages_dbe"),
+    _counter("DCGM_FI_DEV_RETIRED_PENDING", "Total number of pages pending retirement.", "retired_pages_pending"),
+    _counter("gpumon_gpu_retired_pages_reserved",
+             "Memory pages retired whatever the cause (amdgpu's bad pages reserved).", "retired_pages_reserved",
+             back=False),
+    _counter("gpumon_gpu_retired_pages_failed",
+             "Bad memory pages the driver could not retire (amdgpu: unable to reserve).", "retired_pages_failed",
+             back=False),
+    _counter("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
+             "ecc_errors_corrected"),
+    _counter("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Total number of single-bit persistent ECC errors.",
+             "ecc_errors_corrected_aggregate", back=False),
+    _counter("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Total number of double-bit persistent ECC errors.",
+             "ecc_errors_uncorrected_aggregate", back=False),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+          "Total number of NVLink bandwidth counters for all lanes (in KiB, TX+RX).",
+          write=_counters(_nvlink_kib)),
+    _counter("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "Total number of NVLink flow-control CRC errors.",
+             "nvlink_crc_flit_errors", back=False),
+    _counter("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "Total number of NVLink data CRC errors.",
+             "nvlink_crc_data_errors", back=False),
+    _counter("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.",
+             "nvlink_replay_errors", back=False),
+    _counter("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "Total number of NVLink recovery errors.",
+             "nvlink_recovery_errors", back=False),
+    Field("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us).",
+          write=_clock_us("sw_power_cap", "hw_power_brake")),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "Throttling duration due to thermal constraints (in us).",
+          write=_clock_us("sw_thermal", "hw_thermal")),
+    Field("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "Throttling duration due to sync-boost constraints (in us).",
+          write=_clock_us("sync_boost")),
+    # GPM's percentages as dcgm-exporter's ratios 0..1.
+    _counter("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", "gr_engine_active",
+             scale=100, back=False),
+    _counter("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", "sm_active",
+             scale=100, back=False),
+    _counter("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", "sm_occupancy",
+             scale=100, back=False),
+    _counter("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", "tensor_active",
+             scale=100, back=False),
+    _counter("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving "
+             "data.", "dram_active", scale=100, back=False),
 ]
 VERDICT_VALUE = {"ok": 0.0, "warn": 1.0, "fail": 2.0}
 HEALTH = "gpumon_gpu_health"
 HEALTH_HELP = "The card's health verdict: 0 ok, 1 warn, 2 fail; reason: the codes of what is wrong."
+# Written with its `reason` label (health_value); read back as the verdict gpumon drew on the host.
+VERDICT = Field(HEALTH, HEALTH_HELP, "counters.gpumon_verdict", blank=3.0, exported=False)
 
 
 def health_value(g: GpuSample) -> tuple[float, str] | None:
@@ -125,4 +131,3 @@ def health_value(g: GpuSample) -> tuple[float, str] | None:
     return VERDICT_VALUE[g.health.verdict], ",".join(r.code for r in g.health.reasons)
 
 
-# PromQL for the health rules, over the names above.

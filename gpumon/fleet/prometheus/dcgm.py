@@ -1,6 +1,7 @@
 """dcgm-exporter's metrics, as a Prometheus server holds them, made into schema-1 snapshots.
 
-The metric names are dcgm-exporter's (`DCGM_FI_DEV_*`, framebuffer sizes in MiB, PCIe in KB/s) and
+The metric names are dcgm-exporter's (`DCGM_FI_DEV_*`, framebuffer sizes in MiB, PCIe in KB/s:
+the exporter's tables, exporter/fields.py and exporter/health.py, read the other way) and
 so are the labels: `gpu`, `UUID`, `modelName`, `pci_bus_id`, `DCGM_FI_DRIVER_VERSION`, MIG's
 `GPU_I_ID`/`GPU_I_PROFILE`, and the host in `Hostname` (dcgm-exporter 3.x and gpumon's own
 exporter) or `hostname` (newer dcgm-exporter), else the `exported_` form of either, else the
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumon.exporter.fields import CARD_FIELDS, LOST, read_back
 from gpumon.fleet.prometheus.api import Series
 from gpumon.fleet.prometheus.dcgm_health import COUNTER_FIELDS, card_health
 from gpumon.fleet.prometheus.dcgm_hosts import HOST_LABELS, host_names, host_of, text
@@ -37,43 +39,12 @@ from gpumon.fleet.schema import MAX_CARDS, MAX_PROCESSES
 from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, throttle_names
 from gpumon.remote.hosts import MAX_HOSTS
 
-MIB = 1 << 20
 BACKEND = "prometheus"  # a snapshot's "backend" when it was read through Prometheus
 
-# DCGM's "blank" values (dcgm_structs.h) are no reading: the blank itself and the codes just above
-# it (+1 not found, +2 not supported, +3 not permissioned). dcgm-exporter prints them as numbers
-# (9223372036854775794 for a card without memory temperature); Prometheus holds them as float64,
-# which rounds the INT64 ones to 2**63. So a value from its field type's blank up is no reading.
-# A 32-bit reading (NVML's unsigned int: temperatures, clocks, utilisation...) blank-checks
-# against DCGM_INT32_BLANK, the value DCGM converts its blanks to for 32-bit quantities.
-INT32_BLANK = float(0x7FFFFFF0)
-INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
-FP64_BLANK = 140737488355328.0  # 2**47
-
-# Metric -> (GpuSample field, factor to the schema's unit, its blank). Both names of the throttle
-# bitmask: dcgm-exporter renamed it with DCGM 3.3.
-FIELDS: dict[str, tuple[str, float, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu", 1, INT32_BLANK),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory", 1, INT32_BLANK),
-    "DCGM_FI_DEV_FB_USED": ("memory_used", MIB, INT64_BLANK),
-    "DCGM_FI_DEV_FB_FREE": ("memory_free", MIB, INT64_BLANK),
-    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved", MIB, INT64_BLANK),  # counts towards the total
-    "DCGM_FI_DEV_GPU_TEMP": ("temperature", 1, INT32_BLANK),
-    "DCGM_FI_DEV_FAN_SPEED": ("fan", 1, INT32_BLANK),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_draw", 1, FP64_BLANK),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit", 1, FP64_BLANK),
-    "DCGM_FI_DEV_SM_CLOCK": ("clock_sm", 1, INT32_BLANK),
-    "DCGM_FI_DEV_MEM_CLOCK": ("clock_mem", 1, INT32_BLANK),
-    "DCGM_FI_DEV_ENC_UTIL": ("encoder_util", 1, INT32_BLANK),
-    "DCGM_FI_DEV_DEC_UTIL": ("decoder_util", 1, INT32_BLANK),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_errors_uncorrected", 1, INT64_BLANK),
-    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": ("pcie_tx", 1024, INT32_BLANK),
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": ("pcie_rx", 1024, INT32_BLANK),
-    "DCGM_FI_DEV_PSTATE": ("pstate", 1, INT32_BLANK),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1, INT64_BLANK),
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1, INT64_BLANK),
-    "gpumon_gpu_lost": ("lost", 1, 2.0),
-}
+# Metric -> (GpuSample field, factor to the schema's unit, its DCGM blank): the exporter's own
+# table (exporter/fields.py), read the other way. Both names of the throttle bitmask: dcgm-exporter
+# renamed it with DCGM 3.3.
+FIELDS: dict[str, tuple[str, float, float]] = read_back([*CARD_FIELDS, LOST])
 FLOAT_FIELDS = {"power_draw", "power_limit"}
 _CARD_FIELDS = tuple(dict.fromkeys(n for n, _, _ in FIELDS.values() if n not in ("lost", "memory_reserved")))
 SAMPLE_AGE = "gpumon_sample_age_seconds"  # gpumon's exporter: seconds since its newest sample

@@ -13,25 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumon.counters import CardCounters, Health, HealthReason
+from gpumon.exporter.fields import read_back
+from gpumon.exporter.health import HEALTH_FIELDS, VERDICT
 from gpumon.health import rules as health
 
-# dcgm-exporter's metric -> (CardCounters field, factor to gpumon's unit, its DCGM blank): as dcgm.FIELDS.
-INT32_BLANK = float(0x7FFFFFF0)
-INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)
-COUNTER_FIELDS: dict[str, tuple[str, float, float]] = {
-    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temperature", 1, INT32_BLANK),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1 / 1000, INT64_BLANK),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_counter", 1, INT64_BLANK),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1, INT64_BLANK),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1, INT64_BLANK),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remapped_rows_failure", 1, INT64_BLANK),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remapped_rows_pending", 1, INT64_BLANK),
-    "DCGM_FI_DEV_RETIRED_SBE": ("retired_pages_sbe", 1, INT64_BLANK),
-    "DCGM_FI_DEV_RETIRED_DBE": ("retired_pages_dbe", 1, INT64_BLANK),
-    "DCGM_FI_DEV_RETIRED_PENDING": ("retired_pages_pending", 1, INT64_BLANK),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_errors_corrected", 1, INT64_BLANK),
-    "gpumon_gpu_health": ("gpumon_verdict", 1, 3.0),
-}
+# dcgm-exporter's metric -> (CardCounters field, factor to gpumon's unit, its DCGM blank): the
+# exporter's health table read the other way, as dcgm.FIELDS.
+COUNTER_FIELDS: dict[str, tuple[str, float, float]] = read_back([*HEALTH_FIELDS, VERDICT])
 _FLAGS = ("remapped_rows_failure", "remapped_rows_pending", "retired_pages_pending")
 _LEVELS = ("ok", "warn", "fail")
 
