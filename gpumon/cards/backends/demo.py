@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.cards.backends.base import Backend
 from gpumon.errors import UsageError
 from gpumon.health.history import HealthTracker
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, Topology
@@ -97,7 +98,7 @@ LOST_AFTER_SAMPLES = 15  # scenario "lost": card 2 falls off the bus after this 
 DRIVER, CUDA = "550.54.15", "12.4"
 
 
-class DemoBackend:
+class DemoBackend(Backend):
     name = "demo"
     real_pids = False
 
@@ -260,5 +261,6 @@ class DemoBackend:
             numa_node=tuple(0 if i < half else 1 for i in range(n)),
         )
 
-    def close(self) -> None:
-        pass
+
+
+BACKEND = DemoBackend

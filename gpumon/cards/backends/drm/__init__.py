@@ -8,4 +8,5 @@ same code reads a host's /sys and /proc mounted in a container, and the tests' f
 
 from gpumon.cards.backends.drm.backend import DrmBackend
 
-__all__ = ["DrmBackend"]
+BACKEND = DrmBackend
+__all__ = ["BACKEND", "DrmBackend"]
