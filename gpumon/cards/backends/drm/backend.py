@@ -198,7 +198,7 @@ class DrmBackend(PerCardBackend):
                 card.identity = amdgpu.read_identity(card.node.device)
             if not card.hwmon_found:
                 card.hwmon, card.hwmon_found = find_hwmon(card.node.device), True
-            values = self._amd(card) if kind.values == "amdgpu" else self._intel(card, uses)
+            values = READERS[kind.values](self, card, uses)
         except Exception as exc:  # a bug, or a file answering nonsense: this card only
             log.warning("%s: %s", card.node.name, exc, exc_info=True)
             return GpuSample(**self._identity(card), state="error", error=f"{type(exc).__name__}: {exc}",
@@ -210,7 +210,7 @@ class DrmBackend(PerCardBackend):
                          pcie_link_speed_max=link_speed(os.path.join(device, "max_link_speed")),
                          pcie_link_width_max=link_width(os.path.join(device, "max_link_width")), **values)
 
-    def _amd(self, card: _Card) -> dict[str, Any]:
+    def _amd(self, card: _Card, uses: list[ClientUse]) -> dict[str, Any]:
         v = amdgpu.read_values(card.node.device, card.hwmon)
         free = v.vram_total - v.vram_used if v.vram_total is not None and v.vram_used is not None else None
         return dict(utilization_gpu=v.busy_percent, utilization_memory=v.memory_busy_percent,
@@ -269,6 +269,12 @@ class DrmBackend(PerCardBackend):
 
     def close(self) -> None:
         pass
+
+
+# A DRM kind's `values` -> how its cards' values are read (drm/kinds.py).
+READERS: dict[str, Callable[[DrmBackend, _Card, list[ClientUse]], dict[str, Any]]] = {
+    "amdgpu": DrmBackend._amd, "intel": DrmBackend._intel}
+BACKEND = DrmBackend
 
 
 def _watts(value: float | None) -> float | None:
