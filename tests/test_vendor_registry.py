@@ -11,7 +11,14 @@ import pytest
 from conftest import Card
 from fakedrm import FakeSysfs
 
-from gpumon.cards.backends import Machine, backend_class, machine_backends, open_backend
+from gpumon.cards.backends import (
+    Machine,
+    backend_class,
+    machine_backends,
+    open_backend,
+    register_backend,
+    unregister_backend,
+)
 from gpumon.cards.backends.composite import CompositeBackend
 from gpumon.cards.backends.demo import DemoBackend
 from gpumon.cards.backends.drm import DrmBackend
@@ -92,6 +99,51 @@ def test_a_vendor_added_through_the_registry_is_pinned_with_its_own_variables(ac
     assert choice.gpus[0].vendor == "nvidia"
     assert any("an Acme card; auto chooses among the NVIDIA cards" in r for r in choice.reasons), choice.reasons
     assert vendor("acme") is acme
+
+
+class AcmeBackend(DemoBackend):
+    """A new vendor's backend, as its own folder would hold it: the demo's cards, numbered after
+    the backends opened before it, as Acme's."""
+
+    name = "acme"
+
+    def __init__(self, first_index: int) -> None:
+        super().__init__(scenario="default")
+        self.first_index = first_index
+
+    @classmethod
+    def open_here(cls, machine, first_index=0):
+        return cls(first_index)
+
+    def index_count(self) -> int:
+        return len(self.specs)
+
+    def sample(self):
+        snap = super().sample()
+        return dataclasses.replace(snap, gpus=tuple(
+            dataclasses.replace(g, index=self.first_index + n, vendor="acme", vendor_index=n, mig_mode=None)
+            for n, g in enumerate(snap.gpus)))
+
+
+BACKEND = AcmeBackend  # what the backend registry looks for in a backend's module
+
+
+def test_a_new_vendor_is_its_backend_and_one_record(acme, fake_kernel):
+    """Registered, the vendor's backend opens beside the others on this machine (after them, as its
+    record comes after theirs), and its cards are pinned with its variables."""
+    register(dataclasses.replace(acme, backend="acme"))
+    register_backend("acme", __name__)
+    fake_kernel.sys.amd()
+    backend = open_backend(nvml_lib=fake_kernel.no_nvidia, sysfs=str(fake_kernel.sys.root),
+                           procfs=str(fake_kernel.proc.root))
+    try:
+        assert machine_backends() == ["nvml", "drm", "acme"] and isinstance(backend, CompositeBackend)
+        gpus = sample_once(backend, wait_s=5).gpus
+        assert [(g.index, g.vendor) for g in gpus] == [(0, "amd"), *((n, "acme") for n in range(1, 5))]
+        assert pin(list(gpus[1:3]), "job-2").env["ACME_VISIBLE_DEVICES"] == "0,1"
+    finally:
+        backend.close()
+        unregister_backend("acme")
 
 
 def test_a_vendor_no_record_has_is_shown_by_its_name_and_never_pinned():

@@ -17,7 +17,7 @@ from gpumon.errors import NoDriverError
 from gpumon.vendors import vendors
 
 __all__ = ["NO_CARDS_HINT", "Backend", "Machine", "PerCardBackend", "backend_class", "open_backend",
-           "register_backend"]
+           "register_backend", "unregister_backend"]
 
 # name -> the module whose BACKEND it is. A name not here is looked for as gpumon.cards.backends.<name>.
 _BACKENDS: dict[str, str] = {
@@ -31,6 +31,10 @@ _BACKENDS: dict[str, str] = {
 def register_backend(name: str, module: str) -> None:
     """Name a backend: `module` exposes BACKEND, a Backend subclass."""
     _BACKENDS[name] = module
+
+
+def unregister_backend(name: str) -> None:
+    _BACKENDS.pop(name, None)
 
 
 def backend_class(name: str) -> type[Backend]:
