@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.counters import NO_COUNTERS, CardCounters, Health
+from gpumon.vendors import DEFAULT_VENDOR
 
 SCHEMA_VERSION = 1
 
@@ -126,7 +127,6 @@ class MigSample:
 
 
 # Card makers, as people write them.
-VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
 
 # A card's NVSwitch fabric registration (HGX/DGX boards), in words; None: the card has no fabric.
 FABRIC_STATES = ("ready", "degraded", "in_progress", "not_started", "failed")
@@ -172,7 +172,7 @@ class GpuSample:
     stale_s: float | None = None  # with state "stale": seconds since the card last answered
     # Whose card: "nvidia" (NVML), "amd" (amdgpu) or "intel" (i915, xe); AMD and Intel cards are read
     # from the kernel (sysfs and /proc/PID/fdinfo). The fields below are theirs (None from NVML).
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     temperature_junction: int | None = None  # °C, the hottest spot (AMD); `temperature` is the edge
     temperature_memory: int | None = None  # °C, the memory (AMD HBM/GDDR)
     gtt_total: int | None = None  # bytes of system memory the card can map (AMD GTT)

@@ -71,7 +71,7 @@ class Watch:
             loop.add_signal_handler(sig, self.stop)
         self.sampler.subscribe(self._on_snapshot)
         xid_thread = None
-        if hasattr(self.sampler.backend, "wait_xid"):
+        if self.sampler.backend is not None and self.sampler.backend.xid_events:
             xid_thread = threading.Thread(target=self._xid_loop, args=(loop,), name="gpumon-xid", daemon=True)
             xid_thread.start()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpumon.model import GpuSample
+from gpumon.vendors import vendor
 
 HIDDEN = "hidden"
 UNKNOWN = "?"
@@ -52,7 +53,7 @@ def cuda_ordinals(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> dict[int
     device_order = env.get("CUDA_DEVICE_ORDER")
     if visible is None and device_order is None:
         return None
-    gpus = [g for g in gpus if g.vendor == "nvidia"]  # CUDA never sees AMD or Intel cards: no ordinal
+    gpus = [g for g in gpus if vendor(g.vendor).cuda]  # CUDA never sees AMD or Intel cards: no ordinal
     base = _base_order(gpus, device_order)
     if visible is None:
         if base is None:

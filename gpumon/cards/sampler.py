@@ -2,7 +2,7 @@
 
 The backend is called in a daemon thread, one pass at a time: passes never overlap or pile up
 behind a slow driver, the event loop never waits on NVML, and a call that hangs forever cannot
-keep gpumon from exiting. A backend whose cards answer separately (`answers_per_card`: NVML) is
+keep gpumon from exiting. A backend whose cards answer separately (a PerCardBackend: NVML, DRM) is
 given a deadline, so a slow card delays only itself and comes back marked "stale"; when a whole
 pass still runs past its interval, subscribers get the last snapshot again marked `stale`, and the
 fresh one as soon as it arrives. The backend itself may be opened here too (`opener`), so a
@@ -36,24 +36,15 @@ def card_wait(interval: float) -> float:
     return max(0.05, min(MAX_CARD_WAIT_S, interval / 2))
 
 
-def read_sample(backend: Backend, wait_s: float | None = None) -> Snapshot:
-    """backend.sample(), with a deadline for slow cards where the backend takes one."""
-    if getattr(backend, "answers_per_card", False):
-        return backend.sample(wait_s=wait_s)
-    return backend.sample()
-
-
 def read_topology(backend: Backend, wait_s: float | None = None,
                   on_progress: Callable[[Topology], None] | None = None) -> Topology:
-    """backend.topology(), with a deadline and progress where the backend takes them."""
-    if getattr(backend, "answers_per_card", False):
-        return backend.topology(wait_s=wait_s, on_progress=on_progress)
-    return backend.topology()
+    """backend.topology(), with a deadline and progress where the backend takes them (`read_once`'s shape)."""
+    return backend.topology_within(wait_s, on_progress)
 
 
 def _enricher(backend: Backend) -> ProcessEnricher:
     """Reads the processes where the backend finds them (a host's /proc mounted elsewhere)."""
-    return ProcessEnricher(procfs=getattr(backend, "procfs", None))
+    return ProcessEnricher(procfs=backend.procfs)
 
 
 class History:
@@ -168,7 +159,7 @@ class Sampler:
         """One blocking pass: read the backend and enrich processes. Runs in the worker thread.
         Slow cards are waited for up to `wait_s` (default: half the interval)."""
         assert self.backend is not None, "open() the sampler first"
-        snapshot = read_sample(self.backend, card_wait(self.interval) if wait_s is None else wait_s)
+        snapshot = self.backend.sample_within(card_wait(self.interval) if wait_s is None else wait_s)
         if self.enricher is None:
             return snapshot
         return dataclasses.replace(snapshot, gpus=self.enricher.enrich_gpus(snapshot.gpus))

@@ -27,7 +27,7 @@ class XidListener:
 
     @staticmethod
     def available(backend: Backend) -> bool:
-        return hasattr(backend, "wait_xid")
+        return backend.xid_events
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         threading.Thread(target=self._listen, args=(loop,), name="gpumon-xid", daemon=True).start()

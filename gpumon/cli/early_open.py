@@ -36,10 +36,8 @@ class EarlyOpen:
             self._named.set()
             return
         self._opened.set()
-        identify = getattr(self._backend, "identity", None)
         try:
-            wait = max(0.0, self._names_by - time.monotonic())
-            self._identity = identify(wait) if identify is not None else None
+            self._identity = self._backend.identity(max(0.0, self._names_by - time.monotonic()))
         except Exception:  # noqa: BLE001 - names are a nicety: the first sample brings them anyway
             self._identity = None
         self._named.set()

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     load_settings(args)
     deadline = time.monotonic() + args.timeout
     backend = open_source(args, timeout=args.timeout)
-    tracker = getattr(backend, "health", None)
-    baseline = _baseline_file() if tracker is not None and getattr(backend, "name", "") == "nvml" else None
+    tracker = backend.health_baseline()
+    baseline = _baseline_file() if tracker is not None else None
     try:
         if baseline is not None:
             _load(tracker, baseline)

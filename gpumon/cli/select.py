@@ -3,7 +3,7 @@ host ROCR_VISIBLE_DEVICES', on an Intel one ZE_AFFINITY_MASK').
 
 `--export` prints shell commands instead, so `eval "$(gpumon select --export)"` pins the shell
 itself: CUDA_VISIBLE_DEVICES by UUID and CUDA_DEVICE_ORDER=PCI_BUS_ID (or the AMD or Intel
-variables of jobs/pinning.py), quoted for the shell (the UUIDs come from the driver). With no
+variables: each vendor's record in gpumon/vendors.py), quoted for the shell (the UUIDs come from the driver). With no
 free card nothing is printed on stdout (the reason goes to stderr, exit status 1), so the eval
 does nothing.
 """
@@ -18,7 +18,7 @@ import time
 from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.jobs.pinning import VISIBLE, vendor_env
+from gpumon.jobs.pinning import named_cards, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
 
 
@@ -52,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         _explain(choice.reasons)
     env, unset = vendor_env(list(choice.gpus))
-    visible = next(env[name] for name in VISIBLE.values() if name in env)
-    print(exports(env, args.shell, unset) if args.export else visible)
+    print(exports(env, args.shell, unset) if args.export else named_cards(env))
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ from gpumon.model import (
     Topology,
 )
 from gpumon.sanitize import printable
+from gpumon.vendors import DEFAULT_VENDOR
 
 MAX_CARDS = 256
 MAX_PROCESSES = 20000  # per host
@@ -178,7 +179,7 @@ def _gpu(raw: Any, where: str, budget: list[int]) -> GpuSample:
     values["mig_mode"] = mig_mode if type(mig_mode) is bool else None
     asleep = get("asleep")
     values["asleep"] = asleep if type(asleep) is bool else None
-    values["vendor"] = _text(get("vendor") or "nvidia", where, "vendor", nullable=False, limit=16)
+    values["vendor"] = _text(get("vendor") or DEFAULT_VENDOR, where, "vendor", nullable=False, limit=16)
     values["counters"] = _counters(raw, where)
     values["health"] = _health(get("health"), where)
     processes = _list(get("processes", []), f"{where}.processes", MAX_PROCESSES)

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, Health
 from gpumon.health import rules as health
+from gpumon.vendors import DEFAULT_VENDOR
 
 RATE_SPAN_S = 60.0  # rates and throttled shares are over the last minute
 MAX_READINGS = 512  # per card: the readings within the window (a few dozen at the default interval)
@@ -64,7 +65,7 @@ class HealthTracker:
             card.xid_version += 1
 
     def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
-             ecc_uncorrected: int | None = None, vendor: str = "nvidia",
+             ecc_uncorrected: int | None = None, vendor: str = DEFAULT_VENDOR,
              unread: str | None = None) -> tuple[CardCounters | None, Health]:
         """The card's counters (with rates) and verdict. `key`: its UUID (or "index:N"); `now`: unix
         time of the sample; `raw`: the counters as read (None: not read, e.g. lost); `vendor`: whose
@@ -89,7 +90,7 @@ class HealthTracker:
         return card.counters, card.verdict
 
     def _judge(self, card: _Card, state: str, fabric: str | None, ecc: int | None, now: float,
-               settings: health.HealthSettings, vendor: str = "nvidia",
+               settings: health.HealthSettings, vendor: str = DEFAULT_VENDOR,
                unread: str | None = None) -> tuple[Health, float]:
         window = settings.window_s
         with self._lock:

@@ -32,6 +32,7 @@ from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
 from gpumon.health.xid import FATAL_XIDS, XID_ACTIONS
 from gpumon.units import parse_duration
+from gpumon.vendors import DEFAULT_VENDOR, vendor
 
 DEFAULT_WINDOW_S = 600.0
 DEFAULT_INTERVAL_S = 30.0
@@ -51,27 +52,22 @@ class HealthRule:
     text: str  # what is wrong; {value}, {threshold}, {window} and HealthValues' fields are filled in
     action: str
     reference: str  # where NVIDIA (or DCGM, or the kernel) says so
-    # Other vendors' words where NVIDIA's would be wrong for their cards: (vendor, text, action).
-    vendor_words: tuple[tuple[str, str, str], ...] = ()
+    # The site's own action ([health.rules.CODE] action), for every vendor's cards alike.
+    site_action: str | None = None
 
     def holds(self, value: float) -> bool:
         return _OPS[self.op](value, self.threshold)
 
-    def words(self, vendor: str) -> tuple[str, str]:
-        """(text, action) for a card of this vendor."""
-        return next(((text, action) for v, text, action in self.vendor_words if v == vendor),
-                    (self.text, self.action))
-
-
-_GONE = ("the card is gone from sysfs (unplugged, fallen off the bus, or its driver unbound)",
-         "reboot (or rescan the PCI bus); if it happens again, check its power and seating, then service (RMA)")
+    def words(self, vendor_name: str) -> tuple[str, str]:
+        """(text, action) for a card of this vendor: its record's words where NVIDIA's would be wrong."""
+        text, action = vendor(vendor_name).health_words.get(self.code, (self.text, self.action))
+        return text, self.site_action or action
 
 
 RULES: tuple[HealthRule, ...] = (
     HealthRule("lost", "lost", "==", 1, "fail", "the card fell off the bus (the driver says: GPU is lost)",
                "reset the card (nvidia-smi -r) or reboot; if it happens again, check its power and seating, "
-               "then service (RMA)", "NVML GPU_IS_LOST; XID catalogue: XID 79",
-               (("amd", *_GONE), ("intel", *_GONE))),
+               "then service (RMA)", "NVML GPU_IS_LOST; XID catalogue: XID 79"),
     HealthRule("remap_pending", "remapped_rows_pending", "==", 1, "fail",
                "a row remap is pending: memory with a known bad row is still in use",
                "reset the card to apply pending row remaps (drain its jobs first)",
@@ -82,16 +78,11 @@ RULES: tuple[HealthRule, ...] = (
     HealthRule("ecc_uncorrected", "ecc_errors_uncorrected", ">", 0, "fail",
                "{value:g} uncorrectable ECC errors since the driver loaded",
                "drain and reset the card; if they come back, the card needs service (RMA)",
-               "DCGM memory watch (volatile DBE); XID catalogue: XID 48; amdgpu RAS <block>_err_count (ue)",
-               (("amd", "{value:g} uncorrectable errors since the driver loaded (amdgpu RAS, every block)",
-                 "drain the card and reboot (amdgpu resets it after such an error); if they come back, "
-                 "the card needs service (RMA)"),)),
+               "DCGM memory watch (volatile DBE); XID catalogue: XID 48; amdgpu RAS <block>_err_count (ue)"),
     HealthRule("retired_pending", "retired_pages_pending", "==", 1, "fail",
                "memory pages are waiting to be retired", "reset the card or reboot so the pages are retired",
                "NVIDIA dynamic page retirement guide; DCGM memory watch (DCGM_FR_PENDING_PAGE_RETIREMENTS); "
-               "amdgpu RAS gpu_vram_bad_pages (P)",
-               (("amd", "bad memory pages are waiting to be retired (amdgpu: pending)",
-                 "reset the card or reboot to retire the pending pages (drain its jobs first)"),)),
+               "amdgpu RAS gpu_vram_bad_pages (P)"),
     HealthRule("retire_failed", "retired_pages_failed", ">", 0, "fail",
                "{value:g} bad memory pages could not be retired: they may still be in use",
                "reboot so the driver retires them as it loads; if they stay unretired, the card needs service (RMA)",
@@ -154,7 +145,7 @@ class HealthValues:
     retired_pages_failed: int | None = None
     no_counters: int | None = None  # 1: the backend could read none of the card's counters
     no_counters_words: str = ""  # why not
-    vendor: str = "nvidia"  # whose words the reasons use (HealthRule.vendor_words)
+    vendor: str = DEFAULT_VENDOR  # whose words the reasons use (the vendor's record: health_words)
 
 
 @dataclass(frozen=True)
@@ -217,8 +208,7 @@ def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> Health
         elif key == "action":
             if not isinstance(value, str) or not value.strip():
                 raise UsageError(f"{where}: 'action' must be text")
-            fields["action"] = value  # the site's own action, for every vendor's cards
-            fields["vendor_words"] = tuple((vendor, text, value) for vendor, text, _ in rule.vendor_words)
+            fields["action"] = fields["site_action"] = value
         else:
             raise UsageError(f"{where}: unknown key {key!r} (known: threshold, verdict, action)")
     return dataclasses.replace(rule, **fields)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from gpumon.cards.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
 from gpumon.errors import UsageError
 from gpumon.jobs.pinning import Pinning, local_cpus, one_vendor, pin  # noqa: F401 - where launches find them
-from gpumon.model import VENDOR_NAMES, GpuSample, Snapshot, Topology
+from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.sanitize import printable
 from gpumon.units import format_bytes, parse_size
+from gpumon.vendors import DEFAULT_VENDOR, vendor
 
 MAX_COMBINATIONS = 20000  # beyond this many candidate sets, grow the set greedily instead
 # A card someone else is using is not free, unless the user lowers the bar (--max-util, --max-used):
@@ -147,11 +148,11 @@ def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: 
     eligible = []
     # A program is built for one vendor's runtime: a set is one vendor's cards, the host's first
     # (NVIDIA's on a host that has both); other vendors' cards are used when named (--gpu 4).
-    vendor = snapshot.gpus[0].vendor if snapshot.gpus else "nvidia"
+    first = snapshot.gpus[0].vendor if snapshot.gpus else DEFAULT_VENDOR
     for gpu in snapshot.gpus:
-        if gpu.vendor != vendor:
-            reasons.append(f"GPU {gpu.index} skipped: an {VENDOR_NAMES.get(gpu.vendor, gpu.vendor)} card; auto "
-                           f"chooses among the {VENDOR_NAMES.get(vendor, vendor)} cards (--gpu {gpu.index} uses it)")
+        if gpu.vendor != first:
+            reasons.append(f"GPU {gpu.index} skipped: {vendor(gpu.vendor).a_card}; auto "
+                           f"chooses among the {vendor(first).words} cards (--gpu {gpu.index} uses it)")
             continue
         if gpu.state == "ok" and gpu.mig_mode:
             if count > 1:

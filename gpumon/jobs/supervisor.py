@@ -328,14 +328,10 @@ class Supervisor:
         """Sleep, listening for XIDs; wake up early when the command exits, a stop is asked for, or
         one of `cards` reports a fatal XID (returned)."""
         deadline = time.monotonic() + seconds
-        wait_xid = getattr(backend, "wait_xid", None)
         while (left := deadline - time.monotonic()) > 0 and not self.stop_requested:
             if while_running and self.tree is not None and self.tree.ended():
                 break
-            if wait_xid is None:
-                time.sleep(min(POLL_S, left))
-                continue
-            for index, code in wait_xid(min(POLL_S, left)):
+            for index, code in backend.wait_xid(min(POLL_S, left)):  # a backend without XIDs just waits
                 trouble = self._note(xid_trouble(self.latest, index, code))
                 if trouble is not None and index in cards:
                     return trouble

@@ -1,28 +1,49 @@
-"""Where samples come from: the real driver (nvml), a simulation (demo), or a recording (replay).
+"""Where samples come from: this machine's cards (nvml, drm), a simulation (demo), or a recording
+(replay); several of them as one (composite).
 
-Every backend satisfies `Backend`; `open_backend` picks one from the command-line options.
+Every backend is a `Backend` (base.py). The registry below names them (as Harlequin's adapters
+are found by name); each is a module exposing `BACKEND`, imported only when asked for, so
+--demo and --replay never load the NVML bindings, and the reverse. `open_backend` picks one from
+the command-line options: for this machine, every backend a vendor's record names
+(gpumon/vendors.py), in the vendors' order, each numbering its cards after the last.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
 
-from gpumon.model import Snapshot, Topology
+from gpumon.cards.backends.base import NO_CARDS_HINT, Backend, Machine, PerCardBackend
+from gpumon.errors import NoDriverError
+from gpumon.vendors import vendors
+
+__all__ = ["NO_CARDS_HINT", "Backend", "Machine", "PerCardBackend", "backend_class", "open_backend",
+           "register_backend", "unregister_backend"]
+
+# name -> the module whose BACKEND it is. A name not here is looked for as gpumon.cards.backends.<name>.
+_BACKENDS: dict[str, str] = {
+    "nvml": "gpumon.cards.backends.nvml",
+    "drm": "gpumon.cards.backends.drm",
+    "demo": "gpumon.cards.backends.demo",
+    "replay": "gpumon.cards.backends.replay",
+}
 
 
-class Backend(Protocol):
-    name: str
-    # True when process pids are real pids on this host, so psutil may enrich them.
-    real_pids: bool
+def register_backend(name: str, module: str) -> None:
+    """Name a backend: `module` exposes BACKEND, a Backend subclass."""
+    _BACKENDS[name] = module
 
-    def sample(self) -> Snapshot:
-        """One reading of every card. May block (it runs in a worker thread); never raises for a
-        single card's trouble: that card's state says so."""
 
-    def topology(self) -> Topology:
-        """Links between cards, CPU affinity and NUMA node per card."""
+def unregister_backend(name: str) -> None:
+    _BACKENDS.pop(name, None)
 
-    def close(self) -> None: ...
+
+def backend_class(name: str) -> type[Backend]:
+    return importlib.import_module(_BACKENDS.get(name, f"{__name__}.{name}")).BACKEND
+
+
+def machine_backends() -> list[str]:
+    """The backends that read this machine's cards: those the vendors name, in the vendors' order."""
+    return list(dict.fromkeys(v.backend for v in vendors() if v.backend))
 
 
 def open_backend(
@@ -36,33 +57,28 @@ def open_backend(
     """The demo, a recording, or this machine's cards: NVIDIA's through NVML, AMD's and Intel's
     through the kernel (`sysfs`, `procfs`: where /sys and /proc are). NoDriverError (exit 3) only
     when no vendor has a card here."""
-    # Imported on demand: --demo and --replay never load the NVML bindings, and the reverse.
     if demo is not None:
-        from gpumon.cards.backends.demo import DemoBackend
-
-        return DemoBackend(scenario=demo, seed=seed)
+        return backend_class("demo")(scenario=demo, seed=seed)  # type: ignore[call-arg]
     if replay is not None:
-        from gpumon.cards.backends.replay import ReplayBackend
+        return backend_class("replay")(replay)  # type: ignore[call-arg]
+    return open_machine(Machine(nvml_lib=nvml_lib, sysfs=sysfs or "/sys", procfs=procfs or "/proc"))
 
-        return ReplayBackend(replay)
-    from gpumon.cards.backends.drm import DrmBackend
-    from gpumon.cards.backends.nvml import NO_DRIVER_HINT, NvmlBackend
-    from gpumon.errors import NoDriverError
 
-    try:
-        nvml, no_nvidia = NvmlBackend(lib_path=nvml_lib), None
-    except NoDriverError as exc:
-        nvml, no_nvidia = None, exc
-    drm = DrmBackend(sysfs=sysfs or "/sys", procfs=procfs or "/proc", first_index=len(nvml.cards) if nvml else 0)
-    if not drm.cards:
-        if nvml is None:
-            assert no_nvidia is not None
-            said = str(no_nvidia).removesuffix(f"; {NO_DRIVER_HINT}")
-            raise NoDriverError(f"{said}, and no AMD or Intel GPU under {drm.sysfs}/class/drm; {NO_DRIVER_HINT}") \
-                from None
-        return nvml
-    if nvml is None:
-        return drm
+def open_machine(machine: Machine, names: list[str] | None = None) -> Backend:
+    """Every backend of `names` (default: machine_backends()) that finds cards here, as one."""
+    opened: list[Backend] = []
+    missing: list[str] = []
+    for name in machine_backends() if names is None else names:
+        try:
+            part = backend_class(name).open_here(machine, first_index=sum(p.index_count() for p in opened))
+        except NoDriverError as exc:
+            missing.append(str(exc).removesuffix(f"; {NO_CARDS_HINT}"))
+            continue
+        opened.append(part)
+    if not opened:
+        raise NoDriverError(f"{', and '.join(missing)}; {NO_CARDS_HINT}") from None
+    if len(opened) == 1:
+        return opened[0]
     from gpumon.cards.backends.composite import CompositeBackend
 
-    return CompositeBackend(nvml, drm)
+    return CompositeBackend(opened, sysfs=machine.sysfs)

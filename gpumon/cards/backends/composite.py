@@ -1,76 +1,103 @@
-"""One host's cards of several vendors as one backend: NVIDIA's (NVML, keeping their NVML indices)
-first, then AMD's and Intel's (from the kernel), numbered on from there.
+"""One host's cards of several backends as one: each part's cards numbered after the last part's
+(open_backend opens NVML first, so NVIDIA's cards keep their NVML indices, then AMD's and Intel's
+from the kernel).
 
-Both answer per card with a deadline (`answers_per_card`, each card on a lane of its own): the
-kernel's files are asked for first, then NVML, and both are waited for up to the same deadline,
-so a hung card of either vendor delays the pass by that deadline at most. Links between an NVIDIA
-card and another vendor's are PCIe paths, read from sysfs like the AMD and Intel cards' own.
+Every part is asked first (`ask`: the kernel's files go to their lanes), then each is collected
+up to the same deadline, so a hung card of any part delays the pass by that deadline at most.
+Links between cards of different parts are PCIe paths, read from sysfs like the AMD and Intel
+cards' own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from gpumon.cards.backends.drm import DrmBackend
-from gpumon.cards.backends.drm.backend import DEFAULT_WAIT_S
-from gpumon.cards.backends.drm.topology import device_of, pci_path, pcie_link
+from gpumon.cards.backends.base import Backend, PerCardBackend
+from gpumon.cards.backends.pci import pcie_link
 from gpumon.model import Snapshot, Topology
 
+DEFAULT_WAIT_S = 2.0  # how long sample() and topology() wait for slow cards when the caller does not say
 
-class CompositeBackend:
-    real_pids = True
-    answers_per_card = True
 
-    def __init__(self, nvml, drm: DrmBackend) -> None:
-        self.nvml, self.drm = nvml, drm
-        self.name = nvml.name
-        self.procfs = drm.procfs
+class CompositeBackend(PerCardBackend):
+    def __init__(self, parts: Sequence[Backend], sysfs: str = "/sys") -> None:
+        if not parts:
+            raise ValueError("a composite backend needs at least one part")
+        self.parts = tuple(parts)
+        self.sysfs = sysfs
+        self.name = self.parts[0].name
+        self.real_pids = all(p.real_pids for p in self.parts)
+        self.procfs = next((p.procfs for p in self.parts if p.procfs is not None), None)
+        self._xid_parts = [p for p in self.parts if p.xid_events]
+        self.xid_events = bool(self._xid_parts)
+
+    def _merged(self, snapshots: list[Snapshot]) -> Snapshot:
+        return dataclasses.replace(snapshots[0], gpus=tuple(g for s in snapshots for g in s.gpus))
 
     def sample(self, wait_s: float | None = None) -> Snapshot:
-        wait_s = DEFAULT_WAIT_S if wait_s is None else wait_s
-        deadline = time.monotonic() + wait_s
-        self.drm.ask(deadline)
-        first = self.nvml.sample(wait_s=max(0.0, deadline - time.monotonic()))
-        return dataclasses.replace(first, gpus=first.gpus + self.drm.collect(deadline).gpus)
+        deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
+        self.ask(deadline)
+        return self.collect(deadline)
 
-    def identity(self, wait_s: float) -> Snapshot:
-        first = self.nvml.identity(wait_s)
-        return dataclasses.replace(first, gpus=first.gpus + self.drm.identity().gpus)
+    def ask(self, deadline: float) -> None:
+        # The kernel's parts first: their lanes start reading while NVML's sample waits for its own.
+        for part in reversed(self.parts):
+            part.ask(deadline)
+
+    def collect(self, deadline: float) -> Snapshot:
+        return self._merged([part.collect(deadline) for part in self.parts])
+
+    def identity(self, wait_s: float) -> Snapshot | None:
+        deadline = time.monotonic() + wait_s
+        known = [s for p in self.parts if (s := p.identity(max(0.0, deadline - time.monotonic()))) is not None]
+        return self._merged(known) if known else None
 
     def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
-        return self.nvml.wait_xid(timeout_s)
+        if not self._xid_parts:
+            return super().wait_xid(timeout_s)
+        first, *others = self._xid_parts  # each numbers its cards as the composite does
+        return [*first.wait_xid(timeout_s), *(e for p in others for e in p.wait_xid(0.0))]
+
+    def index_count(self) -> int:
+        return sum(p.index_count() for p in self.parts)
+
+    def pci_paths(self, sysfs: str) -> dict[int, Sequence[str]]:
+        return {index: path for p in self.parts for index, path in p.pci_paths(sysfs).items()}
 
     def topology(self, wait_s: float | None = None,
                  on_progress: Callable[[Topology], None] | None = None) -> Topology:
         deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
-        nvidia = self.nvml.topology(wait_s=wait_s)
-        others = self.drm.topology(wait_s=max(0.0, deadline - time.monotonic()))
-        paths = {c.index: pci_path(device_of(self.drm.sysfs, c.pci_bus_id)) for c in self.nvml.cards if c.pci_bus_id}
-        paths.update({c.index: pci_path(c.node.device) for c in self.drm.cards if c.present})
-        indices = nvidia.indices + others.indices
-        numa = nvidia.numa_node + others.numa_node
+        tops = []
+        for n, part in enumerate(self.parts):
+            left = wait_s if n == 0 else max(0.0, deadline - time.monotonic())
+            tops.append(part.topology_within(left))
+        paths = self.pci_paths(self.sysfs)
+        indices = tuple(i for t in tops for i in t.indices)
+        numa = tuple(x for t in tops for x in t.numa_node)
+        owner = [n for n, t in enumerate(tops) for _ in t.indices]  # which part each row is
+        starts = [sum(len(t.indices) for t in tops[:n]) for n in range(len(tops))]
         links = []
         for i, a in enumerate(indices):
             row = []
             for j, b in enumerate(indices):
-                if i < len(nvidia.indices) and j < len(nvidia.indices):
-                    row.append(nvidia.links[i][j])
-                elif i >= len(nvidia.indices) and j >= len(nvidia.indices):
-                    row.append(others.links[i - len(nvidia.indices)][j - len(nvidia.indices)])
+                if owner[i] == owner[j]:
+                    row.append(tops[owner[i]].links[i - starts[owner[i]]][j - starts[owner[j]]])
                 else:
                     row.append(pcie_link(paths.get(a, []), paths.get(b, []), numa[i], numa[j]))
             links.append(tuple(row))
-        width = len(others.indices)
+        nvlinks = []
+        for i in range(len(indices)):
+            mine = tops[owner[i]]
+            nvlinks.append(tuple(mine.nvlinks[i - starts[owner[i]]][j - starts[owner[j]]]
+                                 if owner[j] == owner[i] and mine.nvlinks else 0 for j in range(len(indices))))
         return Topology(
-            indices=indices, links=tuple(links),
-            nvlinks=tuple(row + (0,) * width for row in nvidia.nvlinks)
-            + tuple((0,) * len(indices) for _ in others.indices),
-            cpu_affinity=nvidia.cpu_affinity + others.cpu_affinity, numa_node=numa,
-            left_out=nvidia.left_out + others.left_out, unknown=nvidia.unknown + others.unknown,
-            nvswitch=(nvidia.nvswitch or (False,) * len(nvidia.indices)) + (False,) * width)
+            indices=indices, links=tuple(links), nvlinks=tuple(nvlinks),
+            cpu_affinity=tuple(x for t in tops for x in t.cpu_affinity), numa_node=numa,
+            left_out=tuple(x for t in tops for x in t.left_out), unknown=tuple(x for t in tops for x in t.unknown),
+            nvswitch=tuple(x for t in tops for x in (t.nvswitch or (False,) * len(t.indices))))
 
     def close(self) -> None:
-        self.drm.close()
-        self.nvml.close()
+        for part in reversed(self.parts):
+            part.close()

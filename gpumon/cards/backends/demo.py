@@ -15,11 +15,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.cards.backends.base import Backend
 from gpumon.errors import UsageError
 from gpumon.health.history import HealthTracker
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, Topology
+from gpumon.vendors import DEFAULT_VENDOR
 
 GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class _KernelCard:
+    """What the kernel's driver tells of a card it reads (the DRM backend's view), where NVML would
+    tell more: no P-states, throttle reasons, ECC or PCIe rates."""
+
+    uuid: bool  # a unique id of its own (amdgpu's, in ROCm's form)
+    busy_memory: bool  # memory in use and the memory controller's load
+    junction: bool  # a junction (hotspot) temperature
+    memory_clock: bool
+    perf_level: str | None
+    vbios: str | None
+
+
+AMDGPU = _KernelCard(uuid=True, busy_memory=True, junction=True, memory_clock=True, perf_level="auto",
+                     vbios="113-M3000100-102")
+XE = _KernelCard(uuid=False, busy_memory=False, junction=False, memory_clock=False, perf_level=None, vbios=None)
 
 
 @dataclass(frozen=True)
@@ -31,8 +51,10 @@ class _CardSpec:
     max_mem_clock: int
     ecc: bool = True  # a datacenter card: ECC, HBM (with its temperature), row remapping
     fan: bool = False
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     gpm: bool = False  # Hopper: GPM metrics
+    kernel: _KernelCard | None = None  # read through the kernel (AMD, Intel); None: through NVML
+    pair_link: tuple[str, int] = ("NV12", 12)  # a datacenter pair's link: its word, its NVLinks
 
 
 @dataclass(frozen=True)
@@ -51,8 +73,8 @@ A100 = _CardSpec("NVIDIA A100-SXM4-80GB", 80, 400.0, 1410, 1593)
 RTX3090 = _CardSpec("NVIDIA GeForce RTX 3090", 24, 350.0, 1695, 9751, ecc=False, fan=True)
 RTX4090 = _CardSpec("NVIDIA GeForce RTX 4090", 24, 450.0, 2520, 10501, ecc=False, fan=True)
 H100 = _CardSpec("NVIDIA H100 80GB HBM3", 80, 700.0, 1980, 2619, gpm=True)
-MI300X = _CardSpec("AMD Instinct MI300X", 192, 750.0, 2100, 1300, vendor="amd")
-ARC = _CardSpec("Intel Arc A770", 16, 225.0, 2400, 2187, ecc=False, fan=True, vendor="intel")
+MI300X = _CardSpec("AMD Instinct MI300X", 192, 750.0, 2100, 1300, vendor="amd", kernel=AMDGPU, pair_link=("XGMI", 0))
+ARC = _CardSpec("Intel Arc A770", 16, 225.0, 2400, 2187, ecc=False, fan=True, vendor="intel", kernel=XE)
 
 _SLURM_JOB = ProcessOwner("slurm", "4242.0", "llama-7b", "alice")
 _TRAINING = [
@@ -97,7 +119,7 @@ LOST_AFTER_SAMPLES = 15  # scenario "lost": card 2 falls off the bus after this 
 DRIVER, CUDA = "550.54.15", "12.4"
 
 
-class DemoBackend:
+class DemoBackend(Backend):
     name = "demo"
     real_pids = False
 
@@ -141,12 +163,13 @@ class DemoBackend:
 
     def _vendor_identity(self, index: int, spec: _CardSpec) -> dict:
         """AMD and Intel cards: ROCm's UUID form (Intel has none), the card's number in its runtime."""
-        if spec.vendor == "nvidia":
+        kernel = spec.kernel
+        if kernel is None:
             return dict(uuid=self._uuid(index))
         number = sum(1 for s in self.specs[:index] if s.vendor == spec.vendor)
-        uuid = f"GPU-{random.Random(f'{self.seed}-amd-{index}').getrandbits(64):016x}" if spec.vendor == "amd" else None
-        return dict(uuid=uuid, vendor=spec.vendor, vendor_index=number, vbios="113-M3000100-102"
-                    if spec.vendor == "amd" else None, pcie_link_speed=32.0, pcie_link_width=16,
+        uuid = f"GPU-{random.Random(f'{self.seed}-amd-{index}').getrandbits(64):016x}" if kernel.uuid else None
+        return dict(uuid=uuid, vendor=spec.vendor, vendor_index=number, vbios=kernel.vbios,
+                    pcie_link_speed=32.0, pcie_link_width=16,
                     pcie_link_speed_max=32.0, pcie_link_width_max=16, asleep=False)
 
     def _card(self, index: int, spec: _CardSpec, now: float) -> GpuSample:
@@ -187,16 +210,16 @@ class DemoBackend:
             )
             for j in jobs
         )
-        if spec.vendor != "nvidia":  # what the kernel gives (no P-states, throttle reasons, ECC or PCIe rates)
+        if (kernel := spec.kernel) is not None:  # what the kernel gives
             return GpuSample(
-                **identity, utilization_gpu=util, utilization_memory=int(util * 0.6) if spec.vendor == "amd" else None,
-                memory_total=total, memory_used=used if spec.vendor == "amd" else None,
-                memory_free=total - used if spec.vendor == "amd" else None, temperature=int(temp),
-                temperature_junction=int(temp + 9) if spec.vendor == "amd" else None,
+                **identity, utilization_gpu=util, utilization_memory=int(util * 0.6) if kernel.busy_memory else None,
+                memory_total=total, memory_used=used if kernel.busy_memory else None,
+                memory_free=total - used if kernel.busy_memory else None, temperature=int(temp),
+                temperature_junction=int(temp + 9) if kernel.junction else None,
                 temperature_memory=int(temp + 4), fan=int(30 + 0.6 * util) if spec.fan else None,
                 power_draw=round(min(power, spec.power_limit), 1), power_limit=spec.power_limit,
-                clock_sm=clock_sm, clock_mem=spec.max_mem_clock if spec.vendor == "amd" else None,
-                perf_level="auto" if spec.vendor == "amd" else None, processes=processes)
+                clock_sm=clock_sm, clock_mem=spec.max_mem_clock if kernel.memory_clock else None,
+                perf_level=kernel.perf_level, processes=processes)
         power = round(min(power, spec.power_limit), 1)
         self._energy[index] += power
         raw = self._counters(spec, index, util, int(temp), power)
@@ -243,9 +266,9 @@ class DemoBackend:
                     row.append("X")
                     nv.append(0)
                 elif i // 2 == j // 2 and self.specs[i].ecc and self.specs[i].vendor == self.specs[j].vendor:
-                    amd = self.specs[i].vendor == "amd"  # datacenter cards: NVLink (or xGMI) pairs
-                    row.append("XGMI" if amd else "NV12")
-                    nv.append(0 if amd else 12)
+                    word, count = self.specs[i].pair_link  # datacenter cards: NVLink (or xGMI) pairs
+                    row.append(word)
+                    nv.append(count)
                 elif (i < half) == (j < half):
                     row.append("NODE")
                     nv.append(0)
@@ -260,5 +283,6 @@ class DemoBackend:
             numa_node=tuple(0 if i < half else 1 for i in range(n)),
         )
 
-    def close(self) -> None:
-        pass
+
+
+BACKEND = DemoBackend

@@ -4,12 +4,13 @@ usage error."""
 
 from __future__ import annotations
 
+from gpumon.cards.backends.base import Backend
 from gpumon.cards.recording import read_recording
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot, Topology
 
 
-class ReplayBackend:
+class ReplayBackend(Backend):
     name = "replay"
     real_pids = False
 
@@ -50,5 +51,5 @@ class ReplayBackend:
             numa_node=tuple(g.numa_node for g in gpus),
         )
 
-    def close(self) -> None:
-        pass
+
+BACKEND = ReplayBackend

@@ -24,6 +24,7 @@ from gpumon.owners.holders import card_holder
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_segments
 from gpumon.tui.widgets.whole_lines import draw_whole_lines
 from gpumon.units import format_bytes
+from gpumon.vendors import vendor
 
 EIGHTHS = " ▏▎▍▌▋▊▉"
 NA = "N/A"
@@ -31,7 +32,6 @@ MIN_NAME_CELLS = 12  # a card name cut shorter than this says too little: drop t
 BADGE_CELLS = 30  # the most a compact row keeps for its badges (alerts, XIDs, no answer)
 MARGIN = 1  # cells each side of a panel's text; the left one carries the selection mark
 SELECTION_MARK = "▌"
-RUNTIME = {"amd": "ROCm", "intel": "L0"}  # whose device numbers vendor_index is
 VERDICT_WIDTH = 5  # " WARN", " FAIL", or blank: a fixed slot in compact rows
 FABRIC_BADGE = {"not_started": "fabric not started", "in_progress": "fabric starting",
                 "failed": "fabric failed", "degraded": "fabric degraded"}
@@ -190,7 +190,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         if self.ordinal is not None:
             right.append(f"  CUDA {self.ordinal}")
         if gpu.vendor_index is not None:  # its number in ROCm or Level Zero (PCI order)
-            right.append(f"  {RUNTIME.get(gpu.vendor, gpu.vendor)} {gpu.vendor_index}")
+            right.append(f"  {vendor(gpu.vendor).runtime_short} {gpu.vendor_index}")
         if gpu.pci_bus_id:
             right.append("  " + gpu.pci_bus_id.split(":", 1)[-1])
         if gpu.numa_node is not None:
@@ -306,7 +306,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             self._field("TEMP", f"{gpu.temperature}°C" if gpu.temperature is not None else None, 5,
                         level(gpu.temperature, 80, 87)),
             *([self._field("HOTSPOT", f"{hot}°C" if (hot := gpu.temperature_junction) is not None else None, 5,
-                           level(hot, 95, 105))] if gpu.vendor == "amd" else []),
+                           level(hot, 95, 105))] if vendor(gpu.vendor).hotspot else []),
             self._field("FAN", _pct(gpu.fan), 4),
             self._field("POWER", _power(gpu), 9, level(gpu.power_percent, 90, 98)),
             self._field("SM", f"{gpu.clock_sm}MHz" if gpu.clock_sm is not None else None, 7),

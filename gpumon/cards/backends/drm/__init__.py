@@ -6,6 +6,6 @@ xGMI); `backend` turns them into samples. Roots are options (`--path.sysfs`, `--
 same code reads a host's /sys and /proc mounted in a container, and the tests' fake trees.
 """
 
-from gpumon.cards.backends.drm.backend import DrmBackend
+from gpumon.cards.backends.drm.backend import BACKEND, DrmBackend
 
-__all__ = ["DrmBackend"]
+__all__ = ["BACKEND", "DrmBackend"]

@@ -21,20 +21,25 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gpumon.cards.backends.base import Machine, PerCardBackend
 from gpumon.cards.backends.drm import amdgpu, intel, ras
 from gpumon.cards.backends.drm.fdinfo import COMPUTE_ENGINES, ClientUse, DrmClients
 from gpumon.cards.backends.drm.hwmon import Hwmon, find_hwmon
+from gpumon.cards.backends.drm.kinds import BY_VENDOR
 from gpumon.cards.backends.drm.names import PCI_IDS, card_name
 from gpumon.cards.backends.drm.sysfs import CardNode, find_cards, link_speed, link_width, runtime_status
-from gpumon.cards.backends.drm.topology import link_matrix, pci_path
+from gpumon.cards.backends.drm.topology import link_matrix
 from gpumon.cards.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
+from gpumon.cards.backends.pci import pci_path
+from gpumon.errors import NoDriverError
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
+from gpumon.vendors import vendors
 
 log = logging.getLogger(__name__)
 DISCOVER_S = 5.0
@@ -60,11 +65,8 @@ class _Card:
     answered_at: float | None = None
 
 
-class DrmBackend:
+class DrmBackend(PerCardBackend):
     name = "drm"
-    real_pids = True
-    # sample() and topology() take a deadline and report cards that miss it (see cards.sampler).
-    answers_per_card = True
 
     def __init__(self, sysfs: str = "/sys", procfs: str = "/proc", first_index: int = 0,
                  pci_ids: tuple[str, ...] = PCI_IDS, clock: Callable[[], float] = time.monotonic) -> None:
@@ -81,6 +83,20 @@ class DrmBackend:
         self._discover_at = 0.0
         self._discover()
 
+    @classmethod
+    def open_here(cls, machine: Machine, first_index: int = 0) -> DrmBackend:
+        backend = cls(sysfs=machine.sysfs, procfs=machine.procfs, first_index=first_index)
+        if not backend.cards:
+            words = " or ".join(v.words for v in vendors() if v.name in BY_VENDOR)
+            raise NoDriverError(f"no {words} GPU under {backend.sysfs}/class/drm")
+        return backend
+
+    def index_count(self) -> int:
+        return len(self.cards)
+
+    def pci_paths(self, sysfs: str) -> dict[int, Sequence[str]]:
+        return {c.index: pci_path(c.node.device) for c in self.cards if c.present}
+
     def _discover(self) -> None:
         """Cards that arrived or came back; vendor numbers as ROCm and Level Zero count them."""
         self._discover_at = self.clock() + DISCOVER_S
@@ -91,13 +107,13 @@ class DrmBackend:
                 self.cards.append(_Card(node, self.first_index + len(self.cards)))
             elif not card.present or card.node != node:  # back (maybe as another cardN)
                 card.node, card.present, card.hwmon_found, card.energy = node, True, False, None
-        for vendor in ("amd", "intel"):
-            # ROCm numbers AMD cards as KFD's topology lists them, which is PCI bus order; Level
-            # Zero, with ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 (set with ZE_AFFINITY_MASK), PCI order too.
-            present = sorted((c for c in self.cards if c.node.vendor == vendor and c.present),
-                             key=lambda c: c.node.pci_address)
-            for number, card in enumerate(present):
-                card.vendor_index = number
+        # ROCm numbers AMD cards as KFD's topology lists them, which is PCI bus order; Level
+        # Zero, with ZE_ENABLE_PCI_ID_DEVICE_ORDER=1 (set with ZE_AFFINITY_MASK), PCI order too.
+        present = sorted((c for c in self.cards if c.present), key=lambda c: c.node.pci_address)
+        numbers: dict[str, int] = {}
+        for card in present:
+            card.vendor_index = numbers.get(card.node.vendor, 0)
+            numbers[card.node.vendor] = card.vendor_index + 1
 
     def sample(self, wait_s: float | None = None) -> Snapshot:
         """Every card, waiting up to `wait_s` (default DEFAULT_WAIT_S) for cards still answering."""
@@ -177,11 +193,12 @@ class DrmBackend:
         try:
             if runtime_status(card.node) in ASLEEP:
                 return GpuSample(**self._identity(card), asleep=True, processes=processes)
-            if card.node.vendor == "amd" and card.identity is None:
+            kind = BY_VENDOR[card.node.vendor]
+            if kind.identity and card.identity is None:
                 card.identity = amdgpu.read_identity(card.node.device)
             if not card.hwmon_found:
                 card.hwmon, card.hwmon_found = find_hwmon(card.node.device), True
-            values = self._amd(card) if card.node.vendor == "amd" else self._intel(card, uses)
+            values = READERS[kind.values](self, card, uses)
         except Exception as exc:  # a bug, or a file answering nonsense: this card only
             log.warning("%s: %s", card.node.name, exc, exc_info=True)
             return GpuSample(**self._identity(card), state="error", error=f"{type(exc).__name__}: {exc}",
@@ -193,7 +210,7 @@ class DrmBackend:
                          pcie_link_speed_max=link_speed(os.path.join(device, "max_link_speed")),
                          pcie_link_width_max=link_width(os.path.join(device, "max_link_width")), **values)
 
-    def _amd(self, card: _Card) -> dict[str, Any]:
+    def _amd(self, card: _Card, uses: list[ClientUse]) -> dict[str, Any]:
         v = amdgpu.read_values(card.node.device, card.hwmon)
         free = v.vram_total - v.vram_used if v.vram_total is not None and v.vram_used is not None else None
         return dict(utilization_gpu=v.busy_percent, utilization_memory=v.memory_busy_percent,
@@ -223,7 +240,8 @@ class DrmBackend:
         (its hive) within `wait_s` is left out as "not responding"."""
         deadline = time.monotonic() + (DEFAULT_WAIT_S if wait_s is None else wait_s)
         reading = {card.index: self._lanes.submit(card.index, partial(self._read_identity, card))
-                   for card in self.cards if card.present and card.node.vendor == "amd" and card.identity is None}
+                   for card in self.cards if card.present and BY_VENDOR[card.node.vendor].identity
+                   and card.identity is None}
         for future in reading.values():
             settle(future, deadline - time.monotonic())
         hung = {index for index, future in reading.items() if not future.done()}
@@ -251,6 +269,12 @@ class DrmBackend:
 
     def close(self) -> None:
         pass
+
+
+# A DRM kind's `values` -> how its cards' values are read (drm/kinds.py).
+READERS: dict[str, Callable[[DrmBackend, _Card, list[ClientUse]], dict[str, Any]]] = {
+    "amdgpu": DrmBackend._amd, "intel": DrmBackend._intel}
+BACKEND = DrmBackend
 
 
 def _watts(value: float | None) -> float | None:

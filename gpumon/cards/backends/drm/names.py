@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 
-from gpumon.model import VENDOR_NAMES
+from gpumon.vendors import vendor as vendor_record
 
 PCI_IDS = ("/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids")
 _BRACKETS = re.compile(r"\[(.+)\]")
@@ -38,7 +38,7 @@ def card_name(vendor: str, pci_id: str, product_name: str | None = None,
               paths: tuple[str, ...] = PCI_IDS) -> str:
     """'AMD Instinct MI210' (the board's own name), 'AMD Radeon RX 6800/6800 XT / 6900 XT' (the
     marketing name pci.ids gives in brackets), or 'AMD GPU 1002:73bf'."""
-    words = VENDOR_NAMES.get(vendor, vendor)
+    words = vendor_record(vendor).words
     if product_name:
         return product_name if product_name.lower().startswith(words.lower()) else f"{words} {product_name}"
     entry = lookup(pci_id, paths)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.cards.backends.drm.kinds import BY_VENDOR
 from gpumon.cards.backends.drm.sysfs import CardNode, read_text
 from gpumon.health import rules as health
 from gpumon.health.history import HealthTracker
@@ -97,9 +98,7 @@ def as_counters(ras: RasCounts) -> dict[str, Any]:
                 retired_pages_reserved=ras.reserved, retired_pages_failed=ras.failed)
 
 
-# Why a card has no counters, in the verdict's note (the `no_counters` rule).
-NO_RAS = "amdgpu reports no RAS error counters for this card (it has them on Instinct and some Radeon Pro boards)"
-NO_INTEL = "i915 and xe report no error counters in sysfs"
+# Why a card has no counters, in the verdict's note (the `no_counters` rule); else its kind's words.
 ASLEEP = "not read while the card sleeps, so as not to wake it"
 
 
@@ -134,7 +133,7 @@ class RasHealth:
         if read is None:
             unread: str | None = ASLEEP
         elif read.raw is None:
-            unread = NO_INTEL if node.vendor == "intel" else NO_RAS
+            unread = BY_VENDOR[node.vendor].no_counters
         else:
             unread = None
         counters, verdict = self.tracker.card(key, "ok", now, read.raw if read else None,
@@ -149,7 +148,7 @@ class RasHealth:
         now = self.clock()
         if asleep or (last is not None and now - last.at < health.settings().interval_s):
             return last
-        ras = read_ras(node.device) if node.vendor == "amd" else None
+        ras = read_ras(node.device) if BY_VENDOR[node.vendor].ras else None
         self._reads[node.pci_address] = last = _Read(now, as_counters(ras) if ras else None,
                                                      ras.uncorrectable if ras else None)
         return last

@@ -15,7 +15,8 @@ import os
 import re
 from dataclasses import dataclass
 
-DRIVERS = {"amdgpu": "amd", "i915": "intel", "xe": "intel"}
+from gpumon.cards.backends.drm.kinds import DRIVERS, ORDER
+
 _CARD = re.compile(r"card\d+")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _SPEED = re.compile(r"([0-9.]+)\s*GT/s")
@@ -110,7 +111,7 @@ def find_cards(sysfs: str) -> list[CardNode]:
     except OSError:
         return []
     cards = [card for name in names if (card := card_node(class_drm, name)) is not None]
-    return sorted(cards, key=lambda c: (c.vendor != "amd", c.pci_address))
+    return sorted(cards, key=lambda c: (ORDER[c.vendor], c.pci_address))
 
 
 def runtime_status(card: CardNode) -> str | None:

@@ -15,4 +15,5 @@ topology.py and events.py read links and XID events.
 from gpumon.cards.backends.nvml.backend import NvmlBackend
 from gpumon.cards.backends.nvml.library import NO_DRIVER_HINT
 
-__all__ = ["NO_DRIVER_HINT", "NvmlBackend"]
+BACKEND = NvmlBackend
+__all__ = ["BACKEND", "NO_DRIVER_HINT", "NvmlBackend"]

@@ -16,12 +16,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import pynvml
 
+from gpumon.cards.backends.base import Machine, PerCardBackend
 from gpumon.cards.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
 from gpumon.cards.backends.nvml import topology as links
 from gpumon.cards.backends.nvml.counters import read_counters
@@ -37,6 +38,7 @@ from gpumon.cards.backends.nvml.library import (
 )
 from gpumon.cards.backends.nvml.opening import PROBE_LOST_S, open_card, probe, read_slow_state
 from gpumon.cards.backends.nvml.values import card_values
+from gpumon.cards.backends.pci import device_of, pci_path
 from gpumon.errors import NoDriverError
 from gpumon.health.history import HealthTracker
 from gpumon.model import GpuSample, Snapshot, Topology
@@ -47,11 +49,9 @@ REINIT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 STAGGER_S = 0.02
 
 
-class NvmlBackend:
+class NvmlBackend(PerCardBackend):
     name = "nvml"
-    real_pids = True
-    # sample() and topology() take a deadline and report cards that miss it (see cards.sampler).
-    answers_per_card = True
+    xid_events = True
 
     def __init__(self, lib_path: str | None = None) -> None:
         lib_path = lib_path or os.environ.get("GPUMON_NVML_LIB") or None
@@ -74,6 +74,20 @@ class NvmlBackend:
         self.health = HealthTracker()  # each card's verdict, drawn on its lane once per sample
         self._start()
         self._xid = XidEvents(lambda: self.cards)
+
+    @classmethod
+    def open_here(cls, machine: Machine, first_index: int = 0) -> NvmlBackend:
+        # NVML numbers the cards itself: NVIDIA's come first on a machine that has other vendors' too.
+        return cls(lib_path=machine.nvml_lib)
+
+    def index_count(self) -> int:
+        return len(self.cards)
+
+    def health_baseline(self) -> HealthTracker:
+        return self.health
+
+    def pci_paths(self, sysfs: str) -> dict[int, Sequence[str]]:
+        return {c.index: pci_path(device_of(sysfs, c.pci_bus_id)) for c in self.cards if c.pci_bus_id}
 
     def _start(self) -> None:
         """Versions and the card list (cards are opened on their lanes)."""

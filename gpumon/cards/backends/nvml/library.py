@@ -12,12 +12,13 @@ from typing import Any
 
 import pynvml
 
+from gpumon.cards.backends.base import NO_CARDS_HINT
 from gpumon.errors import NoDriverError
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)
 
-NO_DRIVER_HINT = "try `gpumon --demo` to see simulated GPUs"
+NO_DRIVER_HINT = NO_CARDS_HINT
 # Reading PCIe throughput blocks ~20 ms per counter on real cards; it is read this often at most.
 PCIE_INTERVAL_S = 5.0
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
