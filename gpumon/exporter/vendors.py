@@ -1,6 +1,7 @@
-"""The families a vendor's own exporter names its cards by, keyed by the card's `vendor`: every
-card is under dcgm-exporter's names too (exporter/fields.py), and a vendor whose exporter people
-query by other names adds its writer here (AMD: device-metrics-exporter's, exporter/amd.py).
+"""The families a vendor's own exporter names its cards by, keyed by its record's `exporter`
+(gpumon/vendors.py): every card is under dcgm-exporter's names too (exporter/fields.py), and a vendor
+whose exporter people query by other names adds its writer here (AMD: device-metrics-exporter's,
+exporter/amd.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpumon.exporter.amd import amd_families
 from gpumon.model import GpuSample
+from gpumon.vendors import vendor
 
 Hosts = list[tuple[str, list[GpuSample]]]  # (Hostname, cards) of each host
 VENDOR_FAMILIES: dict[str, Callable[[Hosts], Iterator[GaugeMetricFamily]]] = {
@@ -20,5 +22,5 @@ VENDOR_FAMILIES: dict[str, Callable[[Hosts], Iterator[GaugeMetricFamily]]] = {
 
 def vendor_families(hosts: Hosts) -> Iterator[GaugeMetricFamily]:
     """Each vendor's families for its cards of these hosts; nothing for a vendor without cards here."""
-    for vendor, families in VENDOR_FAMILIES.items():
-        yield from families([(host, [g for g in gpus if g.vendor == vendor]) for host, gpus in hosts])
+    for key, families in VENDOR_FAMILIES.items():
+        yield from families([(host, [g for g in gpus if vendor(g.vendor).exporter == key]) for host, gpus in hosts])

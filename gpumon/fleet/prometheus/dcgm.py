@@ -38,6 +38,7 @@ from gpumon.fleet.prometheus.dcgm_hosts import HOST_LABELS, host_names, host_of,
 from gpumon.fleet.schema import MAX_CARDS, MAX_PROCESSES
 from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, throttle_names
 from gpumon.remote.hosts import MAX_HOSTS
+from gpumon.vendors import DEFAULT_VENDOR, known
 
 BACKEND = "prometheus"  # a snapshot's "backend" when it was read through Prometheus
 
@@ -227,7 +228,7 @@ def _gpu(card: CardData) -> GpuSample:
 def _vendor(labels) -> str:
     """gpumon's exporter says whose card it is (AMD and Intel cards too); dcgm-exporter's are NVIDIA's."""
     vendor = text(labels, "vendor", 16)
-    return vendor if vendor in ("nvidia", "amd", "intel") else "nvidia"
+    return vendor if known(vendor) else DEFAULT_VENDOR
 
 
 def _slice_total(part: CardData) -> int | None:
