@@ -55,12 +55,14 @@ class HealthTracker:
         self._lock = threading.Lock()  # note_xid comes from the XID thread
 
     def note_xid(self, key: str, code: int, when: float) -> None:
-        """A fatal XID (others are ignored: programs' own faults) of the card known by `key`."""
-        if code not in health.FATAL_XIDS:
+        """An XID of the card known by `key`; kept only when the XID policy counts its code (the
+        others are programs' own faults)."""
+        policy = health.settings().xid
+        if not policy.noted(code):
             return
         with self._lock:
             card = self._cards.setdefault(key, _Card())
-            card.xids = [(code, when), *card.xids][:16]
+            card.xids = [(code, when), *card.xids][:policy.keep()]
             card.xid_version += 1
 
     def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
@@ -93,7 +95,7 @@ class HealthTracker:
                unread: str | None = None) -> tuple[Health, float]:
         window = settings.window_s
         with self._lock:
-            xids = tuple((code, when) for code, when in card.xids if now - when < window)
+            xids = tuple(card.xids)
         c = card.counters or CardCounters()
         not_ready, words = health.fabric_values(fabric)
         retired = None if c.retired_pages_sbe is None and c.retired_pages_dbe is None \
@@ -111,10 +113,10 @@ class HealthTracker:
             nvlink_errors_new=_sum(self._climbed(card, "nvlink_replay_errors", now, window),
                                    self._climbed(card, "nvlink_recovery_errors", now, window)),
             throttled_hw_slowdown_pct=c.throttled_hw_slowdown_pct, fabric_not_ready=not_ready,
-            fabric_words=words, fatal_xids=xids, retired_pages_failed=c.retired_pages_failed,
+            fabric_words=words, xids=xids, now=now, retired_pages_failed=c.retired_pages_failed,
             no_counters=int(unread is not None and state != "lost"), no_counters_words=unread or "", vendor=vendor,
         )
-        expires = min((when + window for _, when in xids), default=float("inf"))
+        expires = settings.xid.expires(xids, window)
         return health.assess(values, settings), expires
 
     @staticmethod

@@ -13,6 +13,15 @@ counters are judged over:
     threshold = 20        # replays a minute
     [health.rules.mem_temp]
     verdict = "off"
+    [health.xid]              # which XIDs count (health/xid.py); failover reads the same policy
+    add_fatal = [31]
+    remove_fatal = [92]
+    warn = [13]
+    [[health.xid.threshold]]  # XID 43 three times within 10 minutes fails the card
+    code = 43
+    count = 3
+    within = "10m"
+    verdict = "fail"
 
 A verdict is drawn by `health.history.HealthTracker` once per sample of each card, from
 the card's state, its counters (read every few seconds) and the fatal XIDs it reported within the
@@ -30,7 +39,7 @@ from typing import Any
 
 from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
-from gpumon.health.xid import FATAL_XIDS, XID_ACTIONS
+from gpumon.health import xid as catalogue
 from gpumon.units import parse_duration
 
 DEFAULT_WINDOW_S = 600.0
@@ -125,6 +134,10 @@ RULES: tuple[HealthRule, ...] = (
                "NVIDIA Fabric Manager user guide; nvmlDeviceGetGpuFabricInfo"),
     HealthRule("xid", "fatal_xid", "==", 1, "fail", "XID {xid} ({xid_words}) at {xid_time}",
                "{xid_action}", "NVIDIA XID catalogue (docs.nvidia.com/deploy/xid-errors)"),
+    # XIDs the site's [health.xid] names as warnings, or that passed one of its thresholds: the
+    # verdict is the policy's (a threshold says warn or fail), this rule's only when it is "off".
+    HealthRule("xid_policy", "policy_xid", "==", 1, "warn", "XID {xid} ({xid_words}) at {xid_time}",
+               "{xid_action}", "the site's [health.xid]; NVIDIA XID catalogue"),
     # A card the backend read no counter of: said, so its "ok" is not taken for a checked one.
     HealthRule("no_counters", "no_counters", "==", 1, "ok", "no health counters: {no_counters_words}",
                "none possible from here: only whether the card answers is judged", "gpumon"),
@@ -150,11 +163,12 @@ class HealthValues:
     throttled_hw_slowdown_pct: float | None = None
     fabric_not_ready: int | None = None
     fabric_words: str = ""
-    fatal_xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) within the window, newest first
+    xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) the policy counts, newest first
     retired_pages_failed: int | None = None
     no_counters: int | None = None  # 1: the backend could read none of the card's counters
     no_counters_words: str = ""  # why not
     vendor: str = "nvidia"  # whose words the reasons use (HealthRule.vendor_words)
+    now: float | None = None  # unix time of the sample (the XIDs' windows count from it)
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,7 @@ class HealthSettings:
     rules: tuple[HealthRule, ...] = RULES
     window_s: float = DEFAULT_WINDOW_S
     interval_s: float = DEFAULT_INTERVAL_S  # how often a backend reads the counters
+    xid: catalogue.XidPolicy = catalogue.XidPolicy()
 
 
 _settings = HealthSettings()
@@ -182,8 +197,8 @@ def configure(table: Mapping[str, Any] | None, where: str = "config") -> HealthS
 def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSettings:
     known = {rule.code: rule for rule in RULES}
     for key in table:
-        if key not in ("window", "interval", "rules"):
-            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules)")
+        if key not in ("window", "interval", "rules", "xid"):
+            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules, xid)")
     durations = {"window": DEFAULT_WINDOW_S, "interval": DEFAULT_INTERVAL_S}
     for key in durations:
         if key in table:
@@ -200,7 +215,11 @@ def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSet
         if not isinstance(change, Mapping):
             raise UsageError(f"{where}: [health.rules.{code}] must be a table")
         rules[code] = _override(known[code], change, f"{where}: [health.rules.{code}]")
-    return HealthSettings(tuple(rules.values()), durations["window"], durations["interval"])
+    policy = table.get("xid", {})
+    if not isinstance(policy, Mapping):
+        raise UsageError(f"{where}: [health.xid] must be a table")
+    return HealthSettings(tuple(rules.values()), durations["window"], durations["interval"],
+                          catalogue.parse_policy(policy, where))
 
 
 def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> HealthRule:
@@ -232,7 +251,12 @@ def assess(values: HealthValues, settings: HealthSettings | None = None) -> Heal
     for rule in settings.rules:
         if rule.verdict == "off":
             continue
-        found = _xid_reasons(rule, values, settings) if rule.value == "fatal_xid" else _reason(rule, values, settings)
+        if rule.value in ("fatal_xid", "policy_xid"):
+            for reason, verdict in _xid_reasons(rule, values, settings):
+                reasons.append(reason)
+                worst = max(worst, verdict, key=VERDICTS.index)
+            continue
+        found = _reason(rule, values, settings)
         if found:
             reasons += found
             worst = max(worst, rule.verdict, key=VERDICTS.index)
@@ -259,16 +283,37 @@ def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) ->
     return [HealthReason(rule.code, text, action)]
 
 
-def _xid_reasons(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
+def _xid_reasons(rule: HealthRule, values: HealthValues,
+                 settings: HealthSettings) -> list[tuple[HealthReason, str]]:
+    """The `xid` rule: each fatal XID within the window (fail, or the rule's verdict if changed);
+    `xid_policy`: the policy's warning codes and thresholds (their own verdicts)."""
     out = []
-    for code, when in values.fatal_xids:
-        if code not in FATAL_XIDS:
+    now = values.now if values.now is not None else time.time()
+    for found in settings.xid.judge(values.xids, now, settings.window_s):
+        fatal = found.verdict == "fail" and found.count == 1
+        if fatal != (rule.value == "fatal_xid"):
             continue
-        text = rule.text.format(xid=code, xid_words=FATAL_XIDS[code],
-                                xid_time=time.strftime("%H:%M:%S", time.localtime(when)))
-        action = rule.action.format(xid_action=XID_ACTIONS.get(code, "reset the card"))
-        out.append(HealthReason(f"xid_{code}", text, action))
+        text = _fill(rule.text, xid=found.code, xid_words=catalogue.words(found.code),
+                     xid_time=time.strftime("%H:%M:%S", time.localtime(found.when)))
+        code = f"xid_{found.code}"
+        if found.within_s:
+            text += f": {found.count} times within {_span(found.within_s)}"
+            code += "_repeated"
+        action = _fill(rule.action, xid_action=catalogue.action(found.code))
+        out.append((HealthReason(code, text, action), rule.verdict if fatal else found.verdict))
     return out
+
+
+def _fill(template: str, **values: Any) -> str:
+    """A rule's text with its values; a site's own text that is not a template is kept as written."""
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError):
+        return template
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def fabric_values(fabric: str | None) -> tuple[int | None, str]:
