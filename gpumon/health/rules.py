@@ -267,10 +267,7 @@ _OK = Health("ok")
 
 
 def _words(settings: HealthSettings) -> str:
-    seconds = settings.window_s
-    if seconds >= 3600:
-        return f"{seconds / 3600:g} h"
-    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    return _span(settings.window_s)
 
 
 def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
@@ -313,7 +310,9 @@ def _fill(template: str, **values: Any) -> str:
 
 
 def _span(seconds: float) -> str:
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def fabric_values(fabric: str | None) -> tuple[int | None, str]:
