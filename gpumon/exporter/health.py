@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters
+from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, recovery_action_value
 from gpumon.model import GpuSample
 
 _MS_PER_J = 1000.0
@@ -102,6 +102,10 @@ HEALTH_GAUGES: list[tuple[str, str, Callable[[GpuSample], float | None]]] = [
      _counter(_clock_us("sw_thermal", "hw_thermal"))),
     ("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "Throttling duration due to sync-boost constraints (in us).",
      _counter(_clock_us("sync_boost"))),
+    ("gpumon_gpu_recovery_action", "The driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, "
+     "1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain P2P and reset, 5 recover IMEX domain, 6 bus reset, "
+     "7 system reboot.", _counter(lambda c: None if c.recovery_action is None
+                                  else recovery_action_value(c.recovery_action))),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
      _counter(lambda c: _ratio(c.gr_engine_active))),
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.",

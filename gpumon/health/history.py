@@ -102,6 +102,7 @@ class HealthTracker:
             else (c.retired_pages_sbe or 0) + (c.retired_pages_dbe or 0)
         margin = None if c.memory_temperature is None or c.memory_temperature_max is None \
             else c.memory_temperature_max - c.memory_temperature
+        recovery, recovery_words = health.recovery_values(c.recovery_action)
         values = health.HealthValues(
             lost=int(state == "lost"), remapped_rows_pending=_flag(c.remapped_rows_pending),
             remapped_rows_failure=_flag(c.remapped_rows_failure), ecc_errors_uncorrected=ecc,
@@ -113,7 +114,9 @@ class HealthTracker:
             nvlink_errors_new=_sum(self._climbed(card, "nvlink_replay_errors", now, window),
                                    self._climbed(card, "nvlink_recovery_errors", now, window)),
             throttled_hw_slowdown_pct=c.throttled_hw_slowdown_pct, fabric_not_ready=not_ready,
-            fabric_words=words, xids=xids, now=now, retired_pages_failed=c.retired_pages_failed,
+            fabric_words=words, xids=xids, now=now, recovery_action_needed=recovery,
+            recovery_action=c.recovery_action or "", recovery_action_words=recovery_words,
+            retired_pages_failed=c.retired_pages_failed,
             no_counters=int(unread is not None and state != "lost"), no_counters_words=unread or "", vendor=vendor,
         )
         expires = settings.xid.expires(xids, window)

@@ -132,6 +132,9 @@ RULES: tuple[HealthRule, ...] = (
                "NVSwitch fabric {fabric_words}: CUDA cannot use the card",
                "start the fabric manager (systemctl start nvidia-fabricmanager) and read its log",
                "NVIDIA Fabric Manager user guide; nvmlDeviceGetGpuFabricInfo"),
+    HealthRule("recovery_action", "recovery_action_needed", "==", 1, "fail",
+               "the driver's recovery action is {recovery_action}", "{recovery_action_words}",
+               "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; NVIDIA GPU memory error recovery guide"),
     HealthRule("xid", "fatal_xid", "==", 1, "fail", "XID {xid} ({xid_words}) at {xid_time}",
                "{xid_action}", "NVIDIA XID catalogue (docs.nvidia.com/deploy/xid-errors)"),
     # XIDs the site's [health.xid] names as warnings, or that passed one of its thresholds: the
@@ -169,6 +172,9 @@ class HealthValues:
     no_counters_words: str = ""  # why not
     vendor: str = "nvidia"  # whose words the reasons use (HealthRule.vendor_words)
     now: float | None = None  # unix time of the sample (the XIDs' windows count from it)
+    recovery_action_needed: int | None = None  # 1: the driver's recovery action is not "none"
+    recovery_action: str = ""
+    recovery_action_words: str = ""  # exactly what the driver asks, in words
 
 
 @dataclass(frozen=True)
@@ -277,7 +283,7 @@ def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) ->
     fill = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
     text, action = rule.words(values.vendor)
     text = text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings))
-    return [HealthReason(rule.code, text, action)]
+    return [HealthReason(rule.code, text, _fill(action, **fill))]
 
 
 def _xid_reasons(rule: HealthRule, values: HealthValues,
@@ -313,6 +319,31 @@ def _span(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:g} h"
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+# What NVIDIA's error-recovery guide says each recovery action asks of the operator.
+RECOVERY_WORDS = {
+    "gpu_reset": "the driver asks for a GPU reset: stop every program on the card, then reset it (nvidia-smi -r)",
+    "node_reboot": "the driver asks for a node reboot: the fault may have left the OS inconsistent; drain the "
+                   "node and reboot it (a GPU reset is not enough)",
+    "drain_p2p": "the driver asks to drain peer-to-peer work: stop the jobs using P2P/NVLink with this card, "
+                 "then it can take work again",
+    "drain_and_reset": "the driver asks to drain peer-to-peer work and reset the card: stop its jobs and those "
+                       "using P2P with it, then reset it (nvidia-smi -r)",
+    "recover_imex_domain": "the driver asks to recover the IMEX domain: restart the IMEX daemon of the NVLink domain",
+    "bus_reset": "the driver asks for a reset of the card's PCIe bus: stop its programs, then reset the bus",
+    "system_reboot": "the driver asks for a system reboot: drain the node and reboot it",
+}
+
+
+def recovery_values(action: str | None) -> tuple[int | None, str]:
+    """recovery_action_needed and what the driver asks, for a card's recovery action (None: not read)."""
+    if action is None:
+        return None, ""
+    if action == "none":
+        return 0, ""
+    return 1, RECOVERY_WORDS.get(action, f"the driver asks for recovery action {action}: see NVIDIA's "
+                                         "error-recovery guide for this driver")
 
 
 def fabric_values(fabric: str | None) -> tuple[int | None, str]:

@@ -59,7 +59,8 @@
  *   nvlink_rx_kibs= (KiB/s per active NVLink), nvlink_crc_flit= nvlink_crc_data=
  *   nvlink_replay= nvlink_recovery=, clk_sw_power= clk_sync_boost= clk_sw_thermal=
  *   clk_hw_thermal= clk_hw_power_brake= (percent of the time since the file was
- *   written that the clocks were held down), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
+ *   written that the clocks were held down), recovery_action=N (field 230: the driver's
+ *   recovery action, 0 none .. 4 drain and reset), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
  *   gpm_occupancy= gpm_tensor= gpm_dram=; other cards answer NOT_SUPPORTED).
  *
  * scan_env (see its block below): every real process whose /proc/PID/environ has
@@ -145,7 +146,7 @@ struct gpu {
         ecc_corrected, ecc_corrected_agg, ecc_uncorrected_agg, pcie_replay, mem_temp, mem_temp_max, energy_mj,
         nvlink_tx_kibs, nvlink_rx_kibs, nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery,
         clk_sw_power, clk_sync_boost, clk_sw_thermal, clk_hw_thermal, clk_hw_power_brake,
-        gpm_gr, gpm_sm, gpm_occupancy, gpm_tensor, gpm_dram;
+        gpm_gr, gpm_sm, gpm_occupancy, gpm_tensor, gpm_dram, recovery_action;
     double remap_pending_after; /* < 0: never */
     int gpm;
 };
@@ -316,7 +317,7 @@ static int health_set(struct gpu *g, const char *k, const char *v) {
     NUM(mem_temp) NUM(mem_temp_max) NUM(energy_mj) NUM(nvlink_tx_kibs) NUM(nvlink_rx_kibs) NUM(nvlink_crc_flit)
     NUM(nvlink_crc_data) NUM(nvlink_replay) NUM(nvlink_recovery) NUM(clk_sw_power) NUM(clk_sync_boost)
     NUM(clk_sw_thermal) NUM(clk_hw_thermal) NUM(clk_hw_power_brake) NUM(gpm_gr) NUM(gpm_sm) NUM(gpm_occupancy)
-    NUM(gpm_tensor) NUM(gpm_dram)
+    NUM(gpm_tensor) NUM(gpm_dram) NUM(recovery_action)
 #undef NUM
     if (!strcmp(k, "remap_pending_after")) {
         g->remap_pending_after = atof(v);
@@ -1416,6 +1417,8 @@ static int field_value(struct gpu *g, nvmlFieldValue_t *f) {
     case 269: v = &g->clk_sw_thermal; scale = t * 1e7; break;
     case 270: v = &g->clk_hw_thermal; scale = t * 1e7; break;
     case 271: v = &g->clk_hw_power_brake; scale = t * 1e7; break;
+    /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks to be done (0 none, 1 GPU reset, ...) */
+    case 230: v = &g->recovery_action; f->valueType = VALUE_TYPE_UNSIGNED_INT; break;
     /* NVLink data (KiB) on link scopeId: the configured KiB/s since the config was written. */
     case 138: case 139:
         if (f->scopeId >= (unsigned)all_links(g)) return E_INVALID_ARGUMENT;
