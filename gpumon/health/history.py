@@ -42,6 +42,7 @@ class _Card:
     raw: Raw | None = None  # the last raw counters seen, and what they became
     counters: CardCounters | None = None
     xids: list[tuple[int, float]] = field(default_factory=list)  # fatal XIDs: (code, unix time), newest first
+    events: list[tuple[str, int, float]] = field(default_factory=list)  # the driver's: (name, data, unix time)
     xid_version: int = 0
     key: tuple[Any, ...] | None = None  # what the cached verdict was drawn from
     verdict: Health | None = None
@@ -65,6 +66,13 @@ class HealthTracker:
             card.xids = [(code, when), *card.xids][:policy.keep()]
             card.xid_version += 1
 
+    def note_event(self, key: str, name: str, data: int, when: float) -> None:
+        """One of the driver's other health events (health/driver_events.py) of the card known by `key`."""
+        with self._lock:
+            card = self._cards.setdefault(key, _Card())
+            card.events = [(name, data, when), *card.events][:16]
+            card.xid_version += 1
+
     def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
              ecc_uncorrected: int | None = None, vendor: str = "nvidia",
              unread: str | None = None) -> tuple[CardCounters | None, Health]:
@@ -77,7 +85,7 @@ class HealthTracker:
             card = self._cards[key] = _Card()
         if card.state == "lost" and state == "ok":  # back after a reset: its old XIDs are history
             with self._lock:
-                card.xids, card.xid_version = [], card.xid_version + 1
+                card.xids, card.events, card.xid_version = [], [], card.xid_version + 1
         card.state = state
         if raw is not card.raw:
             card.raw = raw
@@ -95,7 +103,7 @@ class HealthTracker:
                unread: str | None = None) -> tuple[Health, float]:
         window = settings.window_s
         with self._lock:
-            xids = tuple(card.xids)
+            xids, events = tuple(card.xids), tuple(card.events)
         c = card.counters or CardCounters()
         not_ready, words = health.fabric_values(fabric)
         retired = None if c.retired_pages_sbe is None and c.retired_pages_dbe is None \
@@ -114,12 +122,12 @@ class HealthTracker:
             nvlink_errors_new=_sum(self._climbed(card, "nvlink_replay_errors", now, window),
                                    self._climbed(card, "nvlink_recovery_errors", now, window)),
             throttled_hw_slowdown_pct=c.throttled_hw_slowdown_pct, fabric_not_ready=not_ready,
-            fabric_words=words, xids=xids, now=now, recovery_action_needed=recovery,
+            fabric_words=words, xids=xids, events=events, now=now, recovery_action_needed=recovery,
             recovery_action=c.recovery_action or "", recovery_action_words=recovery_words,
             retired_pages_failed=c.retired_pages_failed,
             no_counters=int(unread is not None and state != "lost"), no_counters_words=unread or "", vendor=vendor,
         )
-        expires = settings.xid.expires(xids, window)
+        expires = min([settings.xid.expires(xids, window), *(when + window for _, _, when in events)])
         return health.assess(values, settings), expires
 
     @staticmethod

@@ -40,6 +40,7 @@ from typing import Any
 from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
 from gpumon.health import xid as catalogue
+from gpumon.health.driver_events import event_reasons
 from gpumon.units import parse_duration
 
 DEFAULT_WINDOW_S = 600.0
@@ -141,6 +142,9 @@ RULES: tuple[HealthRule, ...] = (
     # verdict is the policy's (a threshold says warn or fail), this rule's only when it is "off".
     HealthRule("xid_policy", "policy_xid", "==", 1, "warn", "XID {xid} ({xid_words}) at {xid_time}",
                "{xid_action}", "the site's [health.xid]; NVIDIA XID catalogue"),
+    # The driver's other health events within the window (health/driver_events.py): each its own verdict.
+    HealthRule("driver_event", "driver_event", "==", 1, "fail", "", "",
+               "NVML events (nvmlEventType*): ECC storms, DRAM retirement, poison, GPU unavailable, recovery"),
     # A card the backend read no counter of: said, so its "ok" is not taken for a checked one.
     HealthRule("no_counters", "no_counters", "==", 1, "ok", "no health counters: {no_counters_words}",
                "none possible from here: only whether the card answers is judged", "gpumon"),
@@ -167,6 +171,7 @@ class HealthValues:
     fabric_not_ready: int | None = None
     fabric_words: str = ""
     xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) the policy counts, newest first
+    events: tuple[tuple[str, int, float], ...] = ()  # the driver's other health events: (name, data, unix time)
     retired_pages_failed: int | None = None
     no_counters: int | None = None  # 1: the backend could read none of the card's counters
     no_counters_words: str = ""  # why not
@@ -261,6 +266,12 @@ def assess(values: HealthValues, settings: HealthSettings | None = None) -> Heal
             for reason, verdict in _xid_reasons(rule, values, settings):
                 reasons.append(reason)
                 worst = max(worst, verdict, key=VERDICTS.index)
+            continue
+        if rule.value == "driver_event":
+            now = values.now if values.now is not None else time.time()
+            for reason, verdict in event_reasons(values.events, now, settings.window_s, RECOVERY_WORDS):
+                reasons.append(reason)
+                worst = max(worst, verdict if rule.verdict == "fail" else rule.verdict, key=VERDICTS.index)
             continue
         found = _reason(rule, values, settings)
         if found:
