@@ -208,8 +208,8 @@ def configure(table: Mapping[str, Any] | None, where: str = "config") -> HealthS
 def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSettings:
     known = {rule.code: rule for rule in RULES}
     for key in table:
-        if key not in ("window", "interval", "rules", "xid"):
-            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules, xid)")
+        if key not in ("window", "interval", "rules", "xid", "xid_state"):  # xid_state: cli/health.py's
+            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules, xid, xid_state)")
     durations = {"window": DEFAULT_WINDOW_S, "interval": DEFAULT_INTERVAL_S}
     for key in durations:
         if key in table:

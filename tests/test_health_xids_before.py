@@ -1,0 +1,77 @@
+"""A one-shot `gpumon health` knows the XIDs that came before it: a running `watch`'s (its state
+file, 0600, written atomically), else the kernel log's `NVRM: Xid` lines (a file in /dev/kmsg's
+record format here, as Documentation/ABI/testing/dev-kmsg gives it)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+from conftest import Card
+from test_jobs import wait_for
+
+from gpumon.health.seen_xids import default_state_file
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def kmsg_record(seq: int, seconds_ago: float, message: str) -> str:
+    usec = max(0, int((time.monotonic() - seconds_ago) * 1e6))
+    return f"4,{seq},{usec},-;{message}\n"
+
+
+def health_json(fake_driver, *args: str) -> tuple[int, dict]:
+    result = fake_driver.run("health", "--json", *args)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_without_watch_health_reads_the_kernel_log(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card(A100), Card(A100), Card(A100)]
+    fake_driver.write()
+    log = tmp_path / "kmsg"
+    log.write_text(
+        kmsg_record(1, 1200, "NVRM: Xid (PCI:0000:10:00): 48, pid=77, name=python, DBE (double bit error)")  # too old
+        + kmsg_record(2, 60, "NVRM: Xid (PCI:0000:10:00): 13, pid=78, Graphics Exception")  # the program's fault
+        + kmsg_record(3, 30, "NVRM: Xid (PCI:0000:11:00): 79, pid=1234, name=python, GPU has fallen off the bus.")
+        + " SUBSYSTEM=pci\n DEVICE=+pci:0000:11:00.0\n"
+        + kmsg_record(4, 20, "usb 1-1: new high-speed USB device number 2 using xhci_hcd"))
+    status, doc = health_json(fake_driver, "--kernel-log", str(log))
+    assert status == 2
+    assert [g["health"]["verdict"] for g in doc["gpus"]] == ["ok", "fail", "ok"]
+    assert [r["code"] for r in doc["gpus"][1]["health"]["reasons"]] == ["xid_79"]
+    assert doc["xids_before"] == {"source": "kmsg", "detail": str(log), "xids": 2}  # within the window
+
+    missing = fake_driver.run("health", "--json", "--kernel-log", str(tmp_path / "nope"))
+    assert missing.returncode == 0 and json.loads(missing.stdout)["xids_before"]["source"] == "none"
+
+
+def test_with_watch_running_health_takes_the_xids_it_heard(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card(A100), Card(A100)]
+    fake_driver.machine.xids = [dict(gpu=0, at=0.5, code=79)]
+    fake_driver.write()
+    empty = tmp_path / "kmsg"
+    empty.write_text("")
+    state = default_state_file()
+    watch = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--interval", "0.3", "--alert", "temp > 500"],
+                             env=fake_driver.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: state.exists() and json.loads(state.read_text())["xids"], timeout=30,
+                 what="watch to keep the XID it heard")
+        assert stat.S_IMODE(state.stat().st_mode) == 0o600
+        saved = json.loads(state.read_text())
+        assert saved["pid"] == watch.pid and [(x["index"], x["code"]) for x in saved["xids"]] == [(0, 79)]
+        status, doc = health_json(fake_driver, "--kernel-log", str(empty))
+        assert status == 2 and doc["xids_before"]["source"] == "watch"
+        assert [r["code"] for r in doc["gpus"][0]["health"]["reasons"]] == ["xid_79"]
+        assert doc["gpus"][1]["health"]["verdict"] == "ok"
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=30)
+    # That watch has ended: its file is not taken for what happened; the kernel log is read instead.
+    status, doc = health_json(fake_driver, "--kernel-log", str(empty))
+    assert status == 0 and doc["xids_before"]["source"] == "kmsg"
