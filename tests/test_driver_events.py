@@ -43,3 +43,16 @@ def test_events_reach_the_verdict_watch_and_hooks(fake_driver, tmp_path):
     hooked = hook_out.read_text()
     assert "0|event_fatal_poison: uncontained poisoned memory" in hooked
     assert "2|event_nonfatal_poison" in hooked
+
+
+def test_a_driver_that_cannot_say_what_a_card_supports_still_gives_xids(fake_driver, build_fake):
+    """nvmlDeviceGetSupportedEventTypes missing (an old driver): XIDs only are asked for, and come."""
+    old = build_fake(omit=("nvmlDeviceGetSupportedEventTypes",))
+    fake_driver.machine.cards = [Card(A100, extra=dict(events=EVERY_EVENT))]
+    fake_driver.machine.xids = [dict(gpu=0, at=0.5, type=FATAL_POISON, code=0), dict(gpu=0, at=0.8, code=48)]
+    fake_driver.write()
+    result = fake_driver.run("--nvml-lib", str(old), "watch", "--alert", "health", "--interval", "0.3",
+                             "--count", "10", timeout=90)
+    assert result.returncode == 0, result.stderr
+    fired = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [[r["code"] for r in e["reasons"]] for e in fired if e["event"] == "firing"] == [["xid_48"]]

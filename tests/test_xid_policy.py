@@ -96,3 +96,23 @@ def test_a_bad_policy_is_one_line_naming_the_file_and_key(fake_driver, tmp_path,
     result = fake_driver.run("health", "--config", str(config))
     assert result.stdout == ""
     assert_one_line_error(result, 2, str(config), *words)
+
+
+def test_failover_counts_a_threshold_per_card(fake_driver, tmp_path, monkeypatch):
+    """XID 43 three times within 10 minutes fails the card for failover too (the verdict's test shows
+    twice does not)."""
+    config = tmp_path / "policy.toml"
+    config.write_text(POLICY)
+    monkeypatch.setenv("GPUMON_CONFIG", str(config))
+    uuids = three_cards(fake_driver, busy=(2,))
+    starts = tmp_path / "starts"
+    run_job(fake_driver, "--gpu", "0", "--failover", "1", "--", *starts_script(starts))
+    started_runs(starts, 1)
+    fake_driver.machine.xids = [dict(gpu=0, at=0, code=43), dict(gpu=0, at=0.2, code=43),
+                                dict(gpu=0, at=0.4, code=43)]
+    fake_driver.write()
+    (_, (_, given)) = started_runs(starts, 2)
+    assert given == uuids[1]
+    job = wait_for(lambda: (job := the_job(fake_driver))["state"] == "running" and job, what="running again")
+    assert job["attempts"][0]["moved_because"].startswith("XID 43 on GPU 0: ") and "3 times within 10 min" in \
+        job["attempts"][0]["moved_because"]
