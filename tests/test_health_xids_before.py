@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import Card
 from test_jobs import wait_for
 
@@ -75,3 +76,30 @@ def test_with_watch_running_health_takes_the_xids_it_heard(fake_driver, tmp_path
     # That watch has ended: its file is not taken for what happened; the kernel log is read instead.
     status, doc = health_json(fake_driver, "--kernel-log", str(empty))
     assert status == 0 and doc["xids_before"]["source"] == "kmsg"
+
+
+def test_the_journal_where_the_kernel_refuses_kmsg(tmp_path, monkeypatch):
+    """`journalctl -k -o json` (a stand-in printing what the journal prints) gives the XIDs since
+    the window's start, binary messages (a list of bytes) included."""
+    from gpumon.health.seen_xids import _journal
+
+    now = time.time()
+    lines = [{"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+              "__REALTIME_TIMESTAMP": str(int((now - 60) * 1e6))},
+             {"MESSAGE": list(b"NVRM: Xid (PCI:0000:3c:00): 48, pid=2, DBE \x1b[31m"),
+              "__REALTIME_TIMESTAMP": str(int((now - 30) * 1e6))},
+             {"MESSAGE": "usb 1-1: new device", "__REALTIME_TIMESTAMP": str(int(now * 1e6))}]
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    args = tmp_path / "args"
+    stand_in = bin_dir / "journalctl"
+    stand_in.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {args}\ncat {journal}\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    seen = _journal(now - 600, "/dev/kmsg: permission denied")
+    assert seen.source == "journal"
+    assert [(x.code, x.pci) for x in seen.xids] == [(79, (0, 0x3b, 0)), (48, (0, 0x3c, 0))]
+    assert seen.xids[0].when == pytest.approx(now - 60, abs=1)
+    assert args.read_text().split() == ["-k", "-q", "--no-pager", "-o", "json", f"--since=@{int(now - 600)}"]

@@ -6,8 +6,10 @@ something they depend on changed, so a sample costs a few attribute reads per ca
 counters are a dict, not a CardCounters, so the object is built once a read, rates and all:
 copying a 38-field frozen dataclass costs 20 µs.)
 
-XIDs are events: the backend passes each one it delivers (to `watch` or the TUI) to `note_xid`.
-A card that comes back after being lost (a reset) starts with a clean slate of XIDs.
+XIDs are events: the backend passes each one it delivers (to `watch` or the TUI) to `note_xid`
+(kept when the XID policy counts its code, as many as its thresholds need), and the driver's other
+health events to `note_event`. A card that comes back after being lost (a reset) starts with a
+clean slate of both.
 """
 
 from __future__ import annotations
