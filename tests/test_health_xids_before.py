@@ -57,6 +57,8 @@ def test_with_watch_running_health_takes_the_xids_it_heard(fake_driver, tmp_path
     fake_driver.write()
     empty = tmp_path / "kmsg"
     empty.write_text("")
+    before = tmp_path / "kmsg-before"  # an XID on card 1 before watch started: the kernel log has it
+    before.write_text(kmsg_record(1, 30, "NVRM: Xid (PCI:0000:11:00): 48, pid=1, DBE (double bit error)"))
     state = default_state_file()
     watch = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--interval", "0.3", "--alert", "temp > 500"],
                              env=fake_driver.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -70,6 +72,9 @@ def test_with_watch_running_health_takes_the_xids_it_heard(fake_driver, tmp_path
         assert status == 2 and doc["xids_before"]["source"] == "watch"
         assert [r["code"] for r in doc["gpus"][0]["health"]["reasons"]] == ["xid_79"]
         assert doc["gpus"][1]["health"]["verdict"] == "ok"
+        status, doc = health_json(fake_driver, "--kernel-log", str(before))
+        assert doc["xids_before"]["source"] == "watch" and doc["xids_before"]["xids"] == 2
+        assert [[r["code"] for r in g["health"]["reasons"]] for g in doc["gpus"]] == [["xid_79"], ["xid_48"]]
     finally:
         watch.send_signal(signal.SIGTERM)
         watch.wait(timeout=30)

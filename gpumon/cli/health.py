@@ -104,7 +104,13 @@ def _xids_before(backend: Any, tracker: Any, config: Config, kernel_log: str, de
     settings = health_rules.settings()
     now = time.time()
     span = max([settings.window_s, *(t.within_s for t in settings.xid.thresholds)])
-    seen = read_watch_state(xid_state_file(config)) or read_kernel_log(kernel_log, now - span)
+    seen = read_watch_state(xid_state_file(config))
+    if seen is None:
+        seen = read_kernel_log(kernel_log, now - span)
+    elif seen.since > now - span:  # a watch started within the window: the kernel log has what came before
+        earlier = read_kernel_log(kernel_log, now - span)
+        seen = Seen(seen.source, f"{seen.detail}; before it started: {earlier.detail}",
+                    seen.xids + tuple(x for x in earlier.xids if x.when < seen.since), seen.since)
     if not seen.xids:
         return seen
     cards = backend.identity(max(0.0, deadline - time.monotonic())).gpus

@@ -50,6 +50,7 @@ class Seen:
     source: str  # "watch" | "kmsg" | "journal" | "none"
     detail: str  # where from, or why nothing could be read
     xids: tuple[SeenXid, ...] = ()
+    since: float = 0.0  # unix time from which the source heard everything (a watch: its start)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "detail": self.detail, "xids": len(self.xids)}
@@ -143,7 +144,7 @@ def read_watch_state(path: Path) -> Seen | None:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         log.info("XID state %s unusable (%s)", path, exc)
         return None
-    return Seen("watch", f"gpumon watch (pid {pid})", xids)
+    return Seen("watch", f"gpumon watch (pid {pid})", xids, started)
 
 
 def read_kernel_log(path: str, since: float) -> Seen:
