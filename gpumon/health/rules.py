@@ -314,7 +314,8 @@ def _xid_reasons(rule: HealthRule, values: HealthValues,
             text += f": {found.count} times within {_span(found.within_s)}"
             code += "_repeated"
         action = _fill(rule.action, xid_action=catalogue.action(found.code))
-        out.append((HealthReason(code, text, action), rule.verdict if fatal else found.verdict))
+        policy_verdict = "ok" if rule.verdict == "ok" else found.verdict  # "ok": the site made them notes
+        out.append((HealthReason(code, text, action), rule.verdict if fatal else policy_verdict))
     return out
 
 
