@@ -43,10 +43,6 @@ XID_WORDS: dict[int, str] = {
     62: "internal micro-controller halt",
     68: "video processor exception",
     69: "graphics engine class error",
-    122: "SPI PMU RPC read failure",
-    123: "SPI PMU RPC write failure",
-    140: "ECC unrecovered error",
-    143: "GPU initialization failure",
     154: "GPU recovery action changed",
 }
 # What fixes each, after the catalogue's recommended actions.
