@@ -71,7 +71,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
     "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
     "paths": {"sysfs": (str,), "procfs": (str,)},
-    "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
+    "health": {"window": (str,), "interval": (str,), "rules": (dict,), "xid": (dict,), "xid_state": (str,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
 }
 

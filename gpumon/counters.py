@@ -17,6 +17,22 @@ VERDICTS = ("ok", "warn", "fail")
 ENERGY_SOURCES = ("driver", "integrated")
 # Clock-event (throttle) reasons whose time NVML counts, by model.THROTTLE_REASONS' names.
 CLOCK_EVENT_TIMES = ("sw_power_cap", "sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake")
+# The driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), by its NVML value: what NVIDIA's
+# error-recovery guide says to do after an uncorrectable error. A value not listed here is "action_N".
+RECOVERY_ACTIONS = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "recover_imex_domain",
+                    "bus_reset", "system_reboot")
+
+
+def recovery_action_name(value: int) -> str:
+    return RECOVERY_ACTIONS[value] if 0 <= value < len(RECOVERY_ACTIONS) else f"action_{value}"
+
+
+def recovery_action_value(name: str) -> int | None:
+    """The NVML value of a name recovery_action_name gave (None: not one of them)."""
+    if name in RECOVERY_ACTIONS:
+        return RECOVERY_ACTIONS.index(name)
+    digits = name.removeprefix("action_")
+    return int(digits) if digits != name and digits.isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,8 @@ class CardCounters:
     throttled_power_pct: float | None = None
     throttled_thermal_pct: float | None = None
     throttled_hw_slowdown_pct: float | None = None
+    # What the driver asks to be done to recover the card (RECOVERY_ACTIONS; None: a driver without it).
+    recovery_action: str | None = None
     # GPM (Hopper and later): percentages over the last sample interval.
     gr_engine_active: float | None = None
     sm_active: float | None = None

@@ -38,9 +38,10 @@ def read_every(tmp_path, interval: str = "1s") -> str:
 
 
 def test_watch_health_rule_fires_with_reasons_and_hooks_get_them(fake_driver, tmp_path):
-    """A pending remap appearing after 2 s on card 0; an XID 79 on card 1, then the card lost."""
+    """A pending remap appearing on card 0 4 s after the machine is described (watch takes ~2 s to
+    start on a busy machine); an XID 79 on card 1 1 s after watch starts, then the card lost."""
     m = fake_driver.machine
-    m.cards = [Card(A100, extra={**REMAPS, "remap_pending_after": 2}), Card(A100, extra=dict(lost_after=4))]
+    m.cards = [Card(A100, extra={**REMAPS, "remap_pending_after": 4}), Card(A100, extra=dict(lost_after=4))]
     m.xids = [dict(gpu=1, at=1.0, code=79)]
     fake_driver.write()
     hook_out = tmp_path / "reasons"

@@ -32,6 +32,8 @@ SCHEMA_GPU_KEYS = {
     "sm_occupancy", "tensor_active", "dram_active",
     # Added with AMD's RAS counters (issues 27/28): bad pages reserved, and those that could not be.
     "retired_pages_reserved", "retired_pages_failed",
+    # Added by issue 39: what the driver asks to be done to recover the card.
+    "recovery_action",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
                     # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
@@ -53,6 +54,7 @@ class Watch:
     # (card, XID code) -> the times of each within the exporter's count window; replaced whole too.
     xid_recent: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
     failure: UsageError | None = None  # a rule names a card this machine does not have
+    xid_state: Any = None  # health.seen_xids.XidStateWriter: the XIDs heard, for `gpumon health`
     _cards_checked: bool = False
     _xid_stop: threading.Event = field(default_factory=threading.Event)
 
@@ -135,6 +137,8 @@ class Watch:
         self.xid_recent = recent
         latest = self.sampler.latest
         gpu = next((g for g in latest.gpus if g.index == index), None) if latest else None
+        if self.xid_state is not None:
+            self.xid_state.note(index, gpu.uuid if gpu else None, gpu.pci_bus_id if gpu else None, code, when)
         if gpu is None:
             gpu = GpuSample(index=index, uuid="", name="?", pci_bus_id="")
         for event in self.engine.xid(gpu, code, when):

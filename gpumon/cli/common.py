@@ -32,6 +32,16 @@ def load_settings(args: argparse.Namespace) -> Config:
     return config
 
 
+def xid_state_file(config: Config):
+    """Where `watch` keeps the XIDs it heard for `gpumon health`: [health] xid_state, else the state dir."""
+    from pathlib import Path
+
+    from gpumon.health.seen_xids import default_state_file
+
+    given = config.health.get("xid_state")
+    return Path(given).expanduser() if given else default_state_file()
+
+
 def filesystem_roots(args: argparse.Namespace, config: Config | None = None) -> tuple[str | None, str | None]:
     """Where sysfs and procfs are: --path.sysfs/--path.procfs, else the config's [paths]; None for
     /sys and /proc. Resolved once into `args` (the TUI opens the driver before it reads the config)."""

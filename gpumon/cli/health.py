@@ -7,8 +7,10 @@ cards). So it works as Slurm's HealthCheckProgram or a node-problem-detector plu
 One run sees what the cards say now. What climbs (PCIe replays, correctable row remaps, NVLink
 errors) is measured against the previous run on this host, remembered in the state directory
 (health-baseline.HOST.json), so a check every few minutes sees a counter climbing between runs.
-XIDs are events: a run sees their lasting marks (a lost card, pending remaps, uncorrectable ECC);
-`watch --alert health` and the TUI, which keep running, also see the XIDs themselves.
+XIDs are events, and they may have come before this run: where a `gpumon watch` runs on the host,
+the run takes the XIDs it heard (its state file, health/seen_xids.py); where none runs, the kernel
+log's `NVRM: Xid` lines (`--kernel-log`, /dev/kmsg, else the journal). Either way they count as they
+would have had the run been watching: by the XID policy, within its windows.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from typing import Any
 import platformdirs
 
 from gpumon.cards.sampler import sample_once
-from gpumon.cli.common import fleet_requested, load_settings, open_source
+from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
+from gpumon.config import Config
 from gpumon.counters import Health
+from gpumon.health import rules as health_rules
+from gpumon.health.seen_xids import Seen, pci_key, read_kernel_log, read_watch_state
 from gpumon.health.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, GpuSample
 from gpumon.sanitize import printable
@@ -39,20 +44,24 @@ EXIT = {"ok": 0, "warn": 1, "fail": 2}
 def run(args: argparse.Namespace) -> int:
     if fleet_requested(args):
         return _hosts(args)
-    load_settings(args)
+    config = load_settings(args)
     deadline = time.monotonic() + args.timeout
     backend = open_source(args, timeout=args.timeout)
     tracker = backend.health_baseline()
     baseline = _baseline_file() if tracker is not None else None
+    seen = None
     try:
         if baseline is not None:
             _load(tracker, baseline)
+            seen = _xids_before(backend, tracker, config, args.kernel_log, deadline)
         snapshot = sample_once(backend, wait_s=max(0.0, deadline - time.monotonic()))
         if baseline is not None:
             _save(tracker, baseline)
     finally:
         backend.close()
     doc = health_document(snapshot)
+    if seen is not None:
+        doc["xids_before"] = seen.to_dict()
     if args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
@@ -86,6 +95,32 @@ def _hosts(args: argparse.Namespace) -> int:
                 lines += [_line(f"{status.host}:{g.index}", g, card_verdict(g)) for g in status.snapshot.gpus]
         sys.stdout.write("".join(lines))
     return EXIT[report["verdict"]]
+
+
+# -- the XIDs that came before this run --
+
+def _xids_before(backend: Any, tracker: Any, config: Config, kernel_log: str, deadline: float) -> Seen:
+    """Noted in the tracker by card, as if this run had heard them: watch's, else the kernel log's."""
+    settings = health_rules.settings()
+    now = time.time()
+    span = max([settings.window_s, *(t.within_s for t in settings.xid.thresholds)])
+    seen = read_watch_state(xid_state_file(config))
+    if seen is None:
+        seen = read_kernel_log(kernel_log, now - span)
+    elif seen.since > now - span:  # a watch started within the window: the kernel log has what came before
+        earlier = read_kernel_log(kernel_log, now - span)
+        seen = Seen(seen.source, f"{seen.detail}; before it started: {earlier.detail}",
+                    seen.xids + tuple(x for x in earlier.xids if x.when < seen.since), seen.since)
+    if not seen.xids:
+        return seen
+    cards = backend.identity(max(0.0, deadline - time.monotonic())).gpus
+    by_uuid = {g.uuid: g for g in cards if g.uuid}
+    by_pci = {pci_key(g.pci_bus_id): g for g in cards if g.pci_bus_id}
+    for xid in seen.xids:
+        gpu = by_uuid.get(xid.uuid) if xid.uuid else by_pci.get(xid.pci)
+        if gpu is not None and now - xid.when < span:
+            tracker.note_xid(gpu.uuid or f"index:{gpu.index}", xid.code, xid.when)
+    return seen
 
 
 # -- what the previous run saw --

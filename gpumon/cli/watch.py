@@ -13,7 +13,8 @@ from gpumon.alerting.rules import AlertEngine, parse_rules
 from gpumon.alerting.watch import Watch
 from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
-from gpumon.cli.common import fleet_requested, load_settings, open_source
+from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
+from gpumon.health.seen_xids import XidStateWriter
 from gpumon.jobs.job_events import EventFollower
 
 
@@ -45,12 +46,16 @@ def run(args: argparse.Namespace) -> int:
         # Jobs of this user on this host that move to other cards; a replay has none.
         job_events=None if replaying else EventFollower().read_new,
     )
+    if not replaying and hasattr(backend, "wait_xid"):  # what `gpumon health` reads of the XIDs before it
+        watch.xid_state = XidStateWriter(xid_state_file(config))
     server = None
     try:
         if address:
             server = watch.serve_prometheus(address, per_process, _hostname(args, config), web)
         return asyncio.run(watch.run())
     finally:
+        if watch.xid_state is not None:
+            watch.xid_state.close()
         if server is not None:
             server.shutdown()
         if hooks is not None:

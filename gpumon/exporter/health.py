@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters
+from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, recovery_action_value
 from gpumon.exporter.fields import INT32_BLANK, Field
 from gpumon.model import GpuSample
 
@@ -105,6 +105,10 @@ HEALTH_FIELDS: list[Field] = [
           write=_clock_us("sw_thermal", "hw_thermal")),
     Field("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "Throttling duration due to sync-boost constraints (in us).",
           write=_clock_us("sync_boost")),
+    Field("gpumon_gpu_recovery_action", "The driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, "
+          "1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain P2P and reset, 5 recover IMEX domain, 6 bus reset, "
+          "7 system reboot.",
+          write=_counters(lambda c: None if c.recovery_action is None else recovery_action_value(c.recovery_action))),
     # GPM's percentages as dcgm-exporter's ratios 0..1.
     _counter("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", "gr_engine_active",
              scale=100, back=False),

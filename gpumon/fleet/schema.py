@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpumon.counters import CLOCK_EVENT_TIMES, ENERGY_SOURCES, VERDICTS, CardCounters, Health, HealthReason
+from gpumon.counters import (
+    CLOCK_EVENT_TIMES,
+    ENERGY_SOURCES,
+    VERDICTS,
+    CardCounters,
+    Health,
+    HealthReason,
+    recovery_action_value,
+)
 from gpumon.model import (
     FABRIC_STATES,
     OWNER_KINDS,
@@ -215,6 +223,11 @@ def _counters(raw: dict[str, Any], where: str) -> CardCounters | None:
             if type(value) is not bool:
                 raise SchemaError(f"{where}.{name} is not true or false")
             found[name] = value
+    action = get("recovery_action")
+    if action is not None:
+        if type(action) is not str or recovery_action_value(action) is None:
+            raise SchemaError(f"{where}.recovery_action is not a recovery action")
+        found["recovery_action"] = action
     source = get("energy_source")
     if source in ENERGY_SOURCES and "energy_j" in found:
         found["energy_source"] = source

@@ -6,8 +6,10 @@ something they depend on changed, so a sample costs a few attribute reads per ca
 counters are a dict, not a CardCounters, so the object is built once a read, rates and all:
 copying a 38-field frozen dataclass costs 20 µs.)
 
-XIDs are events: the backend passes each one it delivers (to `watch` or the TUI) to `note_xid`.
-A card that comes back after being lost (a reset) starts with a clean slate of XIDs.
+XIDs are events: the backend passes each one it delivers (to `watch` or the TUI) to `note_xid`
+(kept when the XID policy counts its code, as many as its thresholds need), and the driver's other
+health events to `note_event`. A card that comes back after being lost (a reset) starts with a
+clean slate of both.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Card:
     raw: Raw | None = None  # the last raw counters seen, and what they became
     counters: CardCounters | None = None
     xids: list[tuple[int, float]] = field(default_factory=list)  # fatal XIDs: (code, unix time), newest first
+    events: list[tuple[str, int, float]] = field(default_factory=list)  # the driver's: (name, data, unix time)
     xid_version: int = 0
     key: tuple[Any, ...] | None = None  # what the cached verdict was drawn from
     verdict: Health | None = None
@@ -56,12 +59,21 @@ class HealthTracker:
         self._lock = threading.Lock()  # note_xid comes from the XID thread
 
     def note_xid(self, key: str, code: int, when: float) -> None:
-        """A fatal XID (others are ignored: programs' own faults) of the card known by `key`."""
-        if code not in health.FATAL_XIDS:
+        """An XID of the card known by `key`; kept only when the XID policy counts its code (the
+        others are programs' own faults)."""
+        policy = health.settings().xid
+        if not policy.noted(code):
             return
         with self._lock:
             card = self._cards.setdefault(key, _Card())
-            card.xids = [(code, when), *card.xids][:16]
+            card.xids = [(code, when), *card.xids][:policy.keep()]
+            card.xid_version += 1
+
+    def note_event(self, key: str, name: str, data: int, when: float) -> None:
+        """One of the driver's other health events (health/driver_events.py) of the card known by `key`."""
+        with self._lock:
+            card = self._cards.setdefault(key, _Card())
+            card.events = [(name, data, when), *card.events][:16]
             card.xid_version += 1
 
     def card(self, key: str, state: str, now: float, raw: Raw | None = None, fabric: str | None = None,
@@ -76,7 +88,7 @@ class HealthTracker:
             card = self._cards[key] = _Card()
         if card.state == "lost" and state == "ok":  # back after a reset: its old XIDs are history
             with self._lock:
-                card.xids, card.xid_version = [], card.xid_version + 1
+                card.xids, card.events, card.xid_version = [], [], card.xid_version + 1
         card.state = state
         if raw is not card.raw:
             card.raw = raw
@@ -94,13 +106,14 @@ class HealthTracker:
                unread: str | None = None) -> tuple[Health, float]:
         window = settings.window_s
         with self._lock:
-            xids = tuple((code, when) for code, when in card.xids if now - when < window)
+            xids, events = tuple(card.xids), tuple(card.events)
         c = card.counters or CardCounters()
         not_ready, words = health.fabric_values(fabric)
         retired = None if c.retired_pages_sbe is None and c.retired_pages_dbe is None \
             else (c.retired_pages_sbe or 0) + (c.retired_pages_dbe or 0)
         margin = None if c.memory_temperature is None or c.memory_temperature_max is None \
             else c.memory_temperature_max - c.memory_temperature
+        recovery, recovery_words = health.recovery_values(c.recovery_action)
         values = health.HealthValues(
             lost=int(state == "lost"), remapped_rows_pending=_flag(c.remapped_rows_pending),
             remapped_rows_failure=_flag(c.remapped_rows_failure), ecc_errors_uncorrected=ecc,
@@ -112,10 +125,12 @@ class HealthTracker:
             nvlink_errors_new=_sum(self._climbed(card, "nvlink_replay_errors", now, window),
                                    self._climbed(card, "nvlink_recovery_errors", now, window)),
             throttled_hw_slowdown_pct=c.throttled_hw_slowdown_pct, fabric_not_ready=not_ready,
-            fabric_words=words, fatal_xids=xids, retired_pages_failed=c.retired_pages_failed,
+            fabric_words=words, xids=xids, events=events, now=now, recovery_action_needed=recovery,
+            recovery_action=c.recovery_action or "", recovery_action_words=recovery_words,
+            retired_pages_failed=c.retired_pages_failed,
             no_counters=int(unread is not None and state != "lost"), no_counters_words=unread or "", vendor=vendor,
         )
-        expires = min((when + window for _, when in xids), default=float("inf"))
+        expires = min([settings.xid.expires(xids, window), *(when + window for _, _, when in events)])
         return health.assess(values, settings), expires
 
     @staticmethod

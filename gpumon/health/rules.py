@@ -13,6 +13,15 @@ counters are judged over:
     threshold = 20        # replays a minute
     [health.rules.mem_temp]
     verdict = "off"
+    [health.xid]              # which XIDs count (health/xid.py); failover reads the same policy
+    add_fatal = [31]
+    remove_fatal = [92]
+    warn = [13]
+    [[health.xid.threshold]]  # XID 43 three times within 10 minutes fails the card
+    code = 43
+    count = 3
+    within = "10m"
+    verdict = "fail"
 
 A verdict is drawn by `health.history.HealthTracker` once per sample of each card, from
 the card's state, its counters (read every few seconds) and the fatal XIDs it reported within the
@@ -30,7 +39,8 @@ from typing import Any
 
 from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
-from gpumon.health.xid import FATAL_XIDS, XID_ACTIONS
+from gpumon.health import xid as catalogue
+from gpumon.health.driver_events import event_reasons
 from gpumon.units import parse_duration
 from gpumon.vendors import DEFAULT_VENDOR, vendor
 
@@ -114,8 +124,18 @@ RULES: tuple[HealthRule, ...] = (
                "NVSwitch fabric {fabric_words}: CUDA cannot use the card",
                "start the fabric manager (systemctl start nvidia-fabricmanager) and read its log",
                "NVIDIA Fabric Manager user guide; nvmlDeviceGetGpuFabricInfo"),
+    HealthRule("recovery_action", "recovery_action_needed", "==", 1, "fail",
+               "the driver's recovery action is {recovery_action}", "{recovery_action_words}",
+               "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; NVIDIA GPU memory error recovery guide"),
     HealthRule("xid", "fatal_xid", "==", 1, "fail", "XID {xid} ({xid_words}) at {xid_time}",
                "{xid_action}", "NVIDIA XID catalogue (docs.nvidia.com/deploy/xid-errors)"),
+    # XIDs the site's [health.xid] names as warnings, or that passed one of its thresholds: the
+    # verdict is the policy's (a threshold says warn or fail), this rule's only when it is "off".
+    HealthRule("xid_policy", "policy_xid", "==", 1, "warn", "XID {xid} ({xid_words}) at {xid_time}",
+               "{xid_action}", "the site's [health.xid]; NVIDIA XID catalogue"),
+    # The driver's other health events within the window (health/driver_events.py): each its own verdict.
+    HealthRule("driver_event", "driver_event", "==", 1, "fail", "", "",
+               "NVML events (nvmlEventType*): ECC storms, DRAM retirement, poison, GPU unavailable, recovery"),
     # A card the backend read no counter of: said, so its "ok" is not taken for a checked one.
     HealthRule("no_counters", "no_counters", "==", 1, "ok", "no health counters: {no_counters_words}",
                "none possible from here: only whether the card answers is judged", "gpumon"),
@@ -141,11 +161,16 @@ class HealthValues:
     throttled_hw_slowdown_pct: float | None = None
     fabric_not_ready: int | None = None
     fabric_words: str = ""
-    fatal_xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) within the window, newest first
+    xids: tuple[tuple[int, float], ...] = ()  # (code, unix time) the policy counts, newest first
+    events: tuple[tuple[str, int, float], ...] = ()  # the driver's other health events: (name, data, unix time)
     retired_pages_failed: int | None = None
     no_counters: int | None = None  # 1: the backend could read none of the card's counters
     no_counters_words: str = ""  # why not
     vendor: str = DEFAULT_VENDOR  # whose words the reasons use (the vendor's record: health_words)
+    now: float | None = None  # unix time of the sample (the XIDs' windows count from it)
+    recovery_action_needed: int | None = None  # 1: the driver's recovery action is not "none"
+    recovery_action: str = ""
+    recovery_action_words: str = ""  # exactly what the driver asks, in words
 
 
 @dataclass(frozen=True)
@@ -153,6 +178,7 @@ class HealthSettings:
     rules: tuple[HealthRule, ...] = RULES
     window_s: float = DEFAULT_WINDOW_S
     interval_s: float = DEFAULT_INTERVAL_S  # how often a backend reads the counters
+    xid: catalogue.XidPolicy = catalogue.XidPolicy()
 
 
 _settings = HealthSettings()
@@ -173,8 +199,8 @@ def configure(table: Mapping[str, Any] | None, where: str = "config") -> HealthS
 def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSettings:
     known = {rule.code: rule for rule in RULES}
     for key in table:
-        if key not in ("window", "interval", "rules"):
-            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules)")
+        if key not in ("window", "interval", "rules", "xid", "xid_state"):  # xid_state: cli/health.py's
+            raise UsageError(f"{where}: unknown key 'health.{key}' (known: window, interval, rules, xid, xid_state)")
     durations = {"window": DEFAULT_WINDOW_S, "interval": DEFAULT_INTERVAL_S}
     for key in durations:
         if key in table:
@@ -191,7 +217,11 @@ def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSet
         if not isinstance(change, Mapping):
             raise UsageError(f"{where}: [health.rules.{code}] must be a table")
         rules[code] = _override(known[code], change, f"{where}: [health.rules.{code}]")
-    return HealthSettings(tuple(rules.values()), durations["window"], durations["interval"])
+    policy = table.get("xid", {})
+    if not isinstance(policy, Mapping):
+        raise UsageError(f"{where}: [health.xid] must be a table")
+    return HealthSettings(tuple(rules.values()), durations["window"], durations["interval"],
+                          catalogue.parse_policy(policy, where))
 
 
 def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> HealthRule:
@@ -222,7 +252,18 @@ def assess(values: HealthValues, settings: HealthSettings | None = None) -> Heal
     for rule in settings.rules:
         if rule.verdict == "off":
             continue
-        found = _xid_reasons(rule, values, settings) if rule.value == "fatal_xid" else _reason(rule, values, settings)
+        if rule.value in ("fatal_xid", "policy_xid"):
+            for reason, verdict in _xid_reasons(rule, values, settings):
+                reasons.append(reason)
+                worst = max(worst, verdict, key=VERDICTS.index)
+            continue
+        if rule.value == "driver_event":
+            now = values.now if values.now is not None else time.time()
+            for reason, verdict in event_reasons(values.events, now, settings.window_s, RECOVERY_WORDS):
+                reasons.append(reason)
+                worst = max(worst, verdict if rule.verdict == "fail" else rule.verdict, key=VERDICTS.index)
+            continue
+        found = _reason(rule, values, settings)
         if found:
             reasons += found
             worst = max(worst, rule.verdict, key=VERDICTS.index)
@@ -233,10 +274,7 @@ _OK = Health("ok")
 
 
 def _words(settings: HealthSettings) -> str:
-    seconds = settings.window_s
-    if seconds >= 3600:
-        return f"{seconds / 3600:g} h"
-    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    return _span(settings.window_s)
 
 
 def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
@@ -246,19 +284,68 @@ def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) ->
     fill = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
     text, action = rule.words(values.vendor)
     text = text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings))
-    return [HealthReason(rule.code, text, action)]
+    return [HealthReason(rule.code, text, _fill(action, **fill))]
 
 
-def _xid_reasons(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
+def _xid_reasons(rule: HealthRule, values: HealthValues,
+                 settings: HealthSettings) -> list[tuple[HealthReason, str]]:
+    """The `xid` rule: each fatal XID within the window (fail, or the rule's verdict if changed);
+    `xid_policy`: the policy's warning codes and thresholds (their own verdicts)."""
     out = []
-    for code, when in values.fatal_xids:
-        if code not in FATAL_XIDS:
+    now = values.now if values.now is not None else time.time()
+    for found in settings.xid.judge(values.xids, now, settings.window_s):
+        fatal = found.verdict == "fail" and found.count == 1
+        if fatal != (rule.value == "fatal_xid"):
             continue
-        text = rule.text.format(xid=code, xid_words=FATAL_XIDS[code],
-                                xid_time=time.strftime("%H:%M:%S", time.localtime(when)))
-        action = rule.action.format(xid_action=XID_ACTIONS.get(code, "reset the card"))
-        out.append(HealthReason(f"xid_{code}", text, action))
+        text = _fill(rule.text, xid=found.code, xid_words=catalogue.words(found.code),
+                     xid_time=time.strftime("%H:%M:%S", time.localtime(found.when)))
+        code = f"xid_{found.code}"
+        if found.within_s:
+            text += f": {found.count} times within {_span(found.within_s)}"
+            code += "_repeated"
+        action = _fill(rule.action, xid_action=catalogue.action(found.code))
+        policy_verdict = "ok" if rule.verdict == "ok" else found.verdict  # "ok": the site made them notes
+        out.append((HealthReason(code, text, action), rule.verdict if fatal else policy_verdict))
     return out
+
+
+def _fill(template: str, **values: Any) -> str:
+    """A rule's text with its values; a site's own text that is not a template is kept as written."""
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError):
+        return template
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+# What NVIDIA's error-recovery guide says each recovery action asks of the operator.
+RECOVERY_WORDS = {
+    "gpu_reset": "the driver asks for a GPU reset: stop every program on the card, then reset it (nvidia-smi -r)",
+    "node_reboot": "the driver asks for a node reboot: the fault may have left the OS inconsistent; drain the "
+                   "node and reboot it (a GPU reset is not enough)",
+    "drain_p2p": "the driver asks to drain peer-to-peer work: stop the jobs using P2P/NVLink with this card, "
+                 "then it can take work again",
+    "drain_and_reset": "the driver asks to drain peer-to-peer work and reset the card: stop its jobs and those "
+                       "using P2P with it, then reset it (nvidia-smi -r)",
+    "recover_imex_domain": "the driver asks to recover the IMEX domain: restart the IMEX daemon of the NVLink domain",
+    "bus_reset": "the driver asks for a reset of the card's PCIe bus: stop its programs, then reset the bus",
+    "system_reboot": "the driver asks for a system reboot: drain the node and reboot it",
+}
+
+
+def recovery_values(action: str | None) -> tuple[int | None, str]:
+    """recovery_action_needed and what the driver asks, for a card's recovery action (None: not read)."""
+    if action is None:
+        return None, ""
+    if action == "none":
+        return 0, ""
+    return 1, RECOVERY_WORDS.get(action, f"the driver asks for recovery action {action}: see NVIDIA's "
+                                         "error-recovery guide for this driver")
 
 
 def fabric_values(fabric: str | None) -> tuple[int | None, str]:

@@ -1,8 +1,9 @@
 """When a job's card has failed, in words: what makes the supervisor move a `--failover` job.
 
 A card has failed (for a job's purposes) when it is lost (fell off the bus: NVML answers
-GPU_IS_LOST), when it reports one of the FATAL_XIDS (NVIDIA's catalogue, in health/xid.py: the
-health verdict uses the same list), or when its NVSwitch fabric registration failed. A card that
+GPU_IS_LOST), when it reports an XID the XID policy fails a card for (health/xid.py: FATAL_XIDS
+and the site's `[health.xid]`, fatal codes and thresholds that fail; the health verdict reads the
+same policy), or when its NVSwitch fabric registration failed. A card that
 is merely busy, slow ("not responding") or whose driver is being reloaded has not failed: a job
 on it is left alone. A job that exits with an error on a healthy card is not moved either: that
 is the program's fault, not the card's.
@@ -10,10 +11,12 @@ is the program's fault, not the card's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gpumon.health.xid import FATAL_XIDS
+from gpumon.health import rules as health
+from gpumon.health.xid import words
 from gpumon.model import GpuSample, Snapshot
 
 
@@ -44,10 +47,32 @@ def _failed(gpu: GpuSample) -> str | None:
     return None
 
 
-def xid_trouble(snapshot: Snapshot | None, index: int, code: int) -> Trouble | None:
-    """A fatal XID on card `index`, or None for XIDs that do not mean the card failed (13, 31, 43:
+@dataclass
+class XidsSeen:
+    """Each card's recent XIDs that the policy counts, for its thresholds ("43 three times in 10 minutes")."""
+
+    cards: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def add(self, index: int, code: int, when: float) -> tuple[tuple[int, float], ...]:
+        policy = health.settings().xid
+        if policy.noted(code):
+            self.cards[index] = [(code, when), *self.cards.get(index, ())][:policy.keep()]
+        return tuple(self.cards.get(index, ()))
+
+
+def xid_trouble(snapshot: Snapshot | None, index: int, code: int, when: float | None = None,
+                seen: XidsSeen | None = None) -> Trouble | None:
+    """Card `index` failed by the XID policy after this XID (a fatal code, or a threshold that
+    fails reached), or None for XIDs that do not mean the card failed (13, 31, 43 by default:
     the program's own faults)."""
-    if code not in FATAL_XIDS:
+    settings = health.settings()
+    when = time.time() if when is None else when
+    recent = seen.add(index, code, when) if seen is not None else ((code, when),)
+    found = next((f for f in settings.xid.judge(recent, when, settings.window_s)
+                  if f.verdict == "fail" and f.code == code), None)
+    if found is None:
         return None
     gpu = next((g for g in snapshot.gpus if g.index == index), None) if snapshot is not None else None
-    return Trouble(index, gpu.uuid if gpu is not None else None, f"XID {code} on GPU {index}: {FATAL_XIDS[code]}")
+    repeated = f" ({found.count} times within {found.within_s / 60:g} min)" if found.within_s else ""
+    return Trouble(index, gpu.uuid if gpu is not None else None,
+                   f"XID {found.code} on GPU {index}: {words(found.code)}{repeated}")

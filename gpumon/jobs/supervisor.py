@@ -33,13 +33,14 @@ from pathlib import Path
 import psutil
 
 from gpumon.cards.backends import Backend, open_backend
+from gpumon.config import load_config
 from gpumon.errors import GpumonError
 from gpumon.health import rules as health
 from gpumon.jobs import job_events
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
-from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
+from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, xid_trouble
 from gpumon.jobs.files import take_environment, write_atomic
 from gpumon.jobs.limits import limit_environment, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
@@ -75,6 +76,7 @@ class Supervisor:
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
         self.latest: Snapshot | None = None
+        self.xids_seen = XidsSeen()  # per card, for the XID policy's thresholds
         self.energy = JobEnergy(directory)  # what the job's cards used while it ran (jobs/energy.py)
         self.all_cpus = os.sched_getaffinity(0)
 
@@ -113,7 +115,7 @@ class Supervisor:
             os.environ.update(saved)
         # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
         # energy is the counter's change from its start to its end.
-        health.configure({"interval": f"{self.spec_interval:g}s"})
+        health.configure({"interval": f"{self.spec_interval:g}s", **_xid_policy()})
         try:
             backend = open_backend(**self.spec.backend)
         except GpumonError as exc:
@@ -332,7 +334,7 @@ class Supervisor:
             if while_running and self.tree is not None and self.tree.ended():
                 break
             for index, code in backend.wait_xid(min(POLL_S, left)):  # a backend without XIDs just waits
-                trouble = self._note(xid_trouble(self.latest, index, code))
+                trouble = self._note(xid_trouble(self.latest, index, code, seen=self.xids_seen))
                 if trouble is not None and index in cards:
                     return trouble
         return None
@@ -359,6 +361,17 @@ class Supervisor:
         while time.monotonic() < deadline and not self.tree.ended():
             time.sleep(0.05)
         self.tree.signal(signal.SIGKILL)
+
+
+def _xid_policy() -> dict:
+    """The config's [health.xid] (the file `gpumon run` checked: $GPUMON_CONFIG or the default), so
+    failover fails a card for the XIDs the health verdict fails it for."""
+    try:
+        table = load_config().health.get("xid")
+    except GpumonError as exc:
+        print(f"gpumon: {exc}; failover uses the default XID policy", file=sys.stderr)
+        return {}
+    return {"xid": table} if table else {}
 
 
 def main(argv: list[str]) -> int:

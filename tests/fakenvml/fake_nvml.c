@@ -18,6 +18,7 @@
  *   link 0 1 10                        # nvmlDeviceGetTopologyCommonAncestor level
  *   nvlink 0 1 4                       # four active NVLinks between cards 0 and 1
  *   xid gpu=1 at=2.5 code=79           # XID event 2.5 s after nvmlInit
+ *   xid gpu=0 at=1 type=0x2000 code=0  # another NVML event (fatal poison); code= is its data
  *   scan_env 1                         # list real processes pinned by CUDA_VISIBLE_DEVICES
  *   scan_env_mem 1073741824            #   ... each using this many bytes (default 1 GiB)
  *   count_error 999                    # nvmlDeviceGetCount fails with this code
@@ -59,7 +60,9 @@
  *   nvlink_rx_kibs= (KiB/s per active NVLink), nvlink_crc_flit= nvlink_crc_data=
  *   nvlink_replay= nvlink_recovery=, clk_sw_power= clk_sync_boost= clk_sw_thermal=
  *   clk_hw_thermal= clk_hw_power_brake= (percent of the time since the file was
- *   written that the clocks were held down), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
+ *   written that the clocks were held down), recovery_action=N (field 230: the driver's
+ *   recovery action, 0 none .. 4 drain and reset), events=0x... (the event types the card
+ *   supports; default XID, PState, double-bit ECC), and gpm=1 (a Hopper card: GPM answers gpm_gr= gpm_sm=
  *   gpm_occupancy= gpm_tensor= gpm_dram=; other cards answer NOT_SUPPORTED).
  *
  * scan_env (see its block below): every real process whose /proc/PID/environ has
@@ -145,9 +148,10 @@ struct gpu {
         ecc_corrected, ecc_corrected_agg, ecc_uncorrected_agg, pcie_replay, mem_temp, mem_temp_max, energy_mj,
         nvlink_tx_kibs, nvlink_rx_kibs, nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery,
         clk_sw_power, clk_sync_boost, clk_sw_thermal, clk_hw_thermal, clk_hw_power_brake,
-        gpm_gr, gpm_sm, gpm_occupancy, gpm_tensor, gpm_dram;
+        gpm_gr, gpm_sm, gpm_occupancy, gpm_tensor, gpm_dram, recovery_action;
     double remap_pending_after; /* < 0: never */
     int gpm;
+    unsigned long long events; /* event types the card supports (nvmlDeviceGetSupportedEventTypes) */
 };
 
 #define MAX_MIGS 7
@@ -165,7 +169,8 @@ struct proc {
 struct xid {
     int gpu;
     double at;
-    unsigned long long code;
+    unsigned long long code; /* the event's data: the XID, or the recovery action */
+    unsigned long long type; /* nvmlEventType*: 0x8 (XID) unless type= says otherwise */
     int delivered;
 };
 
@@ -316,7 +321,7 @@ static int health_set(struct gpu *g, const char *k, const char *v) {
     NUM(mem_temp) NUM(mem_temp_max) NUM(energy_mj) NUM(nvlink_tx_kibs) NUM(nvlink_rx_kibs) NUM(nvlink_crc_flit)
     NUM(nvlink_crc_data) NUM(nvlink_replay) NUM(nvlink_recovery) NUM(clk_sw_power) NUM(clk_sync_boost)
     NUM(clk_sw_thermal) NUM(clk_hw_thermal) NUM(clk_hw_power_brake) NUM(gpm_gr) NUM(gpm_sm) NUM(gpm_occupancy)
-    NUM(gpm_tensor) NUM(gpm_dram)
+    NUM(gpm_tensor) NUM(gpm_dram) NUM(recovery_action)
 #undef NUM
     if (!strcmp(k, "remap_pending_after")) {
         g->remap_pending_after = atof(v);
@@ -365,6 +370,7 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
                         : !strcmp(v, "completed") ? 3 : 0;
     } else if (!strcmp(k, "fabric_status")) g->fabric_status = atoi(v);
     else if (!strcmp(k, "fabric_health")) g->fabric_health = atoi(v);
+    else if (!strcmp(k, "events")) g->events = strtoull(v, NULL, 0);
     else if (!health_set(g, k, v)) fprintf(stderr, "fake_nvml: unknown gpu key %s\n", k);
 }
 
@@ -382,6 +388,7 @@ static void gpu_defaults(struct gpu *g, int index) {
     g->lost_after = -1;
     g->back_after = -1;
     g->remap_pending_after = -1;
+    g->events = 0x8 | 0x4 | 0x2; /* XID, PState, double-bit ECC: what older cards offer */
 }
 
 static void load_config(const char *path) {
@@ -458,10 +465,12 @@ static void load_config(const char *path) {
         } else if (!strcmp(word, "xid") && C.nxids < MAX_XIDS) {
             struct xid *x = &C.xids[C.nxids++];
             memset(x, 0, sizeof *x);
+            x->type = 0x8;
             while (next_token(&p, &k, &v)) {
                 if (!strcmp(k, "gpu")) x->gpu = atoi(v);
                 else if (!strcmp(k, "at")) x->at = atof(v);
                 else if (!strcmp(k, "code")) x->code = strtoull(v, NULL, 10);
+                else if (!strcmp(k, "type")) x->type = strtoull(v, NULL, 0);
             }
         }
     }
@@ -1233,12 +1242,14 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
     ENTER(dev, "events");
-    *types = 0x8 | 0x4 | 0x2; /* XID, double-bit ECC, single-bit ECC */
+    *types = dev->events;
     LEAVE(OK);
 }
 
+/* As the real driver: one type the card lacks refuses the whole registration. */
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
     ENTER(dev, "events");
+    if (types & ~dev->events) LEAVE(E_NOT_SUPPORTED);
     set->registered[dev->index] |= types;
     LEAVE(OK);
 }
@@ -1258,7 +1269,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         double next_due = 0.5; /* a new configuration is noticed within this */
         for (int i = 0; i < C.nxids; i++) {
             struct xid *x = &C.xids[i];
-            if (x->delivered || x->gpu >= C.ngpus || !(set->registered[x->gpu] & 0x8)) continue;
+            if (x->delivered || x->gpu >= C.ngpus || !(set->registered[x->gpu] & x->type)) continue;
             if (x->at > elapsed) {
                 if (x->at - elapsed < next_due) next_due = x->at - elapsed;
                 continue;
@@ -1266,7 +1277,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
             x->delivered = 1;
             memset(data, 0, sizeof *data);
             data->device = &C.gpus[x->gpu];
-            data->eventType = 0x8;
+            data->eventType = x->type;
             data->eventData = x->code;
             data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFF;
             pthread_mutex_unlock(&lock);
@@ -1416,6 +1427,8 @@ static int field_value(struct gpu *g, nvmlFieldValue_t *f) {
     case 269: v = &g->clk_sw_thermal; scale = t * 1e7; break;
     case 270: v = &g->clk_hw_thermal; scale = t * 1e7; break;
     case 271: v = &g->clk_hw_power_brake; scale = t * 1e7; break;
+    /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks to be done (0 none, 1 GPU reset, ...) */
+    case 230: v = &g->recovery_action; f->valueType = VALUE_TYPE_UNSIGNED_INT; break;
     /* NVLink data (KiB) on link scopeId: the configured KiB/s since the config was written. */
     case 138: case 139:
         if (f->scopeId >= (unsigned)all_links(g)) return E_INVALID_ARGUMENT;

@@ -102,6 +102,8 @@ COUNTERS: list[tuple[str, Callable[[CardCounters], str], str]] = [
      else f"power {_pct(c.throttled_power_pct)}, thermal {_pct(c.throttled_thermal_pct)}, "
           f"HW slowdown {_pct(c.throttled_hw_slowdown_pct)}", "how much of the last minute the clocks were held down"),
     ("Clock-event time", _clocks, "time each reason held the clocks down since the driver loaded"),
+    ("Recovery action", lambda c: NA if c.recovery_action is None else c.recovery_action,
+     "what the driver asks to be done after an uncorrectable error (none: nothing)"),
     ("GPM: SM active, occupancy", lambda c: NA if c.sm_active is None and c.sm_occupancy is None
      else f"{_pct(c.sm_active)}, {_pct(c.sm_occupancy)}", "Hopper and later: SMs with work, warps resident"),
     ("GPM: tensor, DRAM active", lambda c: NA if c.tensor_active is None and c.dram_active is None

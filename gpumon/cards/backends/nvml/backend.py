@@ -26,7 +26,7 @@ from gpumon.cards.backends.base import Machine, PerCardBackend
 from gpumon.cards.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
 from gpumon.cards.backends.nvml import topology as links
 from gpumon.cards.backends.nvml.counters import read_counters
-from gpumon.cards.backends.nvml.events import XidEvents
+from gpumon.cards.backends.nvml.events import EVENT_NAMES, RECOVERY, XID, XidEvents
 from gpumon.cards.backends.nvml.library import (
     Card,
     CardLost,
@@ -250,14 +250,24 @@ class NvmlBackend(PerCardBackend):
 
     def wait_xid(self, timeout_s: float) -> list[tuple[int, int]]:
         """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread.
-        Each one also counts towards its card's verdict from the next sample on."""
-        events = self._xid.wait(timeout_s)
+        Each one, and each of the driver's other health events (a poison, a DRAM retirement, …),
+        counts towards its card's verdict from the next sample on; a recovery action event has the
+        card's counters read again at its next sample."""
+        xids = []
         cards = self.cards
-        for index, code in events:
-            if 0 <= index < len(cards):
-                card = cards[index]
-                self.health.note_xid(card.uuid or f"index:{index}", code, time.time())
-        return events
+        for index, kind, data in self._xid.wait(timeout_s):
+            if not 0 <= index < len(cards):
+                continue
+            card, now = cards[index], time.time()
+            key = card.uuid or f"index:{index}"
+            if kind == XID:
+                self.health.note_xid(key, data, now)
+                xids.append((index, data))
+                continue
+            if kind == RECOVERY:
+                card.counters_read_at = float("-inf")
+            self.health.note_event(key, EVENT_NAMES[kind], data, now)
+        return xids
 
     def topology(self, wait_s: float | None = None,
                  on_progress: Callable[[Topology], None] | None = None) -> Topology:

@@ -1,8 +1,8 @@
 """A card's reliability counters, read on its lane every `[health] interval` (health/rules.py:
 30 s unless the config says otherwise), the cards in turn rather than all in one sample: row
 remapping or page retirement, ECC (volatile and aggregate), PCIe replays, memory temperature and
-its maximum, energy, NVLink traffic and errors, clock-event times, and GPM metrics on Hopper and
-later.
+its maximum, energy, NVLink traffic and errors, clock-event times, the driver's recovery action,
+and GPM metrics on Hopper and later.
 
 They change slowly, and some calls are costly, so between reads every sample gets the same dict
 (and so the same `CardCounters`, from the health tracker). Most come in one
@@ -23,6 +23,7 @@ import pynvml
 
 from gpumon.cards.backends.nvml import gpm
 from gpumon.cards.backends.nvml.library import Card, CardLost
+from gpumon.counters import recovery_action_name
 from gpumon.health import rules as health
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ _FIELDS: dict[str, int] = {
     "clock_sw_thermal": pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
     "clock_hw_thermal": pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
     "clock_hw_power_brake": pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+    # What the driver asks to be done after an uncorrectable error (drivers from 2024 on; older
+    # ones answer NOT_SUPPORTED or INVALID_ARGUMENT for it: left out of the request from then on).
+    "recovery_action": getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230),
 }
 _CLOCKS = ("clock_sw_power_cap", "clock_sync_boost", "clock_sw_thermal", "clock_hw_thermal", "clock_hw_power_brake")
 _VALUE = {  # valueType -> the union's member
@@ -112,6 +116,7 @@ def read_counters(card: Card) -> dict[str, Any]:
         nvlink_replay_errors=fields.get("nvlink_replay_errors"),
         nvlink_recovery_errors=fields.get("nvlink_recovery_errors"),
         clock_event_s=None if all(c is None for c in clocks) else clocks,
+        recovery_action=None if (action := fields.get("recovery_action")) is None else recovery_action_name(action),
         **gpm.metrics(card),
     )
     return card.counters

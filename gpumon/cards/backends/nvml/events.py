@@ -1,4 +1,10 @@
-"""XID errors, read from an NVML event set in their own thread (watch and the TUI).
+"""XID errors and the driver's other health events, read from an NVML event set in their own
+thread (watch and the TUI).
+
+Besides XIDs, the events that say a card is going bad (EVENT_NAMES: a single-bit ECC storm, a
+DRAM retirement and its failure, poison, the card unavailable, a recovery action), where the card
+supports them: each card is asked which types it supports (nvmlDeviceGetSupportedEventTypes) and
+registered for those only, since the driver refuses the whole registration for one type it lacks.
 
 Cards are opened on their lanes, come back after a reset with new handles, and a driver reload
 makes the event set worthless: each wait registers the cards that have a handle not registered yet,
@@ -19,6 +25,21 @@ import pynvml
 from gpumon.cards.backends.nvml.library import DRIVER_GONE, Card
 
 log = logging.getLogger(__name__)
+
+XID = pynvml.nvmlEventTypeXidCriticalError
+RECOVERY = getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", 0x8000)
+# The other event types that tell of a card going bad, by the names the health verdict knows them by
+# (gpumon/health/driver_events.py); the values as nvml.h has them, for bindings that predate them.
+EVENT_NAMES: dict[int, str] = {
+    getattr(pynvml, "nvmlEventTypeSingleBitEccErrorStorm", 0x200): "sbe_storm",
+    getattr(pynvml, "nvmlEventTypeDramRetirementEvent", 0x400): "dram_retirement",
+    getattr(pynvml, "nvmlEventTypeDramRetirementFailure", 0x800): "dram_retirement_failure",
+    getattr(pynvml, "nvmlEventTypeNonFatalPoisonError", 0x1000): "nonfatal_poison",
+    getattr(pynvml, "nvmlEventTypeFatalPoisonError", 0x2000): "fatal_poison",
+    getattr(pynvml, "nvmlEventTypeGpuUnavailableError", 0x4000): "gpu_unavailable",
+    RECOVERY: "recovery_action",
+}
+WANTED = XID | sum(EVENT_NAMES)
 
 
 class XidEvents:
@@ -47,8 +68,9 @@ class XidEvents:
         with self._lock:
             self._event_set, self._event_cards, self._asked = None, {}, set()
 
-    def wait(self, timeout_s: float) -> list[tuple[int, int]]:
-        """Block up to `timeout_s` for XID errors; (card index, XID) pairs. Call from one thread."""
+    def wait(self, timeout_s: float) -> list[tuple[int, int, int]]:
+        """Block up to `timeout_s` for an event; (card index, event type, its data: the XID, or
+        the recovery action) triples. Call from one thread."""
         error: pynvml.NVMLError | None = None
         with self._waiting:
             event_set = None if self._closed else self._prepare()
@@ -68,9 +90,9 @@ class XidEvents:
             return []
         with self._lock:
             index = self._event_cards.get(ctypes.cast(data.device, ctypes.c_void_p).value)
-        if index is None or data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+        if index is None or (data.eventType != XID and data.eventType not in EVENT_NAMES):
             return []
-        return [(index, int(data.eventData))]
+        return [(index, int(data.eventType), int(data.eventData))]
 
     def _prepare(self) -> Any:
         """The event set with every card that has a handle registered; None when there is none."""
@@ -92,11 +114,22 @@ class XidEvents:
                 if address is None or address in self._asked or not answered:
                     continue
                 self._asked.add(address)
+                types = WANTED & _supported(card)
                 try:
-                    pynvml.nvmlDeviceRegisterEvents(card.handle, pynvml.nvmlEventTypeXidCriticalError,
-                                                    self._event_set)
+                    if not types:
+                        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                    pynvml.nvmlDeviceRegisterEvents(card.handle, types, self._event_set)
                 except pynvml.NVMLError as exc:
-                    log.info("NVML: card %d: XID events unavailable (%s)", card.index, exc)
+                    log.info("NVML: card %d: events unavailable (%s)", card.index, exc)
                     continue
                 self._event_cards[address] = card.index
             return self._event_set if self._event_cards else None
+
+
+def _supported(card: Card) -> int:
+    """The event types the card supports; XIDs alone where the driver cannot say (it predates the call)."""
+    try:
+        return int(pynvml.nvmlDeviceGetSupportedEventTypes(card.handle))
+    except pynvml.NVMLError as exc:
+        log.info("NVML: card %d: supported event types unknown (%s): XIDs only", card.index, exc)
+        return XID
