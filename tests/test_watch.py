@@ -199,16 +199,24 @@ def test_recording_is_flushed_every_sample(fake_driver, tmp_path):
     fake_driver.write()
     recording = tmp_path / "rec.jsonl.gz"
     proc = start_watch(fake_driver, "--interval", "0.2", "--record", str(recording))
-    time.sleep(1.5)
+
+    def flushed() -> list[str]:
+        lines: list[str] = []
+        try:
+            with gzip.open(recording, "rt") as f:
+                for line in f:
+                    lines.append(line)
+        except (EOFError, OSError):  # the stream is still open; what was flushed is readable
+            pass
+        return lines
+
+    # Three samples on disk while watch runs, before any clean shutdown could have flushed them.
+    deadline = time.monotonic() + 30
+    while len(flushed()) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
     proc.kill()  # no clean shutdown at all
     proc.wait()
-    with gzip.open(recording, "rt") as f:
-        lines = []
-        try:
-            for line in f:
-                lines.append(line)
-        except EOFError:  # the stream was never closed; what was flushed is readable
-            pass
+    lines = flushed()
     assert len(lines) >= 3
     assert json.loads(lines[0])["schema"] == 1
 
