@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -28,6 +27,7 @@ from gpumon.errors import UsageError
 from gpumon.fleet import Fleet
 from gpumon.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
 from gpumon.jobs import records
+from gpumon.jobs.child_gpumon import child_argv
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
@@ -181,7 +181,7 @@ class LocalHost(GpumonHost):
         self.env = None if env is None else dict(env)
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
-        return [sys.executable, "-m", "gpumon", *self.local_args, *args]
+        return child_argv("gpumon", [*self.local_args, *args])
 
     def jobs(self) -> list[dict[str, Any]]:
         """Read here, in this process: what `gpumon jobs --json` prints (`Job.to_dict`), through the

@@ -95,9 +95,18 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         created=time.time(), gpus=[g.ref for g in gpus] if not request.wait else [],
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
-        backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
+        backend=_absolute_paths(backend_args), interval=interval, host=jobs.THIS_HOST,
         failover=request.failover,
     )
+
+
+BACKEND_PATHS = ("nvml_lib", "sysfs", "procfs")
+
+
+def _absolute_paths(backend_args: dict[str, Any]) -> dict[str, Any]:
+    """How the supervisor opens the cards, its paths absolute: it runs in the job's folder."""
+    return {k: os.path.abspath(v) if k in BACKEND_PATHS and isinstance(v, str) and os.sep in v else v
+            for k, v in backend_args.items() if v is not None}
 
 
 def _check_limit(typed: str, limit: int, gpus: Sequence[GpuSample], chosen: bool) -> None:
@@ -131,6 +140,7 @@ def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, t
     if systemd:
         files.save_environment(directory, dict(os.environ if env is None else env))
         started = subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
+                                  f"--property=WorkingDirectory={directory}",
                                   *control.supervisor_command(directory)], capture_output=True, text=True)
         if started.returncode != 0:
             files.take_environment(directory)  # nobody will read it

@@ -369,7 +369,10 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: python -m gpumon.jobs.supervisor JOB_DIR [--foreground]", file=sys.stderr)
         return 2
-    supervisor = Supervisor(Path(argv[1]), foreground="--foreground" in argv)
+    directory = Path(argv[1]).absolute()
+    # Its own folder, whoever started it (systemd too): nothing is left open in the caller's directory.
+    os.chdir(directory)
+    supervisor = Supervisor(directory, foreground="--foreground" in argv)
     code = supervisor.run()
     if supervisor.foreground and supervisor.child is not None:
         return supervisor.child.returncode if supervisor.child.returncode >= 0 else 128 - supervisor.child.returncode
