@@ -40,13 +40,15 @@ from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
-from gpumon.jobs.files import take_environment, write_atomic
-from gpumon.jobs.limits import limit_environment, over_limit
+from gpumon.jobs.files import take_environment
+from gpumon.jobs.kept_records import KeptRecords, say
+from gpumon.jobs.limits import by_index, card_limits, limit_environment, limits_for, over_limit
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
+from gpumon.sanitize import printable
 
 GRACE_S = 5.0
 STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again
@@ -54,6 +56,10 @@ SETTLE_S = 1.0  # after an error exit: how long a failing card has to say so (an
 POLL_S = 0.05
 FREE_SAMPLES_IN_A_ROW = 3
 STOPPED = "stopped by the user"
+# How long the watchdog may go without reading the job's memory (the driver fails, a sample raises)
+# before it stops a job with a limit: a limit that is not watched is no limit.
+BLIND_S = 10.0
+FLUSH_S = 600.0  # how long a supervisor whose records cannot be written tries before it leaves
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,16 @@ class Supervisor:
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
         self.latest: Snapshot | None = None
-        self.energy = JobEnergy(directory)  # what the job's cards used while it ran (jobs/energy.py)
+        # Every record is written best effort (jobs/kept_records.py): no write ends the watch.
+        self.records = KeptRecords(directory)
+        self.energy = JobEnergy(directory, self.records.write)  # what its cards used (jobs/energy.py)
+        self.limits: dict[int, int] = {}  # the memory limit on each of the attempt's cards, by index
         self.all_cpus = os.sched_getaffinity(0)
 
     # -- records --
 
-    def _write(self, name: str, data: dict) -> None:
-        write_atomic(self.dir / name, json.dumps(data))
+    def _write(self, name: str, data: dict, indent: int | None = None) -> None:
+        self.records.write(name, json.dumps(data, indent=indent))
 
     def _finish(self, state: str, reason: str | None, exit_code: int | None = None, sig: int | None = None) -> None:
         self._write("exit.json", {"state": state, "exit_code": exit_code, "signal": sig, "ended": time.time(),
@@ -186,7 +195,11 @@ class Supervisor:
             attempt.moved_because = why_moved = end.trouble.reason
             self._save_attempts()
             # Until other cards are free the job is queued again: no command runs.
-            (self.dir / "process.json").unlink(missing_ok=True)
+            self.records.pending.pop("process.json", None)
+            try:
+                (self.dir / "process.json").unlink(missing_ok=True)
+            except OSError as exc:
+                say(f"cannot remove process.json: {exc.strerror or exc}")
             self.child = None
             gpus = self._choose_cards(backend, count=len(gpus))
             if gpus is None:
@@ -218,15 +231,19 @@ class Supervisor:
         pinning = pin(gpus, self.spec.id, self.spec.numa)
         env_added = dict(pinning.env)
         applied: list[str] = []
-        if self.spec.mem_limit:
-            extra, applied = limit_environment(self.spec.mem_limit, [g.memory_total or 0 for g in gpus],
+        # The job's own limit, or each card's default (`m`): on whichever cards it landed.
+        limits = limits_for(gpus, self.spec.mem_limit, card_limits().load())
+        self.limits = by_index(gpus, limits)
+        if limits:
+            extra, applied = limit_environment([limits.get(g.ref) for g in gpus], [g.memory_total or 0 for g in gpus],
                                                dict(os.environ))
             env_added.update(extra)
         self.spec = dataclasses.replace(
             self.spec, gpus=list(pinning.uuids), gpu_indices=list(pinning.indices), env_added=env_added,
             cpus=list(pinning.cpus) if pinning.cpus else None, limits_applied=applied,
+            mem_limits={uuid: limits[g.ref] for uuid, g in zip(pinning.uuids, gpus) if g.ref in limits},
         )
-        write_atomic(self.dir / "job.json", json.dumps(dataclasses.asdict(self.spec), indent=1))
+        self._write("job.json", dataclasses.asdict(self.spec), indent=1)
         if pinning.cpus or self.attempts:  # inherited by the command (all of ours again, for cards without)
             os.sched_setaffinity(0, pinning.cpus or self.all_cpus)
         number = len(self.attempts) + 1
@@ -253,7 +270,7 @@ class Supervisor:
         return True
 
     def _save_attempts(self) -> None:
-        write_atomic(self.dir / ATTEMPTS_RECORD, attempts_json(self.attempts))
+        self.records.write(ATTEMPTS_RECORD, attempts_json(self.attempts))
 
     def _mark_log(self, number: int, why_moved: str | None) -> None:
         """Where each attempt begins, in the job's output: `=== gpumon: attempt 2 … ===`."""
@@ -261,17 +278,20 @@ class Supervisor:
         line = (f"=== gpumon: attempt {number} of at most {self.spec.failover + 1} on {cards}"
                 f"{f', after {why_moved}' if why_moved else ''} ({time.strftime('%Y-%m-%d %H:%M:%S')}, "
                 f"{', '.join(self.spec.gpus)}) ===\n")
-        if self.foreground:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            return
-        with open(self.dir / "output.log", "ab") as log:
-            if log.tell() > 0:
-                with open(self.dir / "output.log", "rb") as previous:
-                    previous.seek(-1, os.SEEK_END)
-                    if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
-                        line = "\n" + line
-            log.write(line.encode())
+        try:
+            if self.foreground:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                return
+            with open(self.dir / "output.log", "ab") as log:
+                if log.tell() > 0:
+                    with open(self.dir / "output.log", "rb") as previous:
+                        previous.seek(-1, os.SEEK_END)
+                        if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
+                            line = "\n" + line
+                log.write(line.encode())
+        except OSError as exc:  # a mark is not worth the job
+            say(f"cannot mark attempt {number} in the log: {exc.strerror or exc}")
 
     def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
         if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
@@ -286,20 +306,33 @@ class Supervisor:
         cards = {g.index for g in gpus}  # a MIG slice's processes are listed on its card
         stopped: str | None = None
         trouble: Trouble | None = None
+        blind_since: float | None = None  # since when the job's memory could not be read
         while not self.tree.ended():
+            self.records.retry()
             if self.stop_requested:
                 stopped = self.stop_requested
                 self._stop_child()
                 break
-            snapshot = self.latest = backend.sample()
-            pids = {p.pid for p in self.tree.processes()}
-            self.energy.see(snapshot, cards, pids)
-            used = self._job_gpu_memory(snapshot, cards, pids)
+            try:
+                snapshot = self.latest = backend.sample()
+                pids = {p.pid for p in self.tree.processes()}
+                self.energy.see(snapshot, cards, pids)
+                used = self._job_gpu_memory(snapshot, cards, pids)
+            except Exception as exc:  # noqa: BLE001 - whatever a sample raises, the watch goes on
+                blind_since = blind_since or time.monotonic()
+                if self.limits and time.monotonic() - blind_since >= BLIND_S:
+                    stopped = (f"stopped by gpumon: its memory limit could not be watched for {BLIND_S:g} s "
+                               f"({printable(str(exc))[:200] or type(exc).__name__})")
+                    self._stop_child()
+                    break
+                self._pause(backend, self.spec_interval, cards)
+                continue
+            blind_since = None
             peak = max(used.values(), default=0)
             if peak > self.peak:
                 self.peak = peak
-                write_atomic(self.dir / "peak", str(peak))
-            if self.spec.mem_limit and (stopped := over_limit(used, self.spec.mem_limit)):
+                self.records.write("peak", str(peak))
+            if self.limits and (stopped := over_limit(used, self.limits)):
                 self._stop_child()
                 break
             trouble = trouble or self._note(card_trouble(snapshot, cards))
@@ -346,7 +379,7 @@ class Supervisor:
         try:
             return self.tree.reap(timeout=STUCK_S)
         except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the driver: it never runs again
-            print(f"gpumon: pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL", file=sys.stderr)
+            say(f"pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL")
             return -signal.SIGKILL
 
     def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
@@ -373,7 +406,10 @@ def main(argv: list[str]) -> int:
     # Its own folder, whoever started it (systemd too): nothing is left open in the caller's directory.
     os.chdir(directory)
     supervisor = Supervisor(directory, foreground="--foreground" in argv)
-    code = supervisor.run()
+    try:
+        code = supervisor.run()
+    finally:  # the end of the job, once the disk has room for it
+        supervisor.records.flush(FLUSH_S)
     if supervisor.foreground and supervisor.child is not None:
         return supervisor.child.returncode if supervisor.child.returncode >= 0 else 128 - supervisor.child.returncode
     return code
