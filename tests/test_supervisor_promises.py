@@ -213,3 +213,26 @@ def test_the_flag_is_kept_in_the_schema():
     for bad in ({"supervised": "no"}, {"mem_limits": [1]}, {"mem_limits": {"GPU-1": "1G"}}):
         with pytest.raises(SchemaError):
             jobs_from_remote([base | bad])
+
+
+def test_a_limit_that_cannot_be_watched_stops_the_job(fake_driver, tmp_path):
+    """The driver goes away under a job with a limit: its memory cannot be read, so the job is
+    stopped (after BLIND_S) rather than left to grow unwatched; one without a limit runs on."""
+    fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB), Card("NVIDIA A10", mem_total=24 * GIB)]
+    fake_driver.write()
+    assert run_job(fake_driver, "--gpu", "0", "--mem-limit", "1G", "--name", "capped", "--",
+                   "sleep", "120").returncode == 0
+    assert run_job(fake_driver, "--gpu", "1", "--name", "free", "--", "sleep", "120").returncode == 0
+    fake_driver.machine.driver_unloaded = True
+    fake_driver.write()
+    (capped,) = wait_for(lambda: [j for j in job_json(fake_driver) if j["name"] == "capped" and j["state"] == "killed"],
+                         timeout=40, what="the blind watchdog to stop the capped job")
+    assert capped["reason"].startswith("stopped by gpumon: its memory limit could not be watched for 10 s (GPU 0: ")
+    assert "driver" in capped["reason"], capped["reason"]
+    (free,) = [j for j in job_json(fake_driver) if j["name"] == "free"]
+    assert free["state"] == "running" and free["supervised"] is True
+    fake_driver.machine.driver_unloaded = False
+    fake_driver.write()
+    assert fake_driver.run("jobs", "--stop", "free").returncode == 0
+    wait_for(lambda: [j for j in job_json(fake_driver) if j["name"] == "free" and j["state"] == "killed"],
+             what="the stop")

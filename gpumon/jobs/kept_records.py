@@ -12,6 +12,7 @@ leaves (`flush`): the end of a job is recorded once the disk has room again.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,21 @@ def say(message: str) -> None:
         print(f"gpumon supervisor: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def mark_log(log: Path, line: str) -> None:
+    """Add `line` to the job's output on a line of its own; a failure is only said (a mark is not
+    worth the job)."""
+    try:
+        with open(log, "ab") as out:
+            if out.tell() > 0:
+                with open(log, "rb") as previous:
+                    previous.seek(-1, os.SEEK_END)
+                    if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
+                        line = "\n" + line
+            out.write(line.encode())
+    except OSError as exc:
+        say(f"cannot mark the log: {exc.strerror or exc}")
 
 
 class KeptRecords:

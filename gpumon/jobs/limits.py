@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpumon.jobs.files import state_dir, write_atomic
-from gpumon.model import GpuSample
+from gpumon.model import GpuSample, Snapshot
 from gpumon.units import format_bytes
 
 HOOK_DIR = Path(__file__).resolve().parent / "torch_hook"
@@ -80,6 +80,24 @@ def by_index(gpus: Sequence[GpuSample], limits: Mapping[str, int]) -> dict[int, 
         if limit := limits.get(g.ref):
             out[g.index] = min(limit, out.get(g.index, limit))
     return out
+
+
+def job_memory(snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
+    """Per card, the GPU memory of the job's own processes (`pids`); other users' never count."""
+    return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
+            for g in snapshot.gpus if g.index in cards}
+
+
+UNREAD = ("error", "stale")  # card states whose memory is not known now (a lost card holds none)
+
+
+def unwatched(snapshot: Snapshot, limits: Mapping[int, int]) -> str | None:
+    """Why the job's memory on a card with a limit cannot be read now (the driver is gone, the card
+    does not answer), or None: the watchdog would be blind there."""
+    for g in snapshot.gpus:
+        if g.index in limits and g.state in UNREAD:
+            return f"GPU {g.index}: {g.error or g.state}"
+    return None
 
 
 def over_limit(used_per_card: dict[int, int], limit: int | Mapping[int, int]) -> str | None:

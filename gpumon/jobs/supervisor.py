@@ -41,8 +41,8 @@ from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, card_trouble, xid_trouble
 from gpumon.jobs.files import take_environment
-from gpumon.jobs.kept_records import KeptRecords, say
-from gpumon.jobs.limits import by_index, card_limits, limit_environment, limits_for, over_limit
+from gpumon.jobs.kept_records import KeptRecords, mark_log, say
+from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
@@ -278,20 +278,10 @@ class Supervisor:
         line = (f"=== gpumon: attempt {number} of at most {self.spec.failover + 1} on {cards}"
                 f"{f', after {why_moved}' if why_moved else ''} ({time.strftime('%Y-%m-%d %H:%M:%S')}, "
                 f"{', '.join(self.spec.gpus)}) ===\n")
-        try:
-            if self.foreground:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-                return
-            with open(self.dir / "output.log", "ab") as log:
-                if log.tell() > 0:
-                    with open(self.dir / "output.log", "rb") as previous:
-                        previous.seek(-1, os.SEEK_END)
-                        if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
-                            line = "\n" + line
-                log.write(line.encode())
-        except OSError as exc:  # a mark is not worth the job
-            say(f"cannot mark attempt {number} in the log: {exc.strerror or exc}")
+        if self.foreground:
+            print(line, end="", file=sys.stderr, flush=True)
+        else:
+            mark_log(self.dir / "output.log", line)
 
     def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
         if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
@@ -313,21 +303,23 @@ class Supervisor:
                 stopped = self.stop_requested
                 self._stop_child()
                 break
+            snapshot: Snapshot | None = None
             try:
                 snapshot = self.latest = backend.sample()
                 pids = {p.pid for p in self.tree.processes()}
                 self.energy.see(snapshot, cards, pids)
-                used = self._job_gpu_memory(snapshot, cards, pids)
+                used = job_memory(snapshot, cards, pids)
+                blind = unwatched(snapshot, self.limits)
             except Exception as exc:  # noqa: BLE001 - whatever a sample raises, the watch goes on
-                blind_since = blind_since or time.monotonic()
-                if self.limits and time.monotonic() - blind_since >= BLIND_S:
-                    stopped = (f"stopped by gpumon: its memory limit could not be watched for {BLIND_S:g} s "
-                               f"({printable(str(exc))[:200] or type(exc).__name__})")
-                    self._stop_child()
-                    break
+                snapshot, blind = None, printable(str(exc))[:200] or type(exc).__name__
+            blind_since = None if blind is None else blind_since or time.monotonic()
+            if blind_since is not None and time.monotonic() - blind_since >= BLIND_S:
+                stopped = f"stopped by gpumon: its memory limit could not be watched for {BLIND_S:g} s ({blind})"
+                self._stop_child()
+                break
+            if snapshot is None:
                 self._pause(backend, self.spec_interval, cards)
                 continue
-            blind_since = None
             peak = max(used.values(), default=0)
             if peak > self.peak:
                 self.peak = peak
@@ -344,13 +336,22 @@ class Supervisor:
                 self._stop_child()
                 break
         code = self._reap()
-        self.energy.see(backend.sample(), cards, None)
+        if (last := self._sample(backend)) is not None:
+            self.energy.see(last, cards, None)
         self.energy.attempt_ended()
-        if code != 0 and stopped is None and trouble is None and self.spec.failover:
+        if code != 0 and stopped is None and trouble is None and self.spec.failover and last is not None:
             # Did it fail because its card did? NVML may say so a moment after the program noticed.
-            trouble = self._note(card_trouble(backend.sample(), cards)) or self._pause(
+            trouble = self._note(card_trouble(last, cards)) or self._pause(
                 backend, SETTLE_S, cards, while_running=False)
         return AttemptEnd(code, stopped, trouble)
+
+    def _sample(self, backend: Backend) -> Snapshot | None:
+        """A sample after the command ended; None if the driver cannot say (the end is recorded anyway)."""
+        try:
+            return backend.sample()
+        except Exception as exc:  # noqa: BLE001
+            say(f"cannot sample the cards after the job ended: {exc}")
+            return None
 
     def _note(self, trouble: Trouble | None) -> Trouble | None:
         if trouble is not None and trouble.uuid:
@@ -368,7 +369,11 @@ class Supervisor:
             if wait_xid is None:
                 time.sleep(min(POLL_S, left))
                 continue
-            for index, code in wait_xid(min(POLL_S, left)):
+            try:
+                events = wait_xid(min(POLL_S, left))
+            except Exception:  # noqa: BLE001 - XIDs are not worth the watch: sleep instead
+                wait_xid, events = None, []
+            for index, code in events:
                 trouble = self._note(xid_trouble(self.latest, index, code))
                 if trouble is not None and index in cards:
                     return trouble
@@ -381,11 +386,6 @@ class Supervisor:
         except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the driver: it never runs again
             say(f"pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL")
             return -signal.SIGKILL
-
-    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
-        """Per card, the GPU memory of the job's own processes (`pids`); other users' never count."""
-        return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
-                for g in snapshot.gpus if g.index in cards}
 
     def _stop_child(self) -> None:
         """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace.
