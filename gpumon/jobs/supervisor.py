@@ -16,6 +16,10 @@ chosen as `select` chooses (never a card that failed), waiting like `--wait` unt
 each attempt is recorded (jobs/attempts.py), marked in the log, and each move is added to the
 host's job event log for `watch` (jobs/job_events.py). Other jobs are left to run as before; their
 record says that the card failed.
+
+No I/O error ends its watch: records are written best effort, kept and written again
+(jobs/kept_records.py). A command whose records cannot be written is not started (nobody could
+find it); a limit it cannot watch (BLIND_S) stops the job rather than leave it unwatched.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -36,6 +39,7 @@ from gpumon.cards.backends import Backend, open_backend
 from gpumon.errors import GpumonError
 from gpumon.health import rules as health
 from gpumon.jobs import job_events
+from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
@@ -60,13 +64,6 @@ STOPPED = "stopped by the user"
 # before it stops a job with a limit: a limit that is not watched is no limit.
 BLIND_S = 10.0
 FLUSH_S = 600.0  # how long a supervisor whose records cannot be written tries before it leaves
-
-
-@dataclass(frozen=True)
-class AttemptEnd:
-    code: int  # the command's exit status; -N: ended by signal N
-    stopped: str | None  # why gpumon stopped it, if it did
-    trouble: Trouble | None  # a card of the job failed while it ran (or as it ended)
 
 
 class Supervisor:
@@ -183,7 +180,7 @@ class Supervisor:
             attempt = self.attempts[-1]
             attempt.ended, attempt.exit_code = time.time(), end.code if end.code >= 0 else None
             attempt.signal = signal.Signals(-end.code).name if end.code < 0 else None
-            if not self._moves(end):
+            if not end.moves(self.spec.failover, self.stop_requested):
                 self._save_attempts()
                 self._record_end(end)
                 return 0
@@ -207,24 +204,8 @@ class Supervisor:
                                        f"(after {why_moved})")
                 return 0
 
-    def _moves(self, end: AttemptEnd) -> bool:
-        """A `--failover` job moves when its card failed and it did not finish: gpumon stopped it
-        for the failure, or it ended with an error. The user's stop and the memory limit stay final."""
-        if not self.spec.failover or end.trouble is None or self.stop_requested:
-            return False
-        return end.stopped == end.trouble.reason or (end.stopped is None and end.code != 0)
-
     def _record_end(self, end: AttemptEnd, why: str | None = None) -> None:
-        code, sig = (end.code, None) if end.code >= 0 else (None, -end.code)
-        reason = why or end.stopped
-        if reason is None and end.trouble is not None:
-            moved = "" if self.spec.failover else " (no --failover: it was not moved)"
-            reason = f"{end.trouble.reason} while the job ran{moved}"
-        elif reason is None and self.spec.failover and end.code != 0:
-            ended = f"exited with status {end.code}" if sig is None else f"was ended by {signal.Signals(sig).name}"
-            reason = f"{ended} on a healthy card: not failed over (the program's error, not the card's)"
-        state = "killed" if end.stopped or sig else "exited"
-        self._finish(state, reason, code, sig)
+        self._finish(*end.record(self.spec.failover, why))
 
     def _start(self, gpus, why_moved: str | None) -> bool:
         """Pin and start the command on `gpus`; False (recorded as failed) if it cannot start."""
@@ -249,6 +230,9 @@ class Supervisor:
         number = len(self.attempts) + 1
         if self.spec.failover:
             self._mark_log(number, why_moved)
+        if not self.records.retry():  # a command nobody could find (no job.json, no process.json): not started
+            self._finish("failed", f"could not start: its records cannot be written ({self.records.problem})")
+            return False
         started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
         try:
             inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}
