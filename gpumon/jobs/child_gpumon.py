@@ -35,7 +35,10 @@ def _root() -> Path:
 
 def _found_only_through_environment(root: Path) -> bool:
     """True when -E -P would lose this gpumon: it came from the working directory or PYTHONPATH."""
-    cwd = Path.cwd().resolve()
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the directory was removed under us: nothing can come from it
+        cwd = Path("/")
     entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
     unsafe = {cwd} | {(cwd / e).resolve() for e in entries}
     return root in unsafe
