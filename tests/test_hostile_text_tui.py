@@ -68,9 +68,8 @@ elif argv[:2] == ["jobs", "--log"]:
     sys.stdin.read()  # until the other side stops following (the connection closes)
 elif argv[:2] == ["jobs", "--stop"]:
     print("stopped: " + MARKUP[2])
-elif argv[:1] == ["run"]:
-    for piece in MARKUP + (ESC, BIDI):
-        print("ran: " + piece)
+elif argv[:2] == ["run", "--json"]:  # the job it made, and its lines for people
+    print(json.dumps({"job": job, "summary": ["ran: " + piece for piece in MARKUP + (ESC, BIDI)]}))
 elif argv[:1] == ["signal"]:
     sys.stderr.write("gpumon: error: not signalled: " + MARKUP[0] + " " + MARKUP[2] + "\n")
     sys.exit(1)

@@ -137,7 +137,8 @@ def test_jobs_json_has_the_contract_keys_and_the_host(fake_driver):
     job = state_of(fake_driver, "exited")
     assert set(job) == {"id", "name", "command", "gpus", "gpu_indices", "host", "state", "pid", "exit_code",
                         "signal", "started", "ended", "log", "mem_limit", "peak_gpu_memory", "reason",
-                        "failover", "attempts", "energy_j", "energy_shared", "runs_on"}
+                        "failover", "attempts", "energy_j", "energy_shared", "runs_on", "mem_limits", "supervised"}
+    assert job["mem_limits"] == {} and job["supervised"] is None, "no limit; finished: nobody watches it"
     assert job["host"] == socket.gethostname() and job["signal"] is None
     assert job["runs_on"] is None, "it runs on the host that lists it"
     (attempt,) = job["attempts"]  # every job that started has its attempt; --failover jobs may have more

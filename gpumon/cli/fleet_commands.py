@@ -76,7 +76,8 @@ def jobs_text(rows: list[dict]) -> str:
         if job["started"] is not None:
             runtime = (job["ended"] or time.time()) - job["started"]
         lines.append([
-            job["host"], job["id"], (job["name"] or "")[:20], job["state"],
+            job["host"], job["id"], (job["name"] or "")[:20],
+            "unsupervised" if job.get("supervised") is False else job["state"],
             ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""),
             "" if job["exit_code"] is None else str(job["exit_code"]), format_runtime(runtime),
             format_bytes(job["peak_gpu_memory"], na=""), job["reason"] or job["log"] or "",

@@ -326,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when the job's card fails (lost, fatal XID, fabric failed): stop it and start it "
                         "again on other free cards, up to N times (default 0: never)")
     p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")
+    p.add_argument("--json", action="store_true",
+                   help='answer with the job it started: {"job": <a jobs --json entry>, "summary": [lines]}')
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
     _add_source_options(p, suppress=True, replay=False)
     _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them

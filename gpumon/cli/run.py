@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gpumon.cli.common import backend_args, fleet_requested, load_settings, open_source
+from gpumon.errors import UsageError
 from gpumon.jobs.launch import LaunchRequest, launch
 from gpumon.jobs.logout import logout_note
 
@@ -20,6 +21,8 @@ def run(args: argparse.Namespace) -> int:
         # history keeps it as it was typed, as when the dialog launched it itself.
         typed=command[2] if len(command) == 3 and command[:2] == ["/bin/sh", "-c"] else None,
     )
+    if args.json and request.foreground:
+        raise UsageError("--json goes with a detached job: --foreground runs it in this terminal")
     if args.host is not None or fleet_requested(args):  # on another host, over ssh
         from gpumon.cli.fleet_commands import run_host
 
@@ -27,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     load_settings(args)
     backend = open_source(args)
     try:
-        code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout)
+        code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout,
+                      as_json=args.json)
     finally:
         backend.close()
     if not request.foreground and (note := logout_note(request.systemd)):

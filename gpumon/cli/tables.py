@@ -167,7 +167,7 @@ def jobs_text(jobs: list) -> str:
             job.spec.id, fit(job.spec.name, JOB_NAME_CELLS), job.state_text,
             ",".join(map(str, job.spec.gpu_indices)) or "-",
             str(job.pid or ""), exit_text, format_runtime(job.runtime), format_bytes(job.peak_gpu_memory, na=""),
-            format_bytes(job.spec.mem_limit, na=""), format_energy(job.energy_j, job.energy_shared),
+            format_bytes(job.spec.limit, na=""), format_energy(job.energy_j, job.energy_shared),
             job.reason or str(job.log),
         ])
     lines = table(rows).split("\n")

@@ -353,6 +353,11 @@ def jobs_from_remote(doc: Any) -> list[dict[str, Any]]:
         if shared is not None and type(shared) is not bool:
             raise SchemaError(f"{where}.energy_shared is not true, false or null")
         job["energy_shared"] = shared
+        supervised = raw.get("supervised")  # false: its supervisor is gone while it runs
+        if supervised is not None and type(supervised) is not bool:
+            raise SchemaError(f"{where}.supervised is not true, false or null")
+        job["supervised"] = supervised
+        job["mem_limits"] = _limits(raw.get("mem_limits", {}), f"{where}.mem_limits")
         job["command"] = [_text(a, f"{where}.command", nullable=False, limit=4096)
                           for a in _list(raw.get("command", []), f"{where}.command", 4096)]
         job["gpus"] = [_text(u, f"{where}.gpus", nullable=False, limit=128)
@@ -367,6 +372,29 @@ def jobs_from_remote(doc: Any) -> list[dict[str, Any]]:
 
 
 MAX_ATTEMPTS = 1000
+MAX_SUMMARY = 32  # lines
+
+
+def launched_from_remote(doc: Any) -> tuple[dict[str, Any], list[str]]:
+    """`gpumon run --json` from another host: the job it started (checked as a `jobs --json` entry)
+    and its lines for people."""
+    if not isinstance(doc, dict):
+        raise SchemaError("the answer is not an object")
+    (job,) = jobs_from_remote([doc.get("job")])
+    summary = [_text(line, "summary", nullable=False, limit=MAX_TEXT)
+               for line in _list(doc.get("summary", []), "summary", MAX_SUMMARY)]
+    return job, summary
+
+
+def _limits(value: Any, where: str) -> dict[str, int]:
+    """A job's memory limit per card: {uuid: bytes}."""
+    if not isinstance(value, dict) or len(value) > 256:
+        raise SchemaError(f"{where} is not a map of cards to limits")
+    out = {}
+    for uuid, limit in value.items():
+        if (bytes_ := _number(limit, where, integer=True)) is not None:
+            out[_text(uuid, where, nullable=False, limit=128)] = bytes_
+    return out
 
 
 def _indices(value: Any, where: str) -> list[int]:

@@ -7,18 +7,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from gpumon.errors import UsageError
+from gpumon.jobs.child_gpumon import child_argv
 from gpumon.jobs.files import write_atomic
 from gpumon.jobs.processes import ActionError, signal_process
 from gpumon.jobs.records import FINISHED, STOP_RECORD, Job, alive, load_job
 
 
 def supervisor_command(directory: Path) -> list[str]:
-    return [sys.executable, "-m", "gpumon.jobs.supervisor", str(directory)]
+    """The supervisor of the job in `directory`: this gpumon's, whatever directory it starts in
+    (jobs/child_gpumon.py)."""
+    return child_argv("gpumon.jobs.supervisor", [os.path.abspath(directory)])
 
 
 def start_supervisor(directory: Path, foreground: bool = False,
@@ -26,12 +28,13 @@ def start_supervisor(directory: Path, foreground: bool = False,
     """Start the job's supervisor (with `env`, the environment the job gets; default this one's).
     Detached: own session, no terminal, stdin from /dev/null."""
     command = supervisor_command(directory)
+    # In its job folder, not the caller's directory (the job itself runs in the one it was given).
     if foreground:
-        return subprocess.Popen(command + ["--foreground"], env=env)
+        return subprocess.Popen(command + ["--foreground"], env=env, cwd=directory)
     with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:
         os.chmod(directory / "supervisor.log", 0o600)
         return subprocess.Popen(command, stdin=devnull, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True, env=env)
+                                close_fds=True, env=env, cwd=directory)
 
 
 def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:

@@ -12,7 +12,7 @@ job reported an energy counter (a driver before Volta, a backend without one).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpumon.jobs.files import write_atomic
@@ -22,8 +22,10 @@ RECORD = "energy.json"
 
 
 class JobEnergy:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, write: Callable[[str, str], object] | None = None) -> None:
         self.path = directory / RECORD
+        # How the record is written (the supervisor's: best effort, jobs/kept_records.py).
+        self._write = write or (lambda name, text: write_atomic(directory / name, text))
         self.used: float | None = None  # joules of the attempts that ended
         self.shared = False
         self._first: dict[int, float] = {}  # this attempt's first and last reading, by card index
@@ -50,6 +52,6 @@ class JobEnergy:
             spent = sum(max(0.0, self._last[i] - self._first[i]) for i in self._first)
             self.used = (self.used or 0.0) + spent
         self._first, self._last = {}, {}
-        write_atomic(self.path, json.dumps({"energy_j": None if self.used is None else round(self.used, 3),
-                                            "energy_shared": self.shared}))
+        self._write(RECORD, json.dumps({"energy_j": None if self.used is None else round(self.used, 3),
+                                        "energy_shared": self.shared}))
 

@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from gpumon.errors import UsageError
 from gpumon.fleet import Fleet
-from gpumon.fleet.schema import SchemaError, jobs_from_remote, topology_from_remote
+from gpumon.fleet.schema import SchemaError, jobs_from_remote, launched_from_remote, topology_from_remote
 from gpumon.jobs import records
+from gpumon.jobs.child_gpumon import child_argv
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
@@ -76,6 +76,17 @@ def _lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.strip().splitlines())
 
 
+SHOWN_ANSWER = 200  # characters of an answer that was not what was asked for
+
+
+def _what_it_said(text: str) -> str:
+    text = text.strip()
+    if not text:
+        return "it answered nothing"
+    more = "…" if len(text) > SHOWN_ANSWER else ""
+    return f"it said “{printable(text[:SHOWN_ANSWER])}{more}”"
+
+
 class GpumonHost:
     """A host reached through its own `gpumon`: a subclass says how to start it (`argv`)."""
 
@@ -119,7 +130,16 @@ class GpumonHost:
             raise HostError(f"{self.name}: `gpumon {' '.join(args)}` did not answer with JSON") from None
 
     def launch(self, request: LaunchRequest, timeout: float = 120.0) -> str:
-        return _lines(self.call(["run", *run_args(request)], timeout=timeout))
+        """Launched only when its gpumon answers with the job it made; any other answer (none, a
+        login banner, junk) is a HostError that says what it was."""
+        answer = self.call(["run", "--json", *run_args(request)], timeout=timeout)
+        try:
+            job, said = launched_from_remote(json.loads(answer))
+        except (ValueError, SchemaError) as exc:
+            detail = f" ({exc})" if isinstance(exc, SchemaError) else ""
+            raise HostError(f"{self.name}: `gpumon run` did not answer with the job it started{detail}: "
+                            f"{_what_it_said(answer)}") from None
+        return "\n".join(said) or f"job {job['id']} ({job['name']}) {job['state']}"
 
     def run_here(self, request: LaunchRequest, tty: bool = True) -> int:
         """With a terminal there, Ctrl-C is the job's (it reaches it through that terminal), not
@@ -181,7 +201,7 @@ class LocalHost(GpumonHost):
         self.env = None if env is None else dict(env)
 
     def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
-        return [sys.executable, "-m", "gpumon", *self.local_args, *args]
+        return child_argv("gpumon", [*self.local_args, *args])
 
     def jobs(self) -> list[dict[str, Any]]:
         """Read here, in this process: what `gpumon jobs --json` prints (`Job.to_dict`), through the

@@ -12,6 +12,7 @@ gpumon was started with, not the one it changed for itself (NO_COLOR, COLUMNS, .
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -29,7 +30,7 @@ from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
-from gpumon.jobs.limits import CardLimits
+from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
@@ -65,10 +66,6 @@ def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
                          name=command_line_name(typed), **options)
 
 
-def card_limits() -> CardLimits:
-    return CardLimits(files.state_dir() / "card-limits.json")
-
-
 def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, backend_args: dict[str, Any],
             interval: float = 1.0) -> jobs.JobSpec:
     if not request.command or not request.command[0].strip():
@@ -87,17 +84,25 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
                   or [g.memory_total for g in snapshot.gpus if g.memory_total])
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
         _check_limit(request.mem_limit, limit, gpus or snapshot.gpus, chosen=bool(gpus))
-    elif len(gpus) == 1:
-        limit = card_limits().get(gpus[0].ref)  # the card's default, set with `m` in the TUI
+    # Without one, each card the job lands on brings its own default: its supervisor applies them.
     name = request.name or program_name(request.command)
     return jobs.JobSpec(
         id=jobs.new_job_id(), name=name, command=list(request.command), gpu_spec=request.gpu_spec, cwd=cwd,
         created=time.time(), gpus=[g.ref for g in gpus] if not request.wait else [],
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
-        backend={k: v for k, v in backend_args.items() if v is not None}, interval=interval, host=jobs.THIS_HOST,
+        backend=_absolute_paths(backend_args), interval=interval, host=jobs.THIS_HOST,
         failover=request.failover,
     )
+
+
+BACKEND_PATHS = ("nvml_lib", "sysfs", "procfs")
+
+
+def _absolute_paths(backend_args: dict[str, Any]) -> dict[str, Any]:
+    """How the supervisor opens the cards, its paths absolute: it runs in the job's folder."""
+    return {k: os.path.abspath(v) if k in BACKEND_PATHS and isinstance(v, str) and os.sep in v else v
+            for k, v in backend_args.items() if v is not None}
 
 
 def _check_limit(typed: str, limit: int, gpus: Sequence[GpuSample], chosen: bool) -> None:
@@ -131,6 +136,7 @@ def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, t
     if systemd:
         files.save_environment(directory, dict(os.environ if env is None else env))
         started = subprocess.run(["systemd-run", "--user", "--collect", "--quiet", f"--unit=gpumon-job-{spec.id}",
+                                  f"--property=WorkingDirectory={directory}",
                                   *control.supervisor_command(directory)], capture_output=True, text=True)
         if started.returncode != 0:
             files.take_environment(directory)  # nobody will read it
@@ -167,13 +173,25 @@ def summary(job: jobs.Job) -> list[str]:
         lines.append(f"job {s.id} ({s.name}) {job.state}: {job.reason or ''}".rstrip(": "))
     if s.cpus:
         lines.append(f"CPUs: {format_cpu_list(s.cpus)} (the cards' NUMA node)")
-    if s.mem_limit:
-        lines.append(f"memory limit {format_bytes(s.mem_limit)} per card: {', '.join(s.limits_applied) or 'watchdog'}")
+    if s.limits:
+        lines.append(f"memory limit {_limits_text(s)}: {', '.join(s.limits_applied) or 'watchdog'}")
+    elif s.mem_limit:  # queued: on the cards it will get
+        lines.append(f"memory limit {format_bytes(s.mem_limit)} per card: watchdog")
     if s.failover:
         lines.append(f"failover: moves to other cards if its card fails, up to {s.failover} time"
                      + ("s" if s.failover != 1 else ""))
     lines.append(f"log: {job.log}")
     return lines
+
+
+def _limits_text(spec: jobs.JobSpec) -> str:
+    """'8.0G per card', or each card's when they differ: 'GPU 0 8.0G, GPU 1 4.0G (per card)'."""
+    limits = spec.limits
+    if len(set(limits.values())) == 1 and len(limits) == len(spec.gpus):
+        return f"{format_bytes(spec.limit)} per card"
+    by_index = dict(zip(spec.gpus, spec.gpu_indices))
+    return ", ".join(f"GPU {by_index.get(uuid, '?')} {format_bytes(limit)}" for uuid, limit in limits.items()) \
+        + " (per card)"
 
 
 def run_in_terminal(where: str, command: str, run: Callable[[], int],
@@ -196,7 +214,9 @@ def how_it_ended(directory: Path, code: int) -> str:
 
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
-           out: IO[str]) -> int:
+           out: IO[str], as_json: bool = False) -> int:
+    """`gpumon run`: what it started, for people, or (`as_json`, what a host's `run` answers to the
+    gpumon that asked, jobs/host.py) `{"job": <its jobs --json entry>, "summary": [those lines]}`."""
     snapshot = sample_once(backend)
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
@@ -210,6 +230,11 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     job = control.wait_until_started(directory)
     if job is None:
         raise UsageError(f"job {spec.id} did not start; see {directory}/supervisor.log")
-    for line in summary(job):
-        out.write(line + "\n")
-    return 0 if job.state in ("running", "queued", "exited") else 1
+    code = 0 if job.state in ("running", "queued", "exited") else 1
+    if not as_json:
+        out.writelines(line + "\n" for line in summary(job))
+        return code
+    out.write(json.dumps({"job": job.to_dict(), "summary": summary(job)}) + "\n")
+    if code:  # what the asking gpumon says (its stdout is for the machine)
+        print(f"gpumon: job {spec.id} {job.state}: {job.reason or 'see ' + str(job.log)}", file=sys.stderr)
+    return code

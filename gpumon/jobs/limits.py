@@ -10,6 +10,11 @@
 - The watchdog (the guarantee): the job's supervisor reads the job's GPU memory from NVML every
   sample and stops the job when it goes over: SIGTERM, then SIGKILL after a grace period.
 
+The limit is per card. A job's own (`--mem-limit`, the run dialog's) applies on each of its cards;
+without one, each card it lands on brings its own default (`m` in the TUI: `CardLimits`), whatever
+put the job there: the SPEC, auto placement, a queue, a failover move (`limits_for`). The
+in-program caps are one fraction per process, so they take the strictest of the cards' shares.
+
 Cgroup memory limits do not cap GPU memory, so they are not offered.
 """
 
@@ -17,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpumon.jobs.files import write_atomic
+from gpumon.jobs.files import state_dir, write_atomic
+from gpumon.model import GpuSample, Snapshot
 from gpumon.units import format_bytes
 
 HOOK_DIR = Path(__file__).resolve().parent / "torch_hook"
@@ -31,13 +38,16 @@ def mps_reachable(env: dict[str, str] | None = None) -> bool:
     return Path(pipe_dir, "control").exists()
 
 
-def limit_environment(limit: int, card_totals: list[int], base_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Variables to add for a job capped at `limit` bytes per card, and the mechanisms used."""
-    total = min(card_totals) if card_totals else 0
+def limit_environment(limit: int | Sequence[int | None], card_totals: list[int],
+                      base_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Variables to add for a job capped at `limit` bytes per card (one for all its cards, or each
+    card's, None for a card without), and the mechanisms used."""
+    limits = [limit] * len(card_totals) if isinstance(limit, int) else list(limit)
+    shares = [lim / total for lim, total in zip(limits, card_totals) if lim and total > 0]
     env: dict[str, str] = {}
     applied = ["watchdog"]
-    if total > 0:
-        fraction = f"{min(1.0, limit / total):.4f}"
+    if shares:
+        fraction = f"{min(1.0, *shares):.4f}"
         env.update({
             "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction, "XLA_CLIENT_MEM_FRACTION": fraction,
             "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
@@ -48,18 +58,56 @@ def limit_environment(limit: int, card_totals: list[int], base_env: dict[str, st
     env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     applied.append("tensorflow (growth only)")
     if mps_reachable(base_env):
-        mib = max(1, limit >> 20)
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={mib}M" for i in range(len(card_totals)))
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+            f"{i}={max(1, lim >> 20)}M" for i, lim in enumerate(limits) if lim)
         applied.append("mps")
     return env, applied
 
 
-def over_limit(used_per_card: dict[int, int], limit: int) -> str | None:
-    """Why the job must stop, or None. The limit is per card: each card's memory of the job's
-    processes is compared with it (a process on two cards counts on each with that card's memory)."""
+def limits_for(gpus: Sequence[GpuSample], asked: int | None, defaults: Mapping[str, int]) -> dict[str, int]:
+    """The limit on each of the job's cards (by ref): the job's own on every card, else each card's
+    default; cards without either are left out."""
+    if asked:
+        return {g.ref: asked for g in gpus}
+    return {g.ref: defaults[g.ref] for g in gpus if defaults.get(g.ref)}
+
+
+def by_index(gpus: Sequence[GpuSample], limits: Mapping[str, int]) -> dict[int, int]:
+    """`limits_for`'s limits by card index, as the watchdog compares them (a MIG slice's processes
+    are listed on its card: two slices of one card take the stricter)."""
+    out: dict[int, int] = {}
+    for g in gpus:
+        if limit := limits.get(g.ref):
+            out[g.index] = min(limit, out.get(g.index, limit))
+    return out
+
+
+def job_memory(snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
+    """Per card, the GPU memory of the job's own processes (`pids`); other users' never count."""
+    return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
+            for g in snapshot.gpus if g.index in cards}
+
+
+UNREAD = ("error", "stale")  # card states whose memory is not known now (a lost card holds none)
+
+
+def unwatched(snapshot: Snapshot, limits: Mapping[int, int]) -> str | None:
+    """Why the job's memory on a card with a limit cannot be read now (the driver is gone, the card
+    does not answer), or None: the watchdog would be blind there."""
+    for g in snapshot.gpus:
+        if g.index in limits and g.state in UNREAD:
+            return f"GPU {g.index}: {g.error or g.state}"
+    return None
+
+
+def over_limit(used_per_card: dict[int, int], limit: int | Mapping[int, int]) -> str | None:
+    """Why the job must stop, or None. The limit is per card (one for every card, or each card's by
+    index): each card's memory of the job's processes is compared with its own limit (a process on
+    two cards counts on each with that card's memory)."""
     for index, used in sorted(used_per_card.items()):
-        if used > limit:
-            return f"memory limit exceeded on GPU {index}: {_binary(used)} > {_binary(limit)}"
+        cap = limit if isinstance(limit, int) else limit.get(index)
+        if cap and used > cap:
+            return f"memory limit exceeded on GPU {index}: {_binary(used)} > {_binary(cap)}"
     return None
 
 
@@ -67,6 +115,11 @@ def _binary(size: int) -> str:
     """'9.0 GiB', '512 MiB': the units spelled out in a record people read later."""
     short = format_bytes(size)
     return f"{short[:-1]} {short[-1]}iB" if short[-1] in "KMGT" else short
+
+
+def card_limits() -> CardLimits:
+    """This user's defaults, set with `m` (read by the TUI's dialogs and by every job's supervisor)."""
+    return CardLimits(state_dir() / "card-limits.json")
 
 
 class CardLimits:

@@ -48,6 +48,11 @@ THIS_HOST = socket.gethostname()
 
 
 STOP_RECORD = "stop.json"  # `jobs --stop` of a job whose supervisor is gone
+# A running job whose supervisor is gone, as tables show it (`state` stays "running" in the JSON,
+# with "supervised": false, so readers that know the seven states keep working).
+UNSUPERVISED = "unsupervised"
+UNSUPERVISED_REASON = ("gpumon's supervisor is gone while the command runs: no memory limit, no failover, "
+                       "no end record (stop it with gpumon jobs --stop)")
 
 
 @dataclass
@@ -62,7 +67,7 @@ class JobSpec:
     created: float
     gpus: list[str] = field(default_factory=list)
     gpu_indices: list[int] = field(default_factory=list)
-    mem_limit: int | None = None
+    mem_limit: int | None = None  # the job's own limit (--mem-limit), on each of its cards
     numa: bool = True
     wait: bool = False
     min_free: str | None = None
@@ -74,6 +79,21 @@ class JobSpec:
     limits_applied: list[str] = field(default_factory=list)
     host: str = ""  # where the job runs ("" in records older than the field: this host)
     failover: int = 0  # how many times the job may move to other cards when its card fails
+    # The limit on each card of the attempt (by UUID, as `gpus`): the job's own, or the card's default
+    # (`m`); filled in by the supervisor when it starts the command. Cards without one are left out.
+    mem_limits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The limit on each card, also for records from before `mem_limits` (`mem_limit` on all)."""
+        if self.mem_limits:
+            return dict(self.mem_limits)
+        return {uuid: self.mem_limit for uuid in self.gpus} if self.mem_limit else {}
+
+    @property
+    def limit(self) -> int | None:
+        """One limit for the tables and `mem_limit`: the job's own, else the strictest card's."""
+        return self.mem_limit or min(self.limits.values(), default=None)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -104,6 +124,10 @@ class Job:
     attempts: list[Attempt] = field(default_factory=list)
     energy_j: float | None = None  # what its cards used while it ran; energy_shared: others used them too
     energy_shared: bool | None = None
+    # Whether gpumon's supervisor still watches the running or queued job: False when it is gone
+    # while the command runs (no limit, no failover, no end record); None when finished, or when
+    # only another host can tell.
+    supervised: bool | None = None
 
     @property
     def host(self) -> str:
@@ -116,7 +140,10 @@ class Job:
 
     @property
     def state_text(self) -> str:
-        """The state for people: another host's unfinished job says where it runs."""
+        """The state for people: another host's unfinished job says where it runs; a running job whose
+        supervisor is gone is `unsupervised`."""
+        if self.supervised is False:
+            return UNSUPERVISED
         return f"{self.state} on {self.host}" if self.remote and self.state not in FINISHED else self.state
 
     @property
@@ -137,11 +164,12 @@ class Job:
             "id": s.id, "name": s.name, "command": s.command, "gpus": s.gpus, "gpu_indices": s.gpu_indices,
             "host": self.host, "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
             "signal": self.signal, "started": self.started,
-            "ended": self.ended, "log": str(self.log), "mem_limit": s.mem_limit,
+            "ended": self.ended, "log": str(self.log), "mem_limit": s.limit,
+            "mem_limits": s.limits,
             "peak_gpu_memory": self.peak_gpu_memory, "reason": self.reason,
             "failover": s.failover, "attempts": [a.to_dict() for a in self.attempts],
             "energy_j": self.energy_j, "energy_shared": self.energy_shared,
-            "runs_on": self.host if self.remote else None,
+            "runs_on": self.host if self.remote else None, "supervised": self.supervised,
         }
 
     def processes(self) -> list[psutil.Process]:
@@ -217,9 +245,14 @@ def load_job(directory: Path) -> Job | None:
         job.state = "running" if job.pid is not None else "queued"
     elif alive(job.pid, job.started, job.booted):
         job.state = "running"
+        job.supervised = alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted)
+        if not job.supervised:
+            job.reason = UNSUPERVISED_REASON
     elif alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
-        job.state = "queued" if job.pid is None else "running"
+        job.state, job.supervised = ("queued" if job.pid is None else "running"), True
+        if job.pid is not None:
+            job.reason = "its command has ended: gpumon's supervisor is recording how"
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
     elif (stopped := read_json(directory / STOP_RECORD)) is not None:

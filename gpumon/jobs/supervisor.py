@@ -16,6 +16,10 @@ chosen as `select` chooses (never a card that failed), waiting like `--wait` unt
 each attempt is recorded (jobs/attempts.py), marked in the log, and each move is added to the
 host's job event log for `watch` (jobs/job_events.py). Other jobs are left to run as before; their
 record says that the card failed.
+
+No I/O error ends its watch: records are written best effort, kept and written again
+(jobs/kept_records.py). A command whose records cannot be written is not started (nobody could
+find it); a limit it cannot watch (BLIND_S) stops the job rather than leave it unwatched.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -37,17 +40,20 @@ from gpumon.config import load_config
 from gpumon.errors import GpumonError
 from gpumon.health import rules as health
 from gpumon.jobs import job_events
+from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, xid_trouble
-from gpumon.jobs.files import take_environment, write_atomic
-from gpumon.jobs.limits import limit_environment, over_limit
+from gpumon.jobs.files import take_environment
+from gpumon.jobs.kept_records import KeptRecords, mark_log, say
+from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
 from gpumon.jobs.placement import free_enough, pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
+from gpumon.sanitize import printable
 
 GRACE_S = 5.0
 STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again
@@ -55,13 +61,10 @@ SETTLE_S = 1.0  # after an error exit: how long a failing card has to say so (an
 POLL_S = 0.05
 FREE_SAMPLES_IN_A_ROW = 3
 STOPPED = "stopped by the user"
-
-
-@dataclass(frozen=True)
-class AttemptEnd:
-    code: int  # the command's exit status; -N: ended by signal N
-    stopped: str | None  # why gpumon stopped it, if it did
-    trouble: Trouble | None  # a card of the job failed while it ran (or as it ended)
+# How long the watchdog may go without reading the job's memory (the driver fails, a sample raises)
+# before it stops a job with a limit: a limit that is not watched is no limit.
+BLIND_S = 10.0
+FLUSH_S = 600.0  # how long a supervisor whose records cannot be written tries before it leaves
 
 
 class Supervisor:
@@ -77,13 +80,16 @@ class Supervisor:
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
         self.latest: Snapshot | None = None
         self.xids_seen = XidsSeen()  # per card, for the XID policy's thresholds
-        self.energy = JobEnergy(directory)  # what the job's cards used while it ran (jobs/energy.py)
+        # Every record is written best effort (jobs/kept_records.py): no write ends the watch.
+        self.records = KeptRecords(directory)
+        self.energy = JobEnergy(directory, self.records.write)  # what its cards used (jobs/energy.py)
+        self.limits: dict[int, int] = {}  # the memory limit on each of the attempt's cards, by index
         self.all_cpus = os.sched_getaffinity(0)
 
     # -- records --
 
-    def _write(self, name: str, data: dict) -> None:
-        write_atomic(self.dir / name, json.dumps(data))
+    def _write(self, name: str, data: dict, indent: int | None = None) -> None:
+        self.records.write(name, json.dumps(data, indent=indent))
 
     def _finish(self, state: str, reason: str | None, exit_code: int | None = None, sig: int | None = None) -> None:
         self._write("exit.json", {"state": state, "exit_code": exit_code, "signal": sig, "ended": time.time(),
@@ -176,7 +182,7 @@ class Supervisor:
             attempt = self.attempts[-1]
             attempt.ended, attempt.exit_code = time.time(), end.code if end.code >= 0 else None
             attempt.signal = signal.Signals(-end.code).name if end.code < 0 else None
-            if not self._moves(end):
+            if not end.moves(self.spec.failover, self.stop_requested):
                 self._save_attempts()
                 self._record_end(end)
                 return 0
@@ -188,7 +194,11 @@ class Supervisor:
             attempt.moved_because = why_moved = end.trouble.reason
             self._save_attempts()
             # Until other cards are free the job is queued again: no command runs.
-            (self.dir / "process.json").unlink(missing_ok=True)
+            self.records.pending.pop("process.json", None)
+            try:
+                (self.dir / "process.json").unlink(missing_ok=True)
+            except OSError as exc:
+                say(f"cannot remove process.json: {exc.strerror or exc}")
             self.child = None
             gpus = self._choose_cards(backend, count=len(gpus))
             if gpus is None:
@@ -196,44 +206,35 @@ class Supervisor:
                                        f"(after {why_moved})")
                 return 0
 
-    def _moves(self, end: AttemptEnd) -> bool:
-        """A `--failover` job moves when its card failed and it did not finish: gpumon stopped it
-        for the failure, or it ended with an error. The user's stop and the memory limit stay final."""
-        if not self.spec.failover or end.trouble is None or self.stop_requested:
-            return False
-        return end.stopped == end.trouble.reason or (end.stopped is None and end.code != 0)
-
     def _record_end(self, end: AttemptEnd, why: str | None = None) -> None:
-        code, sig = (end.code, None) if end.code >= 0 else (None, -end.code)
-        reason = why or end.stopped
-        if reason is None and end.trouble is not None:
-            moved = "" if self.spec.failover else " (no --failover: it was not moved)"
-            reason = f"{end.trouble.reason} while the job ran{moved}"
-        elif reason is None and self.spec.failover and end.code != 0:
-            ended = f"exited with status {end.code}" if sig is None else f"was ended by {signal.Signals(sig).name}"
-            reason = f"{ended} on a healthy card: not failed over (the program's error, not the card's)"
-        state = "killed" if end.stopped or sig else "exited"
-        self._finish(state, reason, code, sig)
+        self._finish(*end.record(self.spec.failover, why))
 
     def _start(self, gpus, why_moved: str | None) -> bool:
         """Pin and start the command on `gpus`; False (recorded as failed) if it cannot start."""
         pinning = pin(gpus, self.spec.id, self.spec.numa)
         env_added = dict(pinning.env)
         applied: list[str] = []
-        if self.spec.mem_limit:
-            extra, applied = limit_environment(self.spec.mem_limit, [g.memory_total or 0 for g in gpus],
+        # The job's own limit, or each card's default (`m`): on whichever cards it landed.
+        limits = limits_for(gpus, self.spec.mem_limit, card_limits().load())
+        self.limits = by_index(gpus, limits)
+        if limits:
+            extra, applied = limit_environment([limits.get(g.ref) for g in gpus], [g.memory_total or 0 for g in gpus],
                                                dict(os.environ))
             env_added.update(extra)
         self.spec = dataclasses.replace(
             self.spec, gpus=list(pinning.uuids), gpu_indices=list(pinning.indices), env_added=env_added,
             cpus=list(pinning.cpus) if pinning.cpus else None, limits_applied=applied,
+            mem_limits={uuid: limits[g.ref] for uuid, g in zip(pinning.uuids, gpus) if g.ref in limits},
         )
-        write_atomic(self.dir / "job.json", json.dumps(dataclasses.asdict(self.spec), indent=1))
+        self._write("job.json", dataclasses.asdict(self.spec), indent=1)
         if pinning.cpus or self.attempts:  # inherited by the command (all of ours again, for cards without)
             os.sched_setaffinity(0, pinning.cpus or self.all_cpus)
         number = len(self.attempts) + 1
         if self.spec.failover:
             self._mark_log(number, why_moved)
+        if not self.records.retry():  # a command nobody could find (no job.json, no process.json): not started
+            self._finish("failed", f"could not start: its records cannot be written ({self.records.problem})")
+            return False
         started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
         try:
             inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}
@@ -255,7 +256,7 @@ class Supervisor:
         return True
 
     def _save_attempts(self) -> None:
-        write_atomic(self.dir / ATTEMPTS_RECORD, attempts_json(self.attempts))
+        self.records.write(ATTEMPTS_RECORD, attempts_json(self.attempts))
 
     def _mark_log(self, number: int, why_moved: str | None) -> None:
         """Where each attempt begins, in the job's output: `=== gpumon: attempt 2 … ===`."""
@@ -264,16 +265,9 @@ class Supervisor:
                 f"{f', after {why_moved}' if why_moved else ''} ({time.strftime('%Y-%m-%d %H:%M:%S')}, "
                 f"{', '.join(self.spec.gpus)}) ===\n")
         if self.foreground:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            return
-        with open(self.dir / "output.log", "ab") as log:
-            if log.tell() > 0:
-                with open(self.dir / "output.log", "rb") as previous:
-                    previous.seek(-1, os.SEEK_END)
-                    if previous.read(1) != b"\n":  # the last attempt's output ended mid-line
-                        line = "\n" + line
-            log.write(line.encode())
+            print(line, end="", file=sys.stderr, flush=True)
+        else:
+            mark_log(self.dir / "output.log", line)
 
     def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
         if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
@@ -288,20 +282,35 @@ class Supervisor:
         cards = {g.index for g in gpus}  # a MIG slice's processes are listed on its card
         stopped: str | None = None
         trouble: Trouble | None = None
+        blind_since: float | None = None  # since when the job's memory could not be read
         while not self.tree.ended():
+            self.records.retry()
             if self.stop_requested:
                 stopped = self.stop_requested
                 self._stop_child()
                 break
-            snapshot = self.latest = backend.sample()
-            pids = {p.pid for p in self.tree.processes()}
-            self.energy.see(snapshot, cards, pids)
-            used = self._job_gpu_memory(snapshot, cards, pids)
+            snapshot: Snapshot | None = None
+            try:
+                snapshot = self.latest = backend.sample()
+                pids = {p.pid for p in self.tree.processes()}
+                self.energy.see(snapshot, cards, pids)
+                used = job_memory(snapshot, cards, pids)
+                blind = unwatched(snapshot, self.limits)
+            except Exception as exc:  # noqa: BLE001 - whatever a sample raises, the watch goes on
+                snapshot, blind = None, printable(str(exc))[:200] or type(exc).__name__
+            blind_since = None if blind is None else blind_since or time.monotonic()
+            if blind_since is not None and time.monotonic() - blind_since >= BLIND_S:
+                stopped = f"stopped by gpumon: its memory limit could not be watched for {BLIND_S:g} s ({blind})"
+                self._stop_child()
+                break
+            if snapshot is None:
+                self._pause(backend, self.spec_interval, cards)
+                continue
             peak = max(used.values(), default=0)
             if peak > self.peak:
                 self.peak = peak
-                write_atomic(self.dir / "peak", str(peak))
-            if self.spec.mem_limit and (stopped := over_limit(used, self.spec.mem_limit)):
+                self.records.write("peak", str(peak))
+            if self.limits and (stopped := over_limit(used, self.limits)):
                 self._stop_child()
                 break
             trouble = trouble or self._note(card_trouble(snapshot, cards))
@@ -313,13 +322,22 @@ class Supervisor:
                 self._stop_child()
                 break
         code = self._reap()
-        self.energy.see(backend.sample(), cards, None)
+        if (last := self._sample(backend)) is not None:
+            self.energy.see(last, cards, None)
         self.energy.attempt_ended()
-        if code != 0 and stopped is None and trouble is None and self.spec.failover:
+        if code != 0 and stopped is None and trouble is None and self.spec.failover and last is not None:
             # Did it fail because its card did? NVML may say so a moment after the program noticed.
-            trouble = self._note(card_trouble(backend.sample(), cards)) or self._pause(
+            trouble = self._note(card_trouble(last, cards)) or self._pause(
                 backend, SETTLE_S, cards, while_running=False)
         return AttemptEnd(code, stopped, trouble)
+
+    def _sample(self, backend: Backend) -> Snapshot | None:
+        """A sample after the command ended; None if the driver cannot say (the end is recorded anyway)."""
+        try:
+            return backend.sample()
+        except Exception as exc:  # noqa: BLE001
+            say(f"cannot sample the cards after the job ended: {exc}")
+            return None
 
     def _note(self, trouble: Trouble | None) -> Trouble | None:
         if trouble is not None and trouble.uuid:
@@ -330,10 +348,18 @@ class Supervisor:
         """Sleep, listening for XIDs; wake up early when the command exits, a stop is asked for, or
         one of `cards` reports a fatal XID (returned)."""
         deadline = time.monotonic() + seconds
+        xids_answer = backend.xid_events
         while (left := deadline - time.monotonic()) > 0 and not self.stop_requested:
             if while_running and self.tree is not None and self.tree.ended():
                 break
-            for index, code in backend.wait_xid(min(POLL_S, left)):  # a backend without XIDs just waits
+            if not xids_answer:  # a backend without XIDs, or whose XIDs failed: just wait
+                time.sleep(min(POLL_S, left))
+                continue
+            try:
+                events = backend.wait_xid(min(POLL_S, left))
+            except Exception:  # noqa: BLE001 - XIDs are not worth the watch: wait instead
+                xids_answer, events = False, []
+            for index, code in events:
                 trouble = self._note(xid_trouble(self.latest, index, code, seen=self.xids_seen))
                 if trouble is not None and index in cards:
                     return trouble
@@ -344,13 +370,8 @@ class Supervisor:
         try:
             return self.tree.reap(timeout=STUCK_S)
         except subprocess.TimeoutExpired:  # SIGKILLed but stuck in the driver: it never runs again
-            print(f"gpumon: pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL", file=sys.stderr)
+            say(f"pid {self.child.pid} has not ended {STUCK_S:.0f} s after SIGKILL")
             return -signal.SIGKILL
-
-    def _job_gpu_memory(self, snapshot: Snapshot, cards: set[int], pids: set[int]) -> dict[int, int]:
-        """Per card, the GPU memory of the job's own processes (`pids`); other users' never count."""
-        return {g.index: sum(p.gpu_memory or 0 for p in g.processes if p.pid in pids)
-                for g in snapshot.gpus if g.index in cards}
 
     def _stop_child(self) -> None:
         """SIGTERM to the command and what it started, SIGKILL to whatever is left after the grace.
@@ -378,8 +399,14 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: python -m gpumon.jobs.supervisor JOB_DIR [--foreground]", file=sys.stderr)
         return 2
-    supervisor = Supervisor(Path(argv[1]), foreground="--foreground" in argv)
-    code = supervisor.run()
+    directory = Path(argv[1]).absolute()
+    # Its own folder, whoever started it (systemd too): nothing is left open in the caller's directory.
+    os.chdir(directory)
+    supervisor = Supervisor(directory, foreground="--foreground" in argv)
+    try:
+        code = supervisor.run()
+    finally:  # the end of the job, once the disk has room for it
+        supervisor.records.flush(FLUSH_S)
     if supervisor.foreground and supervisor.child is not None:
         return supervisor.child.returncode if supervisor.child.returncode >= 0 else 128 - supervisor.child.returncode
     return code

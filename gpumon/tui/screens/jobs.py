@@ -30,15 +30,17 @@ if TYPE_CHECKING:
 
 LOG_TAIL_BYTES = 64 * 1024
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
-                "failed": "bold red", "cancelled": "dim", "lost": "red"}
+                "failed": "bold red", "cancelled": "dim", "lost": "red", "unsupervised": "bold magenta"}
 READONLY_STOP = "read-only (--readonly): jobs are not stopped from here"
 UNFINISHED = ("running", "queued")
 
 
 def state_text(job: dict) -> Text:
-    """The state for people: an unfinished job that runs on another host sharing this home says where."""
+    """The state for people: an unfinished job that runs on another host sharing this home says where;
+    one whose supervisor is gone is `unsupervised` (its reason says what that means)."""
+    state = "unsupervised" if job.get("supervised") is False else job["state"]
     elsewhere = f" on {job['runs_on']}" if job.get("runs_on") and job["state"] in UNFINISHED else ""
-    return Text(job["state"] + elsewhere, style=STATE_STYLES.get(job["state"], ""))
+    return Text(state + elsewhere, style=STATE_STYLES.get(state, ""))
 
 
 def runtime(job: dict) -> float | None:
