@@ -74,6 +74,8 @@ class JobSpec:
     limits_applied: list[str] = field(default_factory=list)
     host: str = ""  # where the job runs ("" in records older than the field: this host)
     failover: int = 0  # how many times the job may move to other cards when its card fails
+    claims_dir: str | None = None  # the host's shared place for claims and the queue (gpumon/sharing)
+    wait_timeout: float | None = None  # --wait-timeout: seconds a queued job waits before giving up
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:

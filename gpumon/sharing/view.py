@@ -1,0 +1,59 @@
+"""Who shares each card, for the views: its live claims and its reservation, read once per call
+from the shared place (a listdir and one small read per record), keyed by the card's reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumon.model import GpuSample, Snapshot
+from gpumon.sharing import claims, reservations
+from gpumon.sharing.reservations import Ended, Reservation
+
+
+@dataclass(frozen=True)
+class CardSharing:
+    claims: list[claims.Claim] = field(default_factory=list)
+    reservation: Reservation | None = None
+
+
+def _refs(gpu: GpuSample | dict[str, Any]) -> list[str]:
+    if isinstance(gpu, dict):
+        return [r for r in (gpu.get("uuid"), gpu.get("pci_bus_id")) if r]
+    return [r for r in (gpu.uuid, gpu.pci_bus_id) if r]
+
+
+def per_card(directory: Path, snapshot: Snapshot | None = None, idle_release: float = reservations.IDLE_RELEASE_S,
+             ended: list[Ended] | None = None) -> dict[str, CardSharing]:
+    """ref -> CardSharing for every card someone claims or reserves; {} when the place is missing
+    or unreadable (nothing is shared there)."""
+    if not directory.is_dir():
+        return {}
+    try:
+        held = claims.read(directory)
+        booked = reservations.read(directory, snapshot, idle_release, ended=ended)
+    except OSError:
+        return {}
+    return {ref: CardSharing(held.get(ref, []), booked.get(ref)) for ref in set(held) | set(booked)}
+
+
+def of(gpu: GpuSample | dict[str, Any], shares: dict[str, CardSharing]) -> CardSharing:
+    """A card's sharing (a MIG slice's claims count as its card's)."""
+    found = CardSharing()
+    for ref in _refs(gpu):
+        if ref in shares:
+            found = shares[ref]
+            break
+    mig = gpu.get("mig_devices") or [] if isinstance(gpu, dict) else [m.uuid for m in gpu.mig_devices]
+    extra = [c for m in mig if isinstance(m, str) and m in shares for c in shares[m].claims]
+    return CardSharing(found.claims + extra, found.reservation) if extra else found
+
+
+def annotate(document: dict[str, Any], shares: dict[str, CardSharing]) -> dict[str, Any]:
+    """Add each card's `claims` (a list) and `reservation` (or null) to a snapshot document."""
+    for gpu in document.get("gpus", []):
+        mine = of(gpu, shares)
+        gpu["claims"] = [c.to_dict() for c in mine.claims]
+        gpu["reservation"] = mine.reservation.to_dict() if mine.reservation else None
+    return document
