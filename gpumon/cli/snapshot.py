@@ -8,11 +8,11 @@ import json
 import sys
 
 from gpumon.cards.sampler import sample_once
-from gpumon.cli.common import fleet_requested, load_settings, print_document, read_once
+from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import snapshot_text
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import view
-from gpumon.sharing.place import idle_release_s, where
+from gpumon.sharing.place import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,8 +26,7 @@ def run(args: argparse.Namespace) -> int:
         return snapshot_hosts(args)
     snapshot = read_once(args, lambda backend, left: sample_once(backend, wait_s=left))
     if args.json:  # each card's claims and reservation (gpumon/sharing), added to the document
-        config = load_settings(args)
-        shares = view.per_card(where(config.claims_dir), snapshot, idle_release_s(config.claims_idle_release))
+        shares = view.per_card(where(), snapshot, idle_release())
         json.dump(view.annotate(snapshot.to_dict(), shares), sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK

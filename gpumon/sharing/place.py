@@ -35,9 +35,23 @@ class Unavailable(Exception):
     """The place cannot be used; the text says why, in one line."""
 
 
+_configured: dict[str, Any] = {"dir": None, "idle_release": None}
+
+
+def configure(directory: str | None, idle_release: str | None = None) -> None:
+    """The config's `[claims]` for this process (cli/common.load_settings); checked here."""
+    _configured["dir"] = directory
+    _configured["idle_release"] = idle_release_s(idle_release)
+
+
 def where(configured: str | None = None) -> Path:
-    """$GPUMON_CLAIMS_DIR, else the config's `[claims] dir`, else /tmp/gpumon-claims."""
-    return Path(os.environ.get(ENV) or configured or DEFAULT_DIR).expanduser()
+    """$GPUMON_CLAIMS_DIR, else `configured`, else the config's `[claims] dir`, else /tmp/gpumon-claims."""
+    return Path(os.environ.get(ENV) or configured or _configured["dir"] or DEFAULT_DIR).expanduser()
+
+
+def idle_release() -> float:
+    """Seconds a reservation may go unused (`[claims] idle_release`, default 30 minutes)."""
+    return _configured["idle_release"] or idle_release_s(None)
 
 
 def name_part(text: str) -> str:
