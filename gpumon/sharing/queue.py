@@ -37,8 +37,8 @@ class Entry:
         return {"position": self.position, "user": self.user, "job": self.job, "name": self.name,
                 "gpu_spec": self.gpu_spec, "queued": self.queued, "host": self.host}
 
-    def words(self) -> str:
-        return (f"{self.position}. {printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
+    def words(self, numbered: bool = True) -> str:
+        return (f"{f'{self.position}. ' if numbered else ''}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
                 f"wants {printable(self.gpu_spec)}, queued {time.strftime('%H:%M:%S', time.localtime(self.queued))}")
 
 

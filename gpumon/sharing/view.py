@@ -9,6 +9,8 @@ from typing import Any
 
 from gpumon.model import GpuSample, Snapshot
 from gpumon.sharing import claims, reservations
+from gpumon.sharing import queue as queue_mod
+from gpumon.sharing.place import idle_release, where
 from gpumon.sharing.reservations import Ended, Reservation
 
 
@@ -57,3 +59,23 @@ def annotate(document: dict[str, Any], shares: dict[str, CardSharing]) -> dict[s
         gpu["claims"] = [c.to_dict() for c in mine.claims]
         gpu["reservation"] = mine.reservation.to_dict() if mine.reservation else None
     return document
+
+
+@dataclass(frozen=True)
+class HostSharing:
+    """This host's claims and reservations by card, and its queue: what the views show."""
+
+    cards: dict[str, CardSharing] = field(default_factory=dict)
+    queue: list[queue_mod.Entry] = field(default_factory=list)
+
+
+def host_sharing(snapshot: Snapshot | None = None, ended: list[Ended] | None = None) -> HostSharing:
+    """Read this host's place (`[claims] dir`) once: every view of one sample uses the result."""
+    directory = where()
+    if not directory.is_dir():
+        return HostSharing()
+    try:
+        line = queue_mod.read(directory)
+    except OSError:
+        line = []
+    return HostSharing(per_card(directory, snapshot, idle_release(), ended), line)

@@ -25,6 +25,7 @@ from gpumon.fleet import Fleet
 from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
+from gpumon.sharing.view import host_sharing
 from gpumon.web.view import fleet_view, local_view
 
 
@@ -118,7 +119,8 @@ class LocalCards(_Documents):
         if self._first is None:
             self._first = snapshot.time
         self.latest = snapshot
-        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding))
+        # This host's claims, reservations and queue: one read of the shared place per sample.
+        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding, host_sharing(snapshot)))
 
     async def run(self) -> None:
         backend = await self.sampler.open()
