@@ -28,6 +28,7 @@ from gpumon.errors import UsageError
 from gpumon.exporter.amd import DRM_GAUGES, amd_families
 from gpumon.exporter.health import HEALTH, HEALTH_GAUGES, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
+from gpumon.exporter.sharing import reserved_family
 from gpumon.model import THROTTLE_REASONS, GpuSample, Snapshot
 
 MIB = 1 << 20
@@ -111,6 +112,7 @@ class GpumonCollector(Collector):
         firing = self.firing() if self.firing is not None else None
         reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
+        yield reserved_family(snap, reading.host)  # this machine's reservations (exporter/sharing.py)
 
 
 class FleetCollector(Collector):

@@ -38,7 +38,8 @@ class Entry:
                 "gpu_spec": self.gpu_spec, "queued": self.queued, "host": self.host}
 
     def words(self, numbered: bool = True) -> str:
-        return (f"{f'{self.position}. ' if numbered else ''}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
+        number = f"{self.position}. " if numbered else ""
+        return (f"{number}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
                 f"wants {printable(self.gpu_spec)}, queued {time.strftime('%H:%M:%S', time.localtime(self.queued))}")
 
 

@@ -3,6 +3,7 @@ from the shared place (a listdir and one small read per record), keyed by the ca
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,34 @@ def host_sharing(snapshot: Snapshot | None = None, ended: list[Ended] | None = N
     except OSError:
         line = []
     return HostSharing(per_card(directory, snapshot, idle_release(), ended), line)
+
+
+class ReservationsSeen:
+    """This host's reservations for a view that repaints every second (the TUI's cards): read again
+    when the place changed (a reservation made or released), and every `every` seconds (one ends
+    by itself at its time, or unused)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.read_at = float("-inf")
+        self.changed: int | None = None
+        self.found: dict[str, Reservation] = {}
+
+    def get(self, snapshot: Snapshot | None = None) -> dict[str, Reservation]:
+        directory = where()
+        try:
+            changed = directory.stat().st_mtime_ns
+        except OSError:
+            self.found = {}
+            return self.found
+        now = time.monotonic()
+        if changed != self.changed or now - self.read_at >= self.every:
+            self.changed, self.read_at = changed, now
+            try:
+                self.found = reservations.read(directory, snapshot, idle_release())
+            except OSError:
+                self.found = {}
+        return self.found
+
+    def of(self, gpu: GpuSample) -> Reservation | None:
+        return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
