@@ -132,3 +132,23 @@ def test_a_claim_names_whoever_owns_it_whatever_it_says(two_users):
     # Its holder gone, the claim is stale: everyone ignores it (only bob could remove the file).
     doc = json.loads(alice.gpumon("snapshot", "--json").stdout)
     assert doc["gpus"][3]["claims"] == []
+
+
+def test_alices_reservation_is_skipped_by_bob_and_only_alice_can_release_it(two_users):
+    alice, bob = two_users
+    made = alice.gpumon("reserve", "--gpu", "3", "--for", "1h", "--note", "<i>deadline</i>")
+    assert made.returncode == 0, made.stderr
+    refused = bob.gpumon("run", "--gpu", "auto", "--", "true")
+    assert refused.returncode == 2
+    assert f'GPU 3 is reserved by {alice.name} until ' in refused.stderr and '"<i>deadline</i>"' in refused.stderr
+    assert "GPU 3 skipped: reserved by" in bob.gpumon("select", "--verbose").stderr
+    taken = bob.gpumon("reserve", "--gpu", "3", "--for", "1h")
+    assert taken.returncode == 2 and f"GPU 3 is reserved by {alice.name}" in taken.stderr
+    assert "no reservation" in bob.gpumon("release", "--gpu", "3").stdout
+    booked = next(p for p in alice.place.iterdir() if p.name.startswith("reserve."))
+    assert bob.run("rm", "-f", str(booked)).returncode != 0 and booked.exists()
+    listed = json.loads(bob.gpumon("reserve", "--list", "--json").stdout)["reservations"]
+    assert [(r["index"], r["user"]) for r in listed] == [(3, alice.name)]
+    assert alice.gpumon("select").returncode == 0  # hers to use
+    assert alice.gpumon("release").stdout.startswith("released GPU 3")
+    assert bob.gpumon("select").returncode == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 
 from gpumon.alerting.events import EventWriter
@@ -38,11 +39,12 @@ def run(args: argparse.Namespace) -> int:
     # series name the job or pod holding it, as dcgm-exporter's do), or to know who holds the cards
     # (idle rules).
     enrich = recorder is not None or bool(address) or needs_processes(rules)
+    sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich)
     watch = Watch(
-        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
+        sampler, AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
-        job_events=None if replaying else EventFollower().read_new,
+        job_events=None if replaying else _job_and_reservation_events(sampler),
     )
     server = None
     try:
@@ -57,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.close()
         backend.close()
+
+
+def _job_and_reservation_events(sampler: Sampler):
+    """Jobs of this user on this host that moved to other cards, and reservations of this host
+    that ended by themselves (gpumon/sharing; judged on the newest sample): news once per sample."""
+    from gpumon.sharing.view import ReservationFollower
+
+    jobs, reservations = EventFollower(), ReservationFollower(socket.gethostname())
+    reservations.read_new(None)  # what ended before watch started is not news
+    return lambda: [*jobs.read_new(), *reservations.read_new(sampler.latest)]
 
 
 def _hostname(args: argparse.Namespace, config) -> str | None:

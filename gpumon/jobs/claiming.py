@@ -9,6 +9,7 @@ ends. A place that cannot be used costs one line and changes nothing else: jobs 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class JobSharing:
         self.claims = claims.adopt(self.sharing.directory, job)
         self.entry = queue.adopt(self.sharing.directory, job)
         self.waiting_for = ""  # why a queued job has not started yet, in words
+        self.noted_at = float("-inf")
 
     def hold(self, gpus: Sequence[GpuSample]) -> None:
         """The cards chosen at launch: claimed by the launcher, or else now."""
@@ -155,6 +157,17 @@ class JobSharing:
             if os.path.realpath(entry.path) in mine:
                 return entry.position - 1
         return 0
+
+    def note_use(self, gpus: Sequence[GpuSample]) -> None:
+        """The job runs on `gpus`: our reservations of them are in use (at most once a minute)."""
+        now = time.monotonic()
+        if now - self.noted_at < reservations.TOUCH_EVERY_S or not self.sharing.directory.is_dir():
+            return
+        self.noted_at = now
+        try:
+            reservations.note_use(self.sharing.directory, {g.ref for g in gpus})
+        except OSError:
+            pass
 
     def release_cards(self) -> None:
         self.claims.release()

@@ -317,6 +317,7 @@ class Supervisor:
             snapshot = self.latest = backend.sample()
             pids = {p.pid for p in self.tree.processes()}
             self.energy.see(snapshot, cards, pids)
+            self.sharing.note_use(gpus)  # the user's reservation of these cards is in use
             used = self._job_gpu_memory(snapshot, cards, pids)
             peak = max(used.values(), default=0)
             if peak > self.peak:

@@ -68,10 +68,12 @@ def _number(value: Any) -> float | None:
 
 
 def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float = IDLE_RELEASE_S,
-         now: float | None = None, ended: list[Ended] | None = None) -> dict[str, Reservation]:
+         now: float | None = None, ended: list[Ended] | None = None,
+         seen: dict[str, float] | None = None) -> dict[str, Reservation]:
     """Reservations in force, by card. With a `snapshot`, a holder's process on the card is use
     (noted, for our own); one unused for `idle_release` is over. Over ones are skipped (and ours
-    removed); `ended` collects them."""
+    removed); `ended` collects them. `seen`: a long-running reader's memory of when it last saw
+    each in use (by file name), for the holders it cannot note use for."""
     now = time.time() if now is None else now
     users_on: dict[str, set[int | str]] = {}  # card -> the uids and user names of its processes
     if snapshot is not None:
@@ -99,6 +101,10 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
         in_use = bool(users_on.get(card, set()) & {r.uid, r.user})
         if in_use:
             r = _note_use(r, now)
+            if seen is not None:
+                seen[r.path.name] = now
+        elif seen is not None and seen.get(r.path.name, 0.0) > r.used:
+            r = Reservation(**{**r.__dict__, "used": seen[r.path.name]})
         why = "expired" if until <= now else ("idle" if not in_use and now - r.used >= idle_release else None)
         if why:
             if r.mine:
@@ -118,6 +124,17 @@ def _note_use(r: Reservation, now: float) -> Reservation:
         except OSError:
             return r
     return Reservation(**{**r.__dict__, "used": now})
+
+
+def note_use(directory: Path, cards: set[str], now: float | None = None) -> None:
+    """Our reservations of `cards` are in use now (a job of ours runs there: its supervisor says so)."""
+    now = time.time() if now is None else now
+    for record in records(directory, PREFIX, locked=False):
+        if record.uid == os.geteuid() and record.data.get("card") in cards:
+            try:
+                os.utime(record.path, (now, now))
+            except OSError:
+                pass
 
 
 def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: str) -> list[Path]:

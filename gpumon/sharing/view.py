@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumon.model import GpuSample, Snapshot
+from gpumon.model import GpuSample, ReservationEvent, Snapshot
 from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
 from gpumon.sharing.place import idle_release, where
 from gpumon.sharing.reservations import Ended, Reservation
+from gpumon.units import format_duration
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,33 @@ class ReservationsSeen:
 
     def of(self, gpu: GpuSample) -> Reservation | None:
         return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
+
+
+class ReservationFollower:
+    """For `watch`: the reservations of this host that ended since the last call, once each (those
+    over before it started are not news), as events for the hooks."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.seen: dict[str, float] = {}  # when each reservation was last seen in use, by file name
+        self.told: set[str] = set()
+        self.started = False
+
+    def read_new(self, snapshot: Snapshot | None) -> list[ReservationEvent]:
+        directory = where()
+        ended: list[Ended] = []
+        if directory.is_dir():
+            try:
+                reservations.read(directory, snapshot, idle_release(), ended=ended, seen=self.seen)
+            except OSError:
+                return []
+        new = [e for e in ended if e.reservation.path.name not in self.told]
+        self.told |= {e.reservation.path.name for e in new}
+        if not self.started:
+            self.started = True
+            return []
+        return [ReservationEvent(host=self.host, gpu=e.reservation.index, uuid=e.reservation.card,
+                                 user=e.reservation.user, note=e.reservation.note, until=e.reservation.until,
+                                 reason="its time was up" if e.why == "expired"
+                                 else f"unused for {format_duration(idle_release())}", time=time.time())
+                for e in new]
