@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.model import GpuSample, ReservationEvent, Snapshot
+from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
 from gpumon.sharing.place import idle_release, where
@@ -112,6 +113,13 @@ class ReservationsSeen:
 
     def of(self, gpu: GpuSample) -> Reservation | None:
         return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
+
+
+def reservations_text(found: dict[str, Reservation]) -> list[str]:
+    """'GPU 2 reserved by alice until 14:00: "paper"', a line per reserved card (their text made printable)."""
+    ordered = sorted({id(r): r for r in found.values()}.values(),
+                     key=lambda r: (r.index if r.index is not None else 1 << 30, r.card))
+    return [f"GPU {r.index if r.index is not None else printable(r.card)} {r.words()}" for r in ordered]
 
 
 class ReservationFollower:

@@ -16,7 +16,7 @@ from gpumon.jobs.placement import free_enough
 from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
 from gpumon.owners.holders import Holder, idle_cell, idle_holders, summary
 from gpumon.sanitize import printable
-from gpumon.sharing.view import CardSharing, HostSharing, of
+from gpumon.sharing.view import CardSharing, HostSharing, of, reservations_text
 from gpumon.units import format_bytes, format_duration, format_energy
 
 COMMAND_CHARS = 200  # a command line this long says enough; the rest is cut with …
@@ -143,8 +143,11 @@ def users_view(holders: tuple[Holder, ...], fleet: bool) -> dict[str, Any]:
 def local_view(snapshot: Snapshot, interval: float, holders: tuple[Holder, ...] = (),
                sharing: HostSharing | None = None) -> dict[str, Any]:
     hosts = [host_view(snapshot.host, "stale" if snapshot.stale else "live", snapshot, sharing=sharing)]
+    users = users_view(holders, fleet=False)
+    booked = {ref: s.reservation for ref, s in (sharing.cards if sharing else {}).items() if s.reservation}
+    users["reservations"] = [_text(line, 300) for line in reservations_text(booked)]
     return {"time": snapshot.time, "interval": interval, "fleet": False, "hosts": hosts,
-            "summary": _summary(hosts, fleet=False), "users": users_view(holders, fleet=False)}
+            "summary": _summary(hosts, fleet=False), "users": users}
 
 
 def fleet_view(doc: FleetSnapshot, interval: float, problems: tuple[str, ...] = (),

@@ -175,6 +175,8 @@
     summary.replaceChildren();
     if (users.idle) summary.append(el("span", "users-idle", users.idle), document.createTextNode(" \u00b7 "));
     summary.append(el("span", "users-rest", users.rest));
+    const reserved = document.getElementById("users-reserved");
+    reserved.replaceChildren(...(users.reservations || []).map((line) => el("li", null, line)));
     const columns = HOLDER_COLUMNS.filter(([key]) => fleet || key !== "host");
     const table = document.getElementById("users-table");
     if (!users.rows.length) { table.replaceChildren(); table.hidden = true; }
