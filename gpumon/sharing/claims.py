@@ -38,7 +38,7 @@ class Claim:
         return f"claimed by {printable(self.user)}: job {printable(self.job)} {printable(self.name)}{when}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"user": self.user, "job": self.job, "name": self.name, "since": self.since, "pid": self.pid}
+        return {"user": self.user, "job": self.job, "name": self.name, "since": self.since, "host": self.host}
 
 
 def _text(value: Any) -> str:
