@@ -417,23 +417,3 @@ class FailoverEvent:
         return cls(host=str(data["host"]), job=str(data["job"]), name=str(data["name"]), from_gpus=ints("from"),
                    from_uuids=strs("from_uuids"), to_gpus=ints("to"), to_uuids=strs("to_uuids"),
                    reason=str(data["reason"]), attempt=int(data["attempt"]), time=float(data["time"]))
-
-
-@dataclass(frozen=True, slots=True)
-class ReservationEvent:
-    """A reservation of a card ended by itself (gpumon/sharing/reservations.py): its holder had
-    no process on the card for `[claims] idle_release`, or its time was up. `watch` emits it."""
-
-    host: str
-    gpu: int | None
-    uuid: str
-    user: str
-    note: str
-    until: float
-    reason: str  # "unused for 30m", "its time was up"
-    time: float
-    event: str = "reservation_released"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "host": self.host, "gpu": self.gpu, "uuid": self.uuid, "user": self.user,
-                "note": self.note, "until": self.until, "reason": self.reason, "time": self.time}

@@ -7,11 +7,10 @@ import shlex
 import sys
 
 from conftest import GIB, Card
-from terminal import tmux_session  # noqa: F401 - a fixture
 from test_claims import jobs
 
 
-def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):  # noqa: F811
+def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):
     fake_driver.machine.cards = [
         Card("NVIDIA A40", uuid=f"GPU-{i}{i}{i}{i}9999-1111-2222-3333-44445555666{i}",
              bus=f"00000000:{0x71 + i:02X}:00.0", mem_total=48 * GIB,

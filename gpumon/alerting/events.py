@@ -9,8 +9,9 @@ import time
 from typing import IO
 
 from gpumon.alerting.rules import AlertEvent
-from gpumon.model import FailoverEvent, GpuSample, ReservationEvent, Snapshot
+from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.sanitize import printable
+from gpumon.sharing.reservations import ReservationEvent
 from gpumon.units import format_bytes
 
 

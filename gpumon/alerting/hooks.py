@@ -19,7 +19,8 @@ import sys
 import threading
 
 from gpumon.alerting.rules import AlertEvent
-from gpumon.model import FailoverEvent, ReservationEvent
+from gpumon.model import FailoverEvent
+from gpumon.sharing.reservations import ReservationEvent
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000

@@ -157,3 +157,23 @@ def release(found: dict[str, Reservation], cards: set[str] | None = None) -> lis
             r.path.unlink(missing_ok=True)
             gone.append(r)
     return gone
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationEvent:
+    """A reservation of a card ended by itself (gpumon/sharing/reservations.py): its holder had
+    no process on the card for `[claims] idle_release`, or its time was up. `watch` emits it."""
+
+    host: str
+    gpu: int | None
+    uuid: str
+    user: str
+    note: str
+    until: float
+    reason: str  # "unused for 30m", "its time was up"
+    time: float
+    event: str = "reservation_released"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "host": self.host, "gpu": self.gpu, "uuid": self.uuid, "user": self.user,
+                "note": self.note, "until": self.until, "reason": self.reason, "time": self.time}

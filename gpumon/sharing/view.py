@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumon.model import GpuSample, ReservationEvent, Snapshot
+from gpumon.model import GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
 from gpumon.sharing.place import idle_release, where
-from gpumon.sharing.reservations import Ended, Reservation
+from gpumon.sharing.reservations import Ended, Reservation, ReservationEvent
 from gpumon.units import format_duration
 
 

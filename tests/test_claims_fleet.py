@@ -1,0 +1,32 @@
+"""`run --hosts … --gpu auto` places a job on a host with a free card that no job there claims now
+(each host's own claims have the last word; a real sshd, each alias a machine of its own)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import GIB, Card
+
+
+def test_run_across_hosts_skips_a_host_whose_free_card_is_claimed(ssh_lab):
+    first = ssh_lab.host("first")
+    first.machine.cards = [Card(uuid="GPU-aaaa0000-1111-2222-3333-444455556666", mem_total=80 * GIB)]
+    first.write()
+    second = ssh_lab.host("second")
+    second.machine.cards = [Card(uuid="GPU-bbbb0000-1111-2222-3333-444455556666", mem_total=40 * GIB)]
+    second.write()
+    try:
+        held = ssh_lab.gpumon("run", "--host", "first", "--name", "holder", "--", "sleep", "60")
+        assert held.returncode == 0, held.stderr
+        # first's card still looks free from here (the job has touched nothing), and has more memory.
+        launched = ssh_lab.gpumon("run", "--hosts", "first,second", "--gpu", "auto", "--name", "next", "--",
+                                  "sleep", "60")
+        assert launched.returncode == 0, launched.stderr
+        assert "first: no free set there now" in launched.stderr and "claimed by" in launched.stderr
+        (job,) = json.loads(ssh_lab.gpumon("jobs", "--hosts", "second", "--json").stdout)
+        assert job["name"] == "next" and job["gpus"] == ["GPU-bbbb0000-1111-2222-3333-444455556666"]
+    finally:
+        for alias in ("first", "second"):
+            for job in json.loads(ssh_lab.gpumon("jobs", "--hosts", alias, "--json").stdout or "[]"):
+                if job["state"] in ("running", "queued"):
+                    ssh_lab.gpumon("jobs", "--hosts", alias, "--stop", job["id"])
