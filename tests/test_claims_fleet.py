@@ -30,3 +30,30 @@ def test_run_across_hosts_skips_a_host_whose_free_card_is_claimed(ssh_lab):
             for job in json.loads(ssh_lab.gpumon("jobs", "--hosts", alias, "--json").stdout or "[]"):
                 if job["state"] in ("running", "queued"):
                     ssh_lab.gpumon("jobs", "--hosts", alias, "--stop", job["id"])
+
+
+def test_reserve_release_and_queue_across_hosts(ssh_lab):
+    for alias in ("r1", "r2"):
+        host = ssh_lab.host(alias)
+        host.machine.cards = [Card(uuid=f"GPU-{alias}00000-1111-2222-3333-444455556666", mem_total=40 * GIB),
+                              Card(uuid=f"GPU-{alias}00001-1111-2222-3333-444455556666", mem_total=40 * GIB,
+                                   extra=dict(util=90, mem_used=30 * GIB))]
+        host.write()
+    try:
+        made = ssh_lab.gpumon("reserve", "--hosts", "r1,r2", "--gpu", "0", "--for", "1h", "--note", "<demo>")
+        assert made.returncode == 0, made.stderr
+        assert [line.split(":")[0] for line in made.stdout.splitlines()] == ["r1", "r2"]
+        doc = json.loads(ssh_lab.gpumon("reserve", "--hosts", "r1,r2", "--list", "--json").stdout)
+        assert [(h["host"], [(r["index"], r["note"]) for r in h["reservations"]]) for h in doc["hosts"]] == [
+            ("r1", [(0, "<demo>")]), ("r2", [(0, "<demo>")])]
+        queued = ssh_lab.gpumon("run", "--host", "r2", "--wait", "--gpu", "1", "--name", "later", "--", "true")
+        assert queued.returncode == 0, queued.stderr
+        line = json.loads(ssh_lab.gpumon("queue", "--hosts", "r1,r2", "--json").stdout)["hosts"]
+        assert [(h["host"], [e["name"] for e in h["queue"]]) for h in line] == [("r1", []), ("r2", ["later"])]
+        assert "r2: POS" in ssh_lab.gpumon("queue", "--hosts", "r1,r2").stdout
+        gone = ssh_lab.gpumon("release", "--hosts", "r1,r2")
+        assert gone.returncode == 0 and gone.stdout.count("released GPU 0") == 2
+    finally:
+        for job in json.loads(ssh_lab.gpumon("jobs", "--hosts", "r2", "--json").stdout or "[]"):
+            if job["state"] in ("running", "queued"):
+                ssh_lab.gpumon("jobs", "--hosts", "r2", "--stop", job["id"])

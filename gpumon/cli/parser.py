@@ -327,9 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them
     p.set_defaults(subcommand="run")
 
-    from gpumon.cli.parser_sharing import add_sharing_commands
-
-    add_sharing_commands(sub, _duration, _add_config_option, _add_timeout_option, _add_source_options)
+    from gpumon.cli.parser_sharing import add_sharing_commands as add_sharing
+    add_sharing(sub, _duration, _add_config_option, _add_timeout_option, _add_source_options, _add_fleet_options)
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")
     p.add_argument("--json", action="store_true", help="as JSON, oldest first")

@@ -8,10 +8,12 @@ from typing import Any
 
 
 def add_sharing_commands(sub: Any, duration: Callable[[str], float], add_config: Callable[..., None],
-                         add_timeout: Callable[..., None], add_source: Callable[..., None]) -> None:
+                         add_timeout: Callable[..., None], add_source: Callable[..., None],
+                         add_fleet: Callable[..., None]) -> None:
     p = sub.add_parser("queue", help="the host's queue of jobs waiting for cards (run --wait), every user's")
     p.add_argument("--json", action="store_true", help="as JSON, next to start first")
     add_config(p, suppress=True)
+    add_fleet(p, suppress=True)
     p.set_defaults(subcommand="queue")
 
     p = sub.add_parser("reserve", help="book cards for a while: others' auto placement, select and queue skip them")
@@ -22,10 +24,12 @@ def add_sharing_commands(sub: Any, duration: Callable[[str], float], add_config:
     p.add_argument("--json", action="store_true", help="with --list: as JSON")
     add_timeout(p)
     add_source(p, suppress=True, replay=False)
+    add_fleet(p, suppress=True)
     p.set_defaults(subcommand="reserve")
 
     p = sub.add_parser("release", help="end your reservations (all, or those of --gpu)")
     p.add_argument("--gpu", metavar="N[,M...]", help="only these cards")
     add_timeout(p)
     add_source(p, suppress=True, replay=False)
+    add_fleet(p, suppress=True)
     p.set_defaults(subcommand="release")

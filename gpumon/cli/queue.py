@@ -9,8 +9,8 @@ import socket
 import sys
 import time
 
-from gpumon.cli.common import load_settings
-from gpumon.errors import EXIT_OK
+from gpumon.cli.common import fleet_requested, load_settings
+from gpumon.errors import EXIT_ALERT, EXIT_OK
 from gpumon.sanitize import printable
 from gpumon.sharing import queue
 from gpumon.sharing.place import where
@@ -35,6 +35,20 @@ def queue_text(document: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host's own queue
+        from gpumon.cli.sharing_hosts import documents, on_each_host
+
+        answers = on_each_host(args, ["queue", "--json"])
+        doc = documents(answers, "queue")
+        if args.json:
+            json.dump(doc, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            for host in doc["hosts"]:
+                sys.stdout.write(f"{printable(host['host'])}: "
+                                 + (printable(host["error"]) + "\n" if host["error"] else
+                                    queue_text({"queue": host["queue"]})))
+        return EXIT_ALERT if any(h["error"] for h in doc["hosts"]) else EXIT_OK
     load_settings(args)
     document = queue_document()
     if args.json:

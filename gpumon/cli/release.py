@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpumon.cli.common import load_settings
+from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.reserve import cards_named, when
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import reservations
@@ -12,6 +12,10 @@ from gpumon.sharing.place import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host's own reservations of yours
+        from gpumon.cli.sharing_hosts import on_each_host, print_lines
+
+        return print_lines(on_each_host(args, ["release", *(["--gpu", args.gpu] if args.gpu else [])]))
     load_settings(args)
     cards = {g.ref for g in cards_named(args, args.gpu)} if args.gpu else None
     directory = where()

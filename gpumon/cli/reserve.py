@@ -12,7 +12,7 @@ import sys
 import time
 
 from gpumon.cards.sampler import sample_once
-from gpumon.cli.common import load_settings, open_source
+from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.jobs.placement import resolve_spec
 from gpumon.model import GpuSample
@@ -41,6 +41,8 @@ def when(t: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host reserves its own cards
+        return _on_hosts(args)
     load_settings(args)
     if args.list:
         if args.gpu or args.duration is not None or args.note is not None:
@@ -76,6 +78,23 @@ def run(args: argparse.Namespace) -> int:
         for claim in held.get(g.ref, []):
             print(f"gpumon: note: GPU {g.index} is {claim.words()} (running jobs are not stopped)", file=sys.stderr)
     return EXIT_OK
+
+
+def _on_hosts(args: argparse.Namespace) -> int:
+    from gpumon.cli.sharing_hosts import documents, on_each_host, print_lines
+
+    if args.list:
+        answers = on_each_host(args, ["reserve", "--list", "--json"])
+        if args.json:
+            doc = documents(answers, "reservations")
+            json.dump(doc, sys.stdout)
+            sys.stdout.write("\n")
+            return 1 if any(h["error"] for h in doc["hosts"]) else EXIT_OK
+        return print_lines(on_each_host(args, ["reserve", "--list"]))
+    if not args.gpu or args.duration is None:
+        raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
+    argv = ["reserve", "--gpu", args.gpu, "--for", f"{args.duration:g}s"]
+    return print_lines(on_each_host(args, argv + (["--note", args.note] if args.note else [])))
 
 
 def _list(as_json: bool) -> int:

@@ -29,6 +29,7 @@ class HostQueue(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
         self.shown: tuple[str, ...] | None = None
+        self.display = False  # until someone waits
 
     def on_mount(self) -> None:
         self.refresh_queue()
