@@ -154,3 +154,22 @@ def test_a_place_that_cannot_be_used_costs_one_line(fake_driver, tmp_path, probl
     notes = [line for line in result.stderr.splitlines() if "claims:" in line]
     assert len(notes) == 1 and "cards are chosen without them" in notes[0], result.stderr
     assert "on GPU 0" in result.stdout
+
+
+def test_a_fifo_or_a_link_in_place_of_the_lock_costs_one_line(fake_driver, tmp_path, stop_jobs):
+    """Another user's trap (the folder is everyone's): never waited on, never followed."""
+    free_cards(fake_driver.machine, 1)
+    fake_driver.write()
+    place = Path(os.environ["GPUMON_CLAIMS_DIR"])
+    place.mkdir(mode=0o1777)
+    os.mkfifo(place / "place.lock")
+    result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=fake_driver.env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "place.lock is not a plain file; cards are chosen without them" in result.stderr
+    (place / "place.lock").unlink()
+    (place / "place.lock").symlink_to(tmp_path / "elsewhere")
+    result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=fake_driver.env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "claims: cannot open" in result.stderr
+    assert not (tmp_path / "elsewhere").exists()

@@ -94,17 +94,22 @@ def exclusive(directory: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None
     """Hold the place's lock: choosing cards and claiming them is one step for everyone."""
     ensure(directory)
     path = directory / PLACE_LOCK
+    # Someone else's file, maybe: never followed if a link, never waited on if a FIFO.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, flags)
         except FileNotFoundError:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
                 os.fchmod(fd, 0o644)
             except FileExistsError:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(path, flags)
     except OSError as exc:
         raise Unavailable(f"cannot open {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unavailable(f"{path} is not a plain file")
     try:
         deadline = time.monotonic() + timeout
         while True:
