@@ -22,9 +22,7 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sanitize import printable
-from gpumon.sharing import reservations
-from gpumon.sharing.place import idle_release, where
-from gpumon.sharing.view import reservations_text
+from gpumon.sharing.view import reservations_now, reservations_text
 from gpumon.units import format_duration
 
 DEFAULT_SAMPLES = 3
@@ -114,23 +112,18 @@ async def _watch_fleet(runner: Any, window: float) -> tuple[list[Holder], tuple[
     return [h for s in statuses if s.host in answering for h in held.get(s.host, ())], statuses, watched()
 
 
-def _reservations():
-    directory = where()
-    return reservations.read(directory, idle_release=idle_release()) if directory.is_dir() else {}
-
-
 def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tuple[HostStatus, ...] | None,
            now: float | None = None) -> int:
     if args.json:
         doc = users_document(holders, now if now is not None else time.time(), watched, statuses)
         if statuses is None:  # this machine's reservations (gpumon/sharing)
-            doc["reservations"] = [r.to_dict() for r in _reservations().values()]
+            doc["reservations"] = [r.to_dict() for r in reservations_now().values()]
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK
     out = users_text(list(holders), show_hosts=statuses is not None)
     if statuses is None:
-        out += "".join(line + "\n" for line in reservations_text(_reservations()))
+        out += "".join(line + "\n" for line in reservations_text(reservations_now()))
     for status in statuses or ():
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):

@@ -115,6 +115,15 @@ class ReservationsSeen:
         return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
 
 
+def reservations_now(snapshot: Snapshot | None = None) -> dict[str, Reservation]:
+    """This host's reservations in force (none where the place is missing or unreadable)."""
+    directory = where()
+    try:
+        return reservations.read(directory, snapshot, idle_release()) if directory.is_dir() else {}
+    except OSError:
+        return {}
+
+
 def reservations_text(found: dict[str, Reservation]) -> list[str]:
     """'GPU 2 reserved by alice until 14:00: "paper"', a line per reserved card (their text made printable)."""
     ordered = sorted({id(r): r for r in found.values()}.values(),

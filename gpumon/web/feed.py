@@ -25,7 +25,7 @@ from gpumon.fleet import Fleet
 from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
-from gpumon.sharing.view import host_sharing
+from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 
 
@@ -110,7 +110,9 @@ class LocalCards(_Documents):
         self._first: float | None = None  # the first reading's time: how long the server has watched
         self._snapshot = _Cached(lambda s: s.to_dict())
         self._health = _Cached(health_document)
-        self._users = _Cached(lambda s: users_document(self.holding, s.time, s.time - (self._first or s.time)))
+        # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
+        self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
+                                         "reservations": [r.to_dict() for r in reservations_now(s).values()]})
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
