@@ -173,3 +173,22 @@ def test_a_fifo_or_a_link_in_place_of_the_lock_costs_one_line(fake_driver, tmp_p
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "claims: cannot open" in result.stderr
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_failover_never_moves_a_job_to_a_claimed_card(fake_driver, tmp_path, stop_jobs):
+    from test_failover import run_job, started_runs, starts_script, three_cards
+
+    uuids = three_cards(fake_driver)
+    starts = tmp_path / "starts"
+    assert run_job(fake_driver, "--gpu", "0", "--failover", "1", "--name", "mover", "--",
+                   *starts_script(starts)).returncode == 0
+    started_runs(starts, 1)
+    # Card 1 is free (the job there has touched nothing yet) and first in line, but claimed.
+    assert fake_driver.run("run", "--gpu", "1", "--name", "holder", "--", "sleep", "60").returncode == 0
+    fake_driver.machine.xids = [dict(gpu=0, at=0, code=79)]
+    fake_driver.write()
+    (_, (_, given)) = started_runs(starts, 2)
+    assert given == uuids[2]
+    mover = wait_for(lambda: next((j for j in jobs(fake_driver) if j["name"] == "mover" and j["state"] == "running"
+                                   and j["gpu_indices"] == [2]), None), what="the move")
+    assert claims_of(fake_driver)[2][0]["job"] == mover["id"] and not claims_of(fake_driver)[0]
