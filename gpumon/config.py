@@ -41,6 +41,10 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     tls_cert = "/etc/gpumon/cert.pem"             # HTTPS with this certificate
     tls_key = "/etc/gpumon/key.pem"               # and its key
 
+    [claims]                          # sharing this host's cards (gpumon/sharing)
+    dir = "/run/lock/gpumon"          # the shared sticky folder (default /tmp/gpumon-claims)
+    idle_release = "30m"              # a reservation whose holder has no process on the card this long ends
+
     [health]                  # the card health rules (gpumon/health/rules.py checks this table)
     window = "10m"
     [health.rules.pcie_replays]
@@ -73,6 +77,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "paths": {"sysfs": (str,), "procfs": (str,)},
     "health": {"window": (str,), "interval": (str,), "rules": (dict,), "xid": (dict,), "xid_state": (str,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
+    "claims": {"dir": (str,), "idle_release": (str,)},
 }
 
 
@@ -106,6 +111,8 @@ class Config:
     serve_token_file: str | None = None  # relative to the config file's folder) its token and TLS files
     serve_tls_cert: str | None = None
     serve_tls_key: str | None = None
+    claims_dir: str | None = None  # [claims]: the host's shared place for claims, the queue, reservations
+    claims_idle_release: str | None = None  # a reservation unused this long is released (default 30m)
 
 
 def default_path() -> Path:
@@ -196,4 +203,7 @@ def load_config(path: str | None = None) -> Config:
     if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
         raise bad("tls_cert" if config.serve_tls_cert else "tls_key",
                   "[serve] needs both tls_cert and tls_key (the certificate and its private key)")
+    claims = data.get("claims", {})
+    config.claims_dir = claims.get("dir") or None
+    config.claims_idle_release = claims.get("idle_release") or None
     return config

@@ -39,6 +39,8 @@ def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     monkeypatch.setenv("HOME", str(home))  # ~/.netrc, ~/.local, `~` in paths: the test's own
     for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data")):
         monkeypatch.setenv(var, str(home / sub))
+    # Claims, the queue and reservations are shared by every user of a host: each test has its own place.
+    monkeypatch.setenv("GPUMON_CLAIMS_DIR", str(home / "claims"))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR",
                 "GPUMON_PROMETHEUS_PASSWORD"):
         monkeypatch.delenv(var, raising=False)

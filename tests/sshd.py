@@ -185,7 +185,9 @@ class SshLab:
         for host in self.hosts.values():
             env = {"FAKE_NVML_CONFIG": host.driver_config, "GPUMON_NVML_LIB": self.fake_lib,
                    "XDG_STATE_HOME": host.state_home, "XDG_CONFIG_HOME": host.root / "config",
-                   "XDG_DATA_HOME": host.root / "data", **host.env}
+                   "XDG_DATA_HOME": host.root / "data",
+                   # Each alias is a machine of its own: its own place for claims and reservations.
+                   "GPUMON_CLAIMS_DIR": host.root / "claims", **host.env}
             options = {
                 "HostName": "127.0.0.1", "Port": str(host.server.port), "User": psutil.Process().username(),
                 "IdentityFile": str(self.user_key), "IdentitiesOnly": "yes",

@@ -11,6 +11,7 @@ from typing import IO
 from gpumon.alerting.alert_event import AlertEvent
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
 from gpumon.sanitize import printable
+from gpumon.sharing.reservations import ReservationEvent
 from gpumon.units import format_bytes
 
 
@@ -38,11 +39,15 @@ class EventWriter:
             os.dup2(devnull, self.stream.fileno())
             os.close(devnull)
 
-    def event(self, event: AlertEvent | FailoverEvent) -> None:
+    def event(self, event: AlertEvent | FailoverEvent | ReservationEvent) -> None:
         if self.fmt == "jsonl":
             self._line(json.dumps(event.to_dict()))
             return
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time))
+        if isinstance(event, ReservationEvent):
+            self._line(f"{when}  RELEASED  GPU {event.gpu}  reservation of {printable(event.user)} ({event.reason})"
+                       + (f": {printable(event.note)}" if event.note else ""))
+            return
         if isinstance(event, FailoverEvent):
             self._line(f"{when}  FAILOVER  job {event.job} ({event.name})  GPU {_cards(event.from_gpus)} -> "
                        f"GPU {_cards(event.to_gpus)}  (attempt {event.attempt}: {event.reason})")

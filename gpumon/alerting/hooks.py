@@ -20,6 +20,7 @@ import threading
 
 from gpumon.alerting.alert_event import AlertEvent
 from gpumon.model import FailoverEvent
+from gpumon.sharing.reservations import ReservationEvent
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000
@@ -27,6 +28,11 @@ QUEUE_LIMIT = 1000
 
 def hook_environment(event: AlertEvent | FailoverEvent) -> dict[str, str]:
     env = dict(os.environ)
+    if isinstance(event, ReservationEvent):
+        env.update({"GPUMON_EVENT": event.event, "GPUMON_HOST": event.host, "GPUMON_GPU": str(event.gpu),
+                    "GPUMON_UUID": event.uuid, "GPUMON_USER": event.user, "GPUMON_NOTE": event.note,
+                    "GPUMON_REASON": event.reason, "GPUMON_TIME": f"{event.time:.3f}"})
+        return env
     if isinstance(event, FailoverEvent):
         env.update({
             "GPUMON_EVENT": event.event, "GPUMON_HOST": event.host, "GPUMON_JOB": event.job,
@@ -107,7 +113,9 @@ class HookRunner:
         self._thread.join(wait)
 
 
-def _about(event: AlertEvent | FailoverEvent) -> str:
+def _about(event: AlertEvent | FailoverEvent | ReservationEvent) -> str:
+    if isinstance(event, ReservationEvent):
+        return f"event {event.event} of GPU {event.gpu}"
     if isinstance(event, FailoverEvent):
         return f"event failover of job {event.job}"
     if event.holder is not None:

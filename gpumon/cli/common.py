@@ -19,9 +19,11 @@ def load_settings(args: argparse.Namespace) -> Config:
     """The config file (checked by every command), with its interval as the default; its [health]
     rules apply to every card's verdict in this process."""
     from gpumon.health import rules as health
+    from gpumon.sharing import place as sharing_place
 
     config = load_config(getattr(args, "config", None))
     health.configure(config.health, f"config {config.path}" if config.path else "config")
+    sharing_place.configure(config.claims_dir, config.claims_idle_release)
     if not hasattr(args, "interval_given"):  # on the command line (a source may have another default)
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:

@@ -14,11 +14,11 @@ from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
-from gpumon.jobs.host import host_at, host_for, jobs_of, topologies_of
+from gpumon.jobs.host import HostError, host_at, host_for, jobs_of, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
 from gpumon.model import FleetSnapshot, Topology
-from gpumon.remote.hosts import HostSpec, parse_entry
+from gpumon.remote.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
 
 
@@ -142,7 +142,7 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
             raise UsageError("--host launches on one host; --hosts chooses among several: give one of them")
         spec = parse_entry(args.host)
     else:
-        spec, request = _place(args, config, request)
+        return _run_across(args, config, request)
     host = host_at(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
     if request.foreground:  # the job in this terminal, through a remote terminal
         return host.run_here(request, tty=sys.stdin.isatty())
@@ -150,7 +150,10 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
     return EXIT_OK
 
 
-def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[HostSpec, LaunchRequest]:
+def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int:
+    """The best free set on one host, launched there as `--gpu auto:N`, so that host's own claims
+    and reservations (which its stream does not carry) have the last word: when they leave it no
+    free set now, the next best host is tried."""
     spec = request.gpu_spec
     count = auto_count(spec)
     if count is None:
@@ -160,14 +163,28 @@ def _place(args: argparse.Namespace, config, request: LaunchRequest) -> tuple[Ho
     hosts = fleet.host_list(args, config)
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
-    topologies = _topologies(runner, list(doc.hosts), count, request.min_free, request.max_util)
-    best, reasons = choose_across(list(doc.hosts), count, topologies.get, request.min_free,
-                                  request.max_util)
-    if best is None:
-        raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(reasons))
-    uuids = ",".join(g.ref or "" for g in best.choice.gpus)
-    print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
-    return runner.specs[best.host], dataclasses.replace(request, gpu_spec=uuids)
+    candidates = list(doc.hosts)
+    topologies = _topologies(runner, candidates, count, request.min_free, request.max_util)
+    taken: list[str] = []
+    while True:
+        best, reasons = choose_across(candidates, count, topologies.get, request.min_free, request.max_util)
+        if best is None:
+            raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(taken + reasons))
+        print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
+        host = host_at(runner.specs[best.host], None if runner.specs[best.host].is_local
+                       else fleet.transport(args, config), fleet.local_args(args))
+        placed = dataclasses.replace(request, gpu_spec=f"auto:{count}")
+        if request.foreground:  # the job in this terminal, through a remote terminal
+            return host.run_here(placed, tty=sys.stdin.isatty())
+        try:
+            print(host.launch(placed))
+            return EXIT_OK
+        except HostError as exc:
+            if "cards are free" not in str(exc):  # not a question of free cards: not launched anywhere else
+                raise
+            print(f"gpumon: {best.host}: no free set there now ({exc}); trying the next host", file=sys.stderr)
+            taken.append(f"{best.host}: its cards are claimed or reserved")
+            candidates = [h for h in candidates if h.host != best.host]
 
 
 def _topologies(runner, hosts, count: int, min_free: str | None, max_util: float | None) -> dict[str, Topology]:

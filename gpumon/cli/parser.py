@@ -316,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-numa", action="store_true", help="do not pin to the card's CPUs")
     p.add_argument("--foreground", action="store_true", help="run in this terminal and wait for it")
     p.add_argument("--name", help="a name for the job (default: the program's name)")
-    p.add_argument("--wait", action="store_true", help="queue until matching cards are free, then start")
+    p.add_argument("--wait", action="store_true", help="join the host's queue (every user's, in order) for cards")
+    p.add_argument("--wait-timeout", type=_duration, metavar="DURATION",
+                   help="with --wait: give up after this long (status 1), and wait here until then")
     p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
     p.add_argument("--max-util", type=_percent, metavar="PCT",
                    help="with auto or --wait: highest utilisation (default 10)")
@@ -332,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_options(p, suppress=True, replay=False)
     _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them
     p.set_defaults(subcommand="run")
+
+    from gpumon.cli.parser_sharing import add_sharing_commands as add_sharing
+    add_sharing(sub, _duration, _add_config_option, _add_timeout_option, _add_source_options, _add_fleet_options)
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")
     p.add_argument("--json", action="store_true", help="as JSON, oldest first")

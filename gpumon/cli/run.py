@@ -17,6 +17,7 @@ def run(args: argparse.Namespace) -> int:
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
         max_util=args.max_util, cwd=args.cwd, systemd=args.systemd, failover=args.failover,
+        wait_timeout=args.wait_timeout,
         # A command line typed in a run dialog arrives as `sh -c TYPED` (jobs/host.py): the
         # history keeps it as it was typed, as when the dialog launched it itself.
         typed=command[2] if len(command) == 3 and command[:2] == ["/bin/sh", "-c"] else None,
@@ -27,11 +28,13 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import run_host
 
         return run_host(args, request)
-    load_settings(args)
+    if args.wait_timeout is not None and not args.wait:
+        raise UsageError("--wait-timeout goes with --wait")
+    config = load_settings(args)
     backend = open_source(args)
     try:
         code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout,
-                      as_json=args.json)
+                      as_json=args.json, claims_dir=config.claims_dir)
     finally:
         backend.close()
     if not request.foreground and (note := logout_note(request.systemd)):

@@ -18,6 +18,7 @@ import time
 from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.jobs.claiming import Sharing
 from gpumon.jobs.pinning import named_cards, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import select_hosts
 
         return select_hosts(args)
-    load_settings(args)
+    config = load_settings(args)
     deadline = time.monotonic() + args.timeout
     backend = open_source(args, timeout=args.timeout)
     try:
@@ -41,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
         topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
+    taken = Sharing(config.claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
     try:
         choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
-                        max_used=args.max_used)
+                        max_used=args.max_used, taken=taken.skip, preferred=taken.mine)
     except TooFewFree as exc:
         if args.verbose:
             _explain(exc.reasons)

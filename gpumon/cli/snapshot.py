@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from gpumon.cards.sampler import sample_once
 from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import snapshot_text
+from gpumon.errors import EXIT_OK
+from gpumon.sharing import view
+from gpumon.sharing.place import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,4 +24,10 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import snapshot_hosts
 
         return snapshot_hosts(args)
-    return print_document(args, read_once(args, lambda backend, left: sample_once(backend, wait_s=left)), snapshot_text)
+    snapshot = read_once(args, lambda backend, left: sample_once(backend, wait_s=left))
+    if args.json:  # each card's claims and reservation (gpumon/sharing), added to the document
+        shares = view.per_card(where(), snapshot, idle_release())
+        json.dump(view.annotate(snapshot.to_dict(), shares), sys.stdout)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    return print_document(args, snapshot, snapshot_text)

@@ -22,6 +22,7 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sanitize import printable
+from gpumon.sharing.view import reservations_now, reservations_text
 from gpumon.units import format_duration
 
 DEFAULT_SAMPLES = 3
@@ -115,10 +116,14 @@ def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tup
            now: float | None = None) -> int:
     if args.json:
         doc = users_document(holders, now if now is not None else time.time(), watched, statuses)
+        if statuses is None:  # this machine's reservations (gpumon/sharing)
+            doc["reservations"] = [r.to_dict() for r in reservations_now().values()]
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK
     out = users_text(list(holders), show_hosts=statuses is not None)
+    if statuses is None:
+        out += "".join(line + "\n" for line in reservations_text(reservations_now()))
     for status in statuses or ():
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):

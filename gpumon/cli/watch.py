@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 
 from gpumon.alerting.events import EventWriter
@@ -40,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
     # series name the job or pod holding it, as dcgm-exporter's do), or to know who holds the cards
     # (idle rules).
     enrich = recorder is not None or bool(address) or needs_processes(rules)
+    sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich)
     watch = Watch(
-        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
+        sampler, AlertEngine(rules),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
-        job_events=None if replaying else EventFollower().read_new,
+        job_events=None if replaying else _job_and_reservation_events(sampler),
     )
     if not replaying and hasattr(backend, "wait_xid"):  # what `gpumon health` reads of the XIDs before it
         watch.xid_state = XidStateWriter(xid_state_file(config))
@@ -76,6 +78,16 @@ def _web_config(path: str | None, address: str | None):
     if not address:
         raise UsageError("--web-config-file secures the exporter: give --prometheus ADDR too")
     return load_web_config(path)
+
+
+def _job_and_reservation_events(sampler: Sampler):
+    """Jobs of this user on this host that moved to other cards, and reservations of this host
+    that ended by themselves (gpumon/sharing; judged on the newest sample): news once per sample."""
+    from gpumon.sharing.view import ReservationFollower
+
+    jobs, reservations = EventFollower(), ReservationFollower(socket.gethostname())
+    reservations.read_new(None)  # what ended before watch started is not news
+    return lambda: [*jobs.read_new(), *reservations.read_new(sampler.latest)]
 
 
 def _hostname(args: argparse.Namespace, config) -> str | None:

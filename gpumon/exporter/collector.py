@@ -29,6 +29,7 @@ from gpumon.exporter.amd import DRM_FIELDS
 from gpumon.exporter.fields import CARD_FIELDS, LOST
 from gpumon.exporter.health import HEALTH, HEALTH_FIELDS, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
+from gpumon.exporter.sharing import reserved_family
 from gpumon.exporter.vendors import vendor_families
 from gpumon.model import Snapshot
 
@@ -82,6 +83,7 @@ class GpumonCollector(Collector):
         reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {},
                           self.recent_xids() if self.recent_xids else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
+        yield reserved_family(snap, reading.host)  # this machine's reservations (exporter/sharing.py)
 
 
 class FleetCollector(Collector):

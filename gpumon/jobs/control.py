@@ -24,17 +24,18 @@ def supervisor_command(directory: Path) -> list[str]:
 
 
 def start_supervisor(directory: Path, foreground: bool = False,
-                     env: dict[str, str] | None = None) -> subprocess.Popen:
+                     env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start the job's supervisor (with `env`, the environment the job gets; default this one's).
-    Detached: own session, no terminal, stdin from /dev/null."""
+    Detached: own session, no terminal, stdin from /dev/null. `pass_fds`: the job's claims
+    (jobs/claiming.py), which the supervisor holds from then on."""
     command = supervisor_command(directory)
     # In its job folder, not the caller's directory (the job itself runs in the one it was given).
     if foreground:
-        return subprocess.Popen(command + ["--foreground"], env=env, cwd=directory)
+        return subprocess.Popen(command + ["--foreground"], env=env, cwd=directory, pass_fds=pass_fds)
     with open(os.devnull, "rb") as devnull, open(directory / "supervisor.log", "ab") as log:
         os.chmod(directory / "supervisor.log", 0o600)
         return subprocess.Popen(command, stdin=devnull, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True, env=env, cwd=directory)
+                                close_fds=True, env=env, cwd=directory, pass_fds=pass_fds)
 
 
 def wait_until_started(directory: Path, timeout: float = 10.0) -> Job | None:

@@ -30,6 +30,7 @@ from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
+from gpumon.jobs.claiming import Sharing, Taken, notes_for
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
@@ -58,6 +59,7 @@ class LaunchRequest:
     # How often its supervisor samples its cards, for a launch through a host's `gpumon run`
     # (jobs/host.py): the TUI's --interval. None: that gpumon's own (--interval, config, 1 s).
     interval: float | None = None
+    wait_timeout: float | None = None  # --wait-timeout: a queued job gives up after this many seconds
 
 
 def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
@@ -67,7 +69,7 @@ def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
 
 
 def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, backend_args: dict[str, Any],
-            interval: float = 1.0) -> jobs.JobSpec:
+            interval: float = 1.0, taken: Taken | None = None) -> jobs.JobSpec:
     if not request.command or not request.command[0].strip():
         raise UsageError("no command given: gpumon run [OPTIONS] -- CMD [ARG...]")
     cwd = os.path.abspath(os.path.expanduser(request.cwd or os.getcwd()))
@@ -76,7 +78,8 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
     # Bad SPECs fail now, even for queued jobs; free-enough conditions wait for --wait.
     free_min = None if request.wait else request.min_free
     free_util = None if request.wait else request.max_util
-    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util) if not (
+    taken = taken or Taken()
+    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, taken.skip, taken.mine) if not (
         request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
     if request.mem_limit:
@@ -92,7 +95,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
         backend=_absolute_paths(backend_args), interval=interval, host=jobs.THIS_HOST,
-        failover=request.failover,
+        failover=request.failover, wait_timeout=request.wait_timeout,
     )
 
 
@@ -126,9 +129,10 @@ def systemd_available() -> bool:
 
 
 def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, typed: str | None = None,
-          env: Mapping[str, str] | None = None) -> Path:
+          env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Path:
     """Record the job and start its supervisor (not in the foreground: the caller does that, see
-    `run_foreground`); returns the job's directory. `env`: the job's environment (default ours)."""
+    `run_foreground`); returns the job's directory. `env`: the job's environment (default ours);
+    `pass_fds`: its claims, handed to the supervisor (systemd's starts without: it claims anew)."""
     if systemd and not systemd_available():
         raise UsageError("--systemd: no systemd user instance is reachable here (systemctl --user failed)")
     directory = jobs.create_job(spec)
@@ -144,11 +148,11 @@ def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, t
             jobs.record_failure(directory, f"systemd-run failed: {reason}")
             raise UsageError(f"--systemd: systemd-run failed: {reason}")
     elif not foreground:
-        control.start_supervisor(directory, env=None if env is None else dict(env))
+        control.start_supervisor(directory, env=None if env is None else dict(env), pass_fds=pass_fds)
     return directory
 
 
-def run_foreground(directory: Path, env: Mapping[str, str] | None = None) -> int:
+def run_foreground(directory: Path, env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> int:
     """Run the job's supervisor in this terminal and wait for it. Ctrl-C reaches the job (and the
     supervisor, which records the end); gpumon itself ignores it meanwhile, or it would leave
     before the job does, and the TUI would crash behind it."""
@@ -156,7 +160,8 @@ def run_foreground(directory: Path, env: Mapping[str, str] | None = None) -> int
     # Ctrl-C while it starts up cannot kill it before it can record anything.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return control.start_supervisor(directory, foreground=True, env=None if env is None else dict(env)).wait()
+        return control.start_supervisor(directory, foreground=True, env=None if env is None else dict(env),
+                                        pass_fds=pass_fds).wait()
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -214,22 +219,46 @@ def how_it_ended(directory: Path, code: int) -> str:
 
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
-           out: IO[str], as_json: bool = False) -> int:
+           out: IO[str], as_json: bool = False,
+           claims_dir: str | None = None) -> int:
     """`gpumon run`: what it started, for people, or (`as_json`, what a host's `run` answers to the
     gpumon that asked, jobs/host.py) `{"job": <its jobs --json entry>, "summary": [those lines]}`."""
     snapshot = sample_once(backend)
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
-    spec = prepare(request, snapshot, backend.topology() if needs_topo else None, backend_args, interval)
-    if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
-        for gpu in (g for g in snapshot.gpus if g.ref in spec.gpus):
-            if note := busy_note(gpu):
-                print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
-    directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed)
-    if request.foreground:
-        return run_foreground(directory)
-    job = control.wait_until_started(directory)
+    topo = backend.topology() if needs_topo else None
+    sharing = Sharing(claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr))
+    # Choosing and claiming are one step under the host's lock: two launches never choose one card.
+    with sharing.placing() as place:
+        taken = sharing.taken(place)
+        spec = prepare(request, snapshot, topo, backend_args, interval, taken)
+        spec.claims_dir = str(sharing.directory)
+        hold = sharing.claim(place, spec.gpus, spec.id, spec.name)
+        if request.wait:
+            hold.items += sharing.enqueue(place, spec.id, spec.name, spec.gpu_spec).items
+    try:
+        if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
+            chosen = [g for g in snapshot.gpus if g.ref in spec.gpus]
+            for note in notes_for(chosen, taken):
+                print(f"gpumon: {note}; starting there as asked (the card is shared)", file=sys.stderr)
+            for gpu in chosen:
+                if note := busy_note(gpu):
+                    print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
+        directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed,
+                          pass_fds=hold.fds)
+        if request.foreground:
+            return run_foreground(directory, pass_fds=hold.fds)
+        job = control.wait_until_started(directory)
+        if job is not None and job.state == "queued" and request.wait_timeout is not None:
+            job = _wait_in_queue(directory, request.wait_timeout)
+    finally:
+        hold.close()  # the supervisor holds them now
     if job is None:
         raise UsageError(f"job {spec.id} did not start; see {directory}/supervisor.log")
+    if job.state == "failed" and request.wait_timeout is not None and job.spec.wait:
+        print(f"gpumon: job {spec.id} ({spec.name}) {job.reason}", file=sys.stderr)
+        if as_json:
+            out.write(json.dumps({"job": job.to_dict(), "summary": summary(job)}) + "\n")
+        return 1
     code = 0 if job.state in ("running", "queued", "exited") else 1
     if not as_json:
         out.writelines(line + "\n" for line in summary(job))
@@ -238,3 +267,15 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     if code:  # what the asking gpumon says (its stdout is for the machine)
         print(f"gpumon: job {spec.id} {job.state}: {job.reason or 'see ' + str(job.log)}", file=sys.stderr)
     return code
+
+
+def _wait_in_queue(directory: Path, timeout: float) -> jobs.Job | None:
+    """With --wait-timeout, `run` waits for its queued job to start or give up (its supervisor
+    gives up at the timeout and records why)."""
+    deadline = time.monotonic() + timeout + 30.0
+    while time.monotonic() < deadline:
+        job = jobs.load_job(directory)
+        if job is None or job.state != "queued":
+            return control.wait_until_started(directory) if job is not None and job.state == "running" else job
+        time.sleep(0.1)
+    return jobs.load_job(directory)

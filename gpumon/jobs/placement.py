@@ -3,7 +3,8 @@
 - `resolve_spec` turns a GPU SPEC (index, UUID, MIG UUID, PCI bus id, list, auto[:N]) into cards.
 - `choose` picks the N free-enough cards with the best links among them (then the least loaded);
   `gpumon select`, `--gpu auto:N`, queued jobs and failover all use it. A card whose health
-  verdict is "fail" is never free.
+  verdict is "fail" is never free, nor one in `taken` (claimed by a job, reserved by someone
+  else: gpumon/sharing); cards in `preferred` (the user's own reservations) come first.
 - `pin` (jobs/pinning.py) is the environment every launch path gives a job, per vendor.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gpumon.cards.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
@@ -143,7 +145,7 @@ def _set_cost(indices: tuple[int, ...], topo: Topology | None) -> tuple[float, f
 
 
 def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: float | None,
-                max_used: str | None, reasons: list[str]) -> list[GpuSample]:
+                max_used: str | None, reasons: list[str], taken: Mapping[str, str]) -> list[GpuSample]:
     """Free whole cards and, for a single card, free MIG slices; why each other card is not."""
     eligible = []
     # A program is built for one vendor's runtime: a set is one vendor's cards, the host's first
@@ -154,11 +156,15 @@ def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: 
             reasons.append(f"GPU {gpu.index} skipped: {vendor(gpu.vendor).a_card}; auto "
                            f"chooses among the {vendor(first).words} cards (--gpu {gpu.index} uses it)")
             continue
+        if gpu.ref in taken:
+            reasons.append(f"GPU {gpu.index} skipped: {taken[gpu.ref]}")
+            continue
         if gpu.state == "ok" and gpu.mig_mode:
             if count > 1:
                 reasons.append(f"GPU {gpu.index} skipped: in MIG mode, and a program sees one MIG slice at most")
                 continue
-            free = [s for s in mig_slices(gpu) if free_enough(s, min_free, max_util, max_used) is None]
+            free = [s for s in mig_slices(gpu)
+                    if s.uuid not in taken and free_enough(s, min_free, max_util, max_used) is None]
             reasons.append(f"GPU {gpu.index} is in MIG mode: {len(free)} of {len(gpu.mig_devices)} slices free")
             eligible += free
             continue
@@ -171,7 +177,8 @@ def _candidates(snapshot: Snapshot, count: int, min_free: str | None, max_util: 
 
 
 def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_free: str | None = None,
-           max_util: float | None = None, max_used: str | None = None) -> Choice:
+           max_util: float | None = None, max_used: str | None = None, taken: Mapping[str, str] | None = None,
+           preferred: Collection[str] = ()) -> Choice:
     """The `count` free cards with the best links among them (then the least loaded). Busy cards
     are never free unless the bar is lowered; a card in MIG mode offers its free slices instead
     (to a single-card request).
@@ -179,11 +186,14 @@ def choose(snapshot: Snapshot, count: int, topo: Topology | None = None, min_fre
     Raises TooFewFree (a ValueError) when fewer than `count` cards qualify.
     """
     reasons: list[str] = []
-    eligible = _candidates(snapshot, count, min_free, max_util, max_used, reasons)
+    eligible = _candidates(snapshot, count, min_free, max_util, max_used, reasons, taken or {})
     if len(eligible) < count:
         raise TooFewFree(f"only {len(eligible)} of {len(snapshot.gpus)} cards are free, {count} wanted "
                          "(--verbose says why; --max-util, --max-used and --min-free set the bar)", reasons)
     eligible.sort(key=load_key)
+    own = [g for g in eligible if g.ref in preferred]
+    if len(own) >= count:  # the user's own reserved cards, when they are enough
+        eligible = own
     if count == 1 or topo is None:
         chosen = tuple(eligible[:count])
         reasons.append("chose " + ", ".join(_name(g) for g in chosen) + ": the least loaded of the free cards ("
@@ -242,7 +252,8 @@ def auto_count(spec: str) -> int | None:
 
 def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
                  min_free: str | None = None, max_util: float | None = None,
-                 max_used: str | None = None) -> list[GpuSample]:
+                 max_used: str | None = None, taken: Mapping[str, str] | None = None,
+                 preferred: Collection[str] = ()) -> list[GpuSample]:
     """GPU SPEC -> cards: NVML index, UUID (GPU-…, MIG-…, unique prefix), PCI bus id, a comma
     list of these, or auto[:N] (the N least-loaded free cards, best connected)."""
     spec = spec.strip()
@@ -250,9 +261,10 @@ def resolve_spec(spec: str, snapshot: Snapshot, topo: Topology | None = None,
         raise UsageError("empty --gpu: expected an index, a UUID, a PCI bus id or auto[:N]")
     if (count := auto_count(spec)) is not None:
         try:
-            return list(choose(snapshot, count, topo, min_free, max_util, max_used).gpus)
+            return list(choose(snapshot, count, topo, min_free, max_util, max_used, taken, preferred).gpus)
         except ValueError as exc:
-            raise UsageError(f"--gpu {spec}: {exc}") from None
+            held = "".join(f"; GPU {g.index} is {taken[g.ref]}" for g in snapshot.gpus if taken and g.ref in taken)
+            raise UsageError(f"--gpu {spec}: {exc}{held}") from None
     chosen: list[GpuSample] = []
     for part in spec.split(","):
         gpu = _one(part.strip(), snapshot, spec)

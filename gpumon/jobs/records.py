@@ -94,6 +94,8 @@ class JobSpec:
     def limit(self) -> int | None:
         """One limit for the tables and `mem_limit`: the job's own, else the strictest card's."""
         return self.mem_limit or min(self.limits.values(), default=None)
+    claims_dir: str | None = None  # the host's shared place for claims and the queue (gpumon/sharing)
+    wait_timeout: float | None = None  # --wait-timeout: seconds a queued job waits before giving up
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:

@@ -19,6 +19,8 @@ def run_args(request: LaunchRequest) -> list[str]:
                         ("--min-free", request.min_free), ("--cwd", request.cwd)):
         if value is not None:
             out += [flag, str(value)]
+    if request.wait_timeout is not None:
+        out += ["--wait-timeout", f"{request.wait_timeout:g}s"]
     for flag, number in (("--max-util", request.max_util), ("--interval", request.interval)):
         if number is not None:
             out += [flag, f"{number:g}"]

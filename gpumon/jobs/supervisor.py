@@ -43,6 +43,7 @@ from gpumon.jobs import job_events
 from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
+from gpumon.jobs.claiming import JobSharing, Taken
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, xid_trouble
 from gpumon.jobs.files import take_environment
@@ -54,6 +55,7 @@ from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
 from gpumon.model import FailoverEvent, Snapshot
 from gpumon.sanitize import printable
+from gpumon.units import format_duration
 
 GRACE_S = 5.0
 STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again
@@ -122,6 +124,9 @@ class Supervisor:
         # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
         # energy is the counter's change from its start to its end.
         health.configure({"interval": f"{self.spec_interval:g}s", **_xid_policy()})
+        # The job's claims and queue entry, handed over by its launcher: held until we end.
+        self.sharing = JobSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
+                                  warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
         try:
             backend = open_backend(**self.spec.backend)
         except GpumonError as exc:
@@ -139,6 +144,7 @@ class Supervisor:
                 return 0
             return self._run_attempts(backend, gpus)
         finally:
+            self.sharing.release_all()
             backend.close()
 
     def _choose_cards(self, backend: Backend, count: int | None = None):
@@ -146,25 +152,41 @@ class Supervisor:
         failure) the best free ones once they have been free for a few samples; None if stopped."""
         if self.spec.gpus and not self.spec.wait and count is None:
             # The UUIDs chosen at launch (cards or MIG slices).
-            return resolve_spec(",".join(self.spec.gpus), backend.sample())
+            gpus = resolve_spec(",".join(self.spec.gpus), backend.sample())
+            self.sharing.hold(gpus)
+            return gpus
         gpu_spec = self.spec.gpu_spec if count is None else f"auto:{count}"
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
         topo = backend.topology()
         streak: tuple[tuple[str, ...], int] = ((), 0)
+        give_up = (time.monotonic() + self.spec.wait_timeout
+                   if self.spec.wait_timeout is not None and count is None else None)
         while self.stop_requested is None:
             snapshot = self.latest = backend.sample()
             if count is not None:  # moving: never to a card that failed
                 snapshot = dataclasses.replace(
                     snapshot, gpus=tuple(g for g in snapshot.gpus if g.uuid not in self.failed_cards))
-            try:
-                gpus = resolve_spec(gpu_spec, snapshot, topo, min_free, self.spec.max_util)
-                free = all(free_enough(g, min_free, self.spec.max_util) is None for g in gpus)
-            except GpumonError:
-                gpus, free = [], False
-            uuids = tuple(g.uuid for g in gpus)
-            streak = (uuids, streak[1] + 1 if free and uuids == streak[0] else (1 if free else 0))
-            if streak[1] >= FREE_SAMPLES_IN_A_ROW:
+
+            def pick(taken: Taken, snapshot: Snapshot = snapshot):  # on the queue's turn, cards claimed
+                nonlocal streak
+                try:
+                    gpus = resolve_spec(gpu_spec, snapshot, topo, min_free, self.spec.max_util, None,
+                                        taken.skip, taken.mine)
+                    free = all(free_enough(g, min_free, self.spec.max_util) is None and g.ref not in taken.skip
+                               for g in gpus)
+                    self.sharing.waiting_for = "" if free else "its cards are not free"
+                except GpumonError as exc:
+                    gpus, free = [], False
+                    self.sharing.waiting_for = str(exc).removeprefix(f"--gpu {gpu_spec}: ")
+                uuids = tuple(g.uuid for g in gpus)
+                streak = (uuids, streak[1] + 1 if free and uuids == streak[0] else (1 if free else 0))
+                return gpus if streak[1] >= FREE_SAMPLES_IN_A_ROW else None
+
+            if gpus := self.sharing.try_start(pick, queued=count is None):
                 return gpus
+            if give_up is not None and time.monotonic() >= give_up:
+                raise GpumonError(f"gave up waiting after {format_duration(self.spec.wait_timeout or 0)} "
+                                  f"(--wait-timeout): {self.sharing.waiting_for or 'no free cards'}")
             self._pause(backend, self.spec_interval, cards=set())
         return None
 
@@ -200,6 +222,7 @@ class Supervisor:
             except OSError as exc:
                 say(f"cannot remove process.json: {exc.strerror or exc}")
             self.child = None
+            self.sharing.release_cards()  # the failed cards are not held while it waits for others
             gpus = self._choose_cards(backend, count=len(gpus))
             if gpus is None:
                 self._finish("killed", f"{self.stop_requested or STOPPED} while waiting for cards to move to "
@@ -294,6 +317,7 @@ class Supervisor:
                 snapshot = self.latest = backend.sample()
                 pids = {p.pid for p in self.tree.processes()}
                 self.energy.see(snapshot, cards, pids)
+                self.sharing.note_use(gpus)  # the user's reservation of these cards is in use
                 used = job_memory(snapshot, cards, pids)
                 blind = unwatched(snapshot, self.limits)
             except Exception as exc:  # noqa: BLE001 - whatever a sample raises, the watch goes on

@@ -26,6 +26,7 @@ from gpumon.cards.xid_events import XidListener
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
+from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.users import UsersScreen
@@ -135,7 +136,8 @@ class GpumonApp(BaseApp):
     def open_users(self, host: str | None = None) -> None:
         """`u`: who holds the cards (one screen, kept: its sort and filter stay for the next time)."""
         if self.users_screen is None:
-            self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}")
+            self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}",
+                                            reservations=ReservationsSeen())
             self.install_screen(self.users_screen, "users")
         if self.screen is not self.users_screen:
             self.push_screen("users")

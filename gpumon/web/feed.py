@@ -25,6 +25,7 @@ from gpumon.fleet import Fleet
 from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
+from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 
 
@@ -109,7 +110,9 @@ class LocalCards(_Documents):
         self._first: float | None = None  # the first reading's time: how long the server has watched
         self._snapshot = _Cached(lambda s: s.to_dict())
         self._health = _Cached(health_document)
-        self._users = _Cached(lambda s: users_document(self.holding, s.time, s.time - (self._first or s.time)))
+        # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
+        self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
+                                         "reservations": [r.to_dict() for r in reservations_now(s).values()]})
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
@@ -118,7 +121,8 @@ class LocalCards(_Documents):
         if self._first is None:
             self._first = snapshot.time
         self.latest = snapshot
-        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding))
+        # This host's claims, reservations and queue: one read of the shared place per sample.
+        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding, host_sharing(snapshot)))
 
     async def run(self) -> None:
         backend = await self.sampler.open()

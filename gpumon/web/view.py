@@ -16,6 +16,7 @@ from gpumon.jobs.placement import free_enough
 from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
 from gpumon.owners.holders import Holder, idle_cell, idle_holders, summary
 from gpumon.sanitize import printable
+from gpumon.sharing.view import CardSharing, HostSharing, of, reservations_text
 from gpumon.units import format_bytes, format_duration, format_energy
 
 COMMAND_CHARS = 200  # a command line this long says enough; the rest is cut with …
@@ -47,9 +48,14 @@ def _holders(gpu: GpuSample) -> str | None:
     return _text(", ".join(names)) if names else None
 
 
-def _card(gpu: GpuSample, card_id: str, key: str) -> dict[str, Any]:
+def _card(gpu: GpuSample, card_id: str, key: str, shared: CardSharing | None = None) -> dict[str, Any]:
     verdict = card_verdict(gpu)
+    shared = shared or CardSharing()
     busy = free_enough(gpu)
+    if busy is None and shared.claims:
+        busy = shared.claims[0].words()
+    if busy is None and shared.reservation is not None and not shared.reservation.mine:
+        busy = shared.reservation.words()
     power = None
     if gpu.power_draw is not None:
         power = f"{gpu.power_draw:.0f} W" + (f" / {gpu.power_limit:.0f} W" if gpu.power_limit else "")
@@ -60,6 +66,8 @@ def _card(gpu: GpuSample, card_id: str, key: str) -> dict[str, Any]:
         "temp": gpu.temperature, "power": power, "owner": _holders(gpu),
         "verdict": verdict.verdict, "reasons": [_text(f"{r.text}: {r.action}", 300) for r in verdict.reasons],
         "free": busy is None, "why_busy": _text(busy, 200), "error": _text(gpu.error),
+        "claims": [_text(c.words(), 200) for c in shared.claims],
+        "reservation": _text(shared.reservation.words(), 300) if shared.reservation else None,
     }
 
 
@@ -73,15 +81,19 @@ def _processes(gpus: tuple[GpuSample, ...]) -> tuple[list[dict[str, Any]], int]:
 
 
 def host_view(name: str, state: str, snapshot: Snapshot | None, error: str | None = None,
-              fleet: bool = False) -> dict[str, Any]:
+              fleet: bool = False, sharing: HostSharing | None = None) -> dict[str, Any]:
     """One host's section. `state`: "live", "stale", or why its cards are not shown (a fleet
-    host's state: connecting, unreachable, …); a host away shows no old cards."""
+    host's state: connecting, unreachable, …); a host away shows no old cards. `sharing`: this
+    host's claims, reservations and queue (gpumon/sharing), known for this machine only."""
     gpus = snapshot.gpus if snapshot is not None and state in ("live", "stale") else ()
-    cards = [_card(g, f"{name}:{g.index}" if fleet else str(g.index), f"{name}/{g.key}") for g in gpus]
+    sharing = sharing or HostSharing()
+    cards = [_card(g, f"{name}:{g.index}" if fleet else str(g.index), f"{name}/{g.key}", of(g, sharing.cards))
+             for g in gpus]
     processes, more = _processes(gpus)
     return {"name": _text(name), "state": state, "error": _text(error, 300),
             "driver": _text(snapshot.driver_version) if snapshot is not None else None,
-            "cards": cards, "processes": processes, "more_processes": more}
+            "cards": cards, "processes": processes, "more_processes": more,
+            "queue": [{"position": e.position, "text": _text(e.words(numbered=False), 300)} for e in sharing.queue]}
 
 
 def _summary(hosts: list[dict[str, Any]], fleet: bool) -> dict[str, Any]:
@@ -128,10 +140,14 @@ def users_view(holders: tuple[Holder, ...], fleet: bool) -> dict[str, Any]:
             "idle": _text(idle, 2000), "rest": rest.removeprefix(" · ")}
 
 
-def local_view(snapshot: Snapshot, interval: float, holders: tuple[Holder, ...] = ()) -> dict[str, Any]:
-    hosts = [host_view(snapshot.host, "stale" if snapshot.stale else "live", snapshot)]
+def local_view(snapshot: Snapshot, interval: float, holders: tuple[Holder, ...] = (),
+               sharing: HostSharing | None = None) -> dict[str, Any]:
+    hosts = [host_view(snapshot.host, "stale" if snapshot.stale else "live", snapshot, sharing=sharing)]
+    users = users_view(holders, fleet=False)
+    booked = {ref: s.reservation for ref, s in (sharing.cards if sharing else {}).items() if s.reservation}
+    users["reservations"] = [_text(line, 300) for line in reservations_text(booked)]
     return {"time": snapshot.time, "interval": interval, "fleet": False, "hosts": hosts,
-            "summary": _summary(hosts, fleet=False), "users": users_view(holders, fleet=False)}
+            "summary": _summary(hosts, fleet=False), "users": users}
 
 
 def fleet_view(doc: FleetSnapshot, interval: float, problems: tuple[str, ...] = (),

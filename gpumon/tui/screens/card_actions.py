@@ -17,6 +17,7 @@ from textual.widgets import Input
 
 from gpumon.jobs import command_history
 from gpumon.jobs import processes as actions
+from gpumon.jobs.claiming import Sharing
 from gpumon.jobs.launch import card_limits
 from gpumon.jobs.logout import logout_note
 from gpumon.owners.containers import invisible_reason
@@ -44,8 +45,20 @@ class CardActions:
             return
         default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else SIMULATED_NOTE
-        self.app.push_screen(RunDialog(gpu, command_history.command_history(), default, self.app.launch_cwd, note=note),
-                             lambda choice: self._launch(gpu, choice) if choice else None)
+        # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
+        held = Sharing(None, lambda line: None).peek().skip.get(gpu.ref or "")
+        held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
+
+        def ask() -> None:
+            self.app.push_screen(RunDialog(gpu, command_history.command_history(), default, self.app.launch_cwd,
+                                           note="\n".join(n for n in (held_note, note) if n)),
+                                 lambda choice: self._launch(gpu, choice) if choice else None)
+
+        if held:
+            self.app.push_screen(ConfirmScreen(f"{self.card_label(gpu)} is {held}.", "Run a job there anyway?"),
+                                 lambda yes: ask() if yes else None)
+        else:
+            ask()
 
     @cached_property
     def target(self) -> Host:

@@ -38,6 +38,7 @@ REMOTE_JOB_SCAN_S = 10.0  # a remote job list costs the host a gpumon start: not
 
 
 class HostScreen(MainScreen):
+    local_sharing = False  # reservations are this machine's: not of the host shown
     BINDINGS = [
         Binding("escape", "clear_filter", "All hosts"),
         Binding("left", "back", "All hosts", show=False),

@@ -23,6 +23,7 @@ from gpumon.jobs.attempts import Attempt, describe
 from gpumon.tui.background import in_background
 from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
+from gpumon.tui.widgets.host_queue import HostQueue
 from gpumon.units import format_bytes, format_energy, format_runtime
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class JobsScreen(ModalScreen[str | None]):
             body.border_subtitle = ("read-only: s is off · " if self.app.readonly else "s stop · ") \
                 + "p its processes · Esc close"
             yield DataTable(cursor_type="row", id="jobs-table")
+            if getattr(self.host, "name", None) == "local":  # this host's queue, every user's
+                yield HostQueue(id="jobs-queue")
             yield Static("", id="jobs-detail")
             yield Log(id="jobs-log", max_lines=2000)
 

@@ -25,6 +25,7 @@ from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
+from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.plain import plain
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.health import HealthScreen
@@ -47,6 +48,7 @@ BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay cover
 
 
 class MainScreen(CardActions, Screen):
+    local_sharing = True  # this machine's reservations on its cards (a fleet host's view: False)
     BINDINGS = [
         Binding("a", "toggle_scope", "All/one card"),
         Binding("slash", "filter", "Filter"),
@@ -80,6 +82,7 @@ class MainScreen(CardActions, Screen):
         self.readonly = readonly
         self.env = dict(os.environ if env is None else env)
         self.snapshot: Snapshot | None = None
+        self.reservations = ReservationsSeen()
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
@@ -192,9 +195,13 @@ class MainScreen(CardActions, Screen):
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
             slot = any(has_verdict(gpu) for gpu in snap.gpus)  # compact rows keep room for WARN/FAIL
+            if self.local_sharing:  # this host's reservations (gpumon/sharing): read again when they changed
+                self.reservations.get(snap)
             for panel, gpu in zip(cards.panels, snap.gpus):
+                booked = self.reservations.of(gpu) if self.local_sharing else None
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
-                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time), slot)
+                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time), slot,
+                           "R" + booked.words()[1:] if booked else "")
             self._fit_cards()
             self._update_charts()
             self._update_table()

@@ -17,10 +17,11 @@ from textual.binding import Binding
 from textual.events import ScreenResume
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, Static
 
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
+from gpumon.sharing.view import ReservationsSeen, reservations_text
 from gpumon.tui.widgets.field import Field
 from gpumon.tui.widgets.holder_table import HolderTable
 from gpumon.tui.widgets.line_table import TableFrame
@@ -52,9 +53,13 @@ class UsersScreen(Screen):
         Binding("slash", "filter", "Filter"),
     ]
 
-    def __init__(self, source: Callable[[], tuple[Holder, ...]], hosts: bool = False, title: str = "Users") -> None:
-        """`source`: the holders of the latest reading; `hosts`: a HOST column (the fleet)."""
+    def __init__(self, source: Callable[[], tuple[Holder, ...]], hosts: bool = False, title: str = "Users",
+                 reservations: ReservationsSeen | None = None) -> None:
+        """`source`: the holders of the latest reading; `hosts`: a HOST column (the fleet);
+        `reservations`: this machine's (gpumon/sharing), listed under the idle line."""
         super().__init__()
+        self.reservations = reservations
+        self._reserved_lines: list[str] = []
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.source = source
         self.hosts = hosts
@@ -65,6 +70,9 @@ class UsersScreen(Screen):
     def compose(self) -> ComposeResult:
         self.line = UsersLine(id="users-line")
         yield self.line
+        self.reserved = Static("", id="users-reserved")
+        self.reserved.display = False
+        yield self.reserved
         with TableFrame(id="holders-frame") as self.frame:
             self.frame.border_subtitle = "s sort · / filter · Esc back"
             yield self.table
@@ -87,6 +95,12 @@ class UsersScreen(Screen):
         holders = self.source()
         self.table.show(holders)
         self.line.show(*summary(holders, self.hosts))
+        if self.reservations is not None:
+            lines = reservations_text(self.reservations.get())
+            if lines != self._reserved_lines:  # repainted only when they change
+                self._reserved_lines = lines
+                self.reserved.display = bool(lines)
+                self.reserved.update(Text("\n".join(f" {line}" for line in lines)))  # notes as typed: never markup
         self._show_title()
 
     def _show_title(self) -> None:

@@ -109,10 +109,12 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             self.refresh()
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
-             xids: tuple[str, ...] = (), verdict_slot: bool = False) -> None:
+             xids: tuple[str, ...] = (), verdict_slot: bool = False, reserved: str = "") -> None:
         """`stale`: the whole sample is late (no new data at all); `xids`: recent XIDs, in words;
-        `verdict_slot`: some card of the list has a health verdict to show."""
-        key = (gpu, stale, ordinal, alerts, xids, verdict_slot)
+        `verdict_slot`: some card of the list has a health verdict to show; `reserved`: who reserved
+        the card, until when, why (gpumon/sharing), as text."""
+        self.reserved = reserved
+        key = (gpu, stale, ordinal, alerts, xids, verdict_slot, reserved)
         if key == self._shown:
             return
         self._shown = key
@@ -284,6 +286,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         bars.append_text(self._bar("MEM ", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value))
         lines.append(bars)
         lines.extend(_flow(self._detail_tokens(gpu), width))
+        if getattr(self, "reserved", ""):
+            lines.append(Text(f"  {self.reserved[:width - 2]}", style=self._style("mark")))
         return lines
 
     def _waiting_lines(self, gpu: GpuSample, width: int) -> list[Text]:

@@ -83,6 +83,8 @@
       el("dt", null, "power"), el("dd", "power", card.power || "N/A"));
     node.append(facts);
     if (card.state === "ok" || card.owner) node.append(el("p", "owner", card.owner ? `held by ${card.owner}` : "no one holds it"));
+    for (const claim of card.claims || []) node.append(el("p", "claim", claim));
+    if (card.reservation) node.append(el("p", "reservation", card.reservation));
     if (card.reasons.length) {
       const reasons = el("ul", "reasons");
       for (const reason of card.reasons) reasons.append(el("li", null, reason));
@@ -125,6 +127,14 @@
     const grid = el("div", "grid");
     for (const card of host.cards) grid.append(cardView(card));
     section.append(grid);
+    if (host.queue && host.queue.length) {
+      const queue = el("div", "queue");
+      queue.append(el("h3", null, `Queue (${host.queue.length} waiting, first come first served)`));
+      const list = el("ol", "queue-list");
+      for (const entry of host.queue) list.append(el("li", null, entry.text));
+      queue.append(list);
+      section.append(queue);
+    }
     if (host.processes.length) section.append(processTable(host));
     else if (host.cards.length) section.append(el("p", "no-procs", "No processes on these cards."));
     return section;
@@ -165,6 +175,8 @@
     summary.replaceChildren();
     if (users.idle) summary.append(el("span", "users-idle", users.idle), document.createTextNode(" \u00b7 "));
     summary.append(el("span", "users-rest", users.rest));
+    const reserved = document.getElementById("users-reserved");
+    reserved.replaceChildren(...(users.reservations || []).map((line) => el("li", null, line)));
     const columns = HOLDER_COLUMNS.filter(([key]) => fleet || key !== "host");
     const table = document.getElementById("users-table");
     if (!users.rows.length) { table.replaceChildren(); table.hidden = true; }

@@ -1,0 +1,59 @@
+"""`gpumon queue [--json]`: the host's queue of jobs waiting for cards (`run --wait`), every
+user's, next to start first (gpumon/sharing/queue.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+from gpumon.cli.common import fleet_requested, load_settings
+from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.sanitize import printable
+from gpumon.sharing import queue
+from gpumon.sharing.place import where
+
+
+def queue_document() -> dict:
+    """`{"schema": 1, "host", "time", "queue": [entry]}`, entries next to start first."""
+    directory = where()
+    entries = queue.read(directory) if directory.is_dir() else []
+    return {"schema": 1, "host": socket.gethostname(), "time": time.time(), "queue": [e.to_dict() for e in entries]}
+
+
+def queue_text(document: dict) -> str:
+    if not document["queue"]:
+        return "no jobs are waiting for cards on this host\n"
+    rows = [("POS", "USER", "JOB", "NAME", "WANTS", "QUEUED")]
+    for e in document["queue"]:
+        rows.append((str(e["position"]), printable(e["user"]), printable(e["job"]), printable(e["name"]),
+                     printable(e["gpu_spec"]), time.strftime("%H:%M:%S", time.localtime(e["queued"]))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n" for row in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host's own queue
+        from gpumon.cli.sharing_hosts import documents, on_each_host
+
+        answers = on_each_host(args, ["queue", "--json"])
+        doc = documents(answers, "queue")
+        if args.json:
+            json.dump(doc, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            for host in doc["hosts"]:
+                sys.stdout.write(f"{printable(host['host'])}: "
+                                 + (printable(host["error"]) + "\n" if host["error"] else
+                                    queue_text({"queue": host["queue"]})))
+        return EXIT_ALERT if any(h["error"] for h in doc["hosts"]) else EXIT_OK
+    load_settings(args)
+    document = queue_document()
+    if args.json:
+        json.dump(document, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(queue_text(document))
+    return EXIT_OK

@@ -1,0 +1,28 @@
+"""`gpumon release [--gpu N[,M…]]`: end your reservations on this host (all, or those cards')."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpumon.cli.common import fleet_requested, load_settings
+from gpumon.cli.reserve import cards_named, when
+from gpumon.errors import EXIT_OK
+from gpumon.sharing import reservations
+from gpumon.sharing.place import idle_release, where
+
+
+def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host's own reservations of yours
+        from gpumon.cli.sharing_hosts import on_each_host, print_lines
+
+        return print_lines(on_each_host(args, ["release", *(["--gpu", args.gpu] if args.gpu else [])]))
+    load_settings(args)
+    cards = {g.ref for g in cards_named(args, args.gpu)} if args.gpu else None
+    directory = where()
+    found = reservations.read(directory, idle_release=idle_release()) if directory.is_dir() else {}
+    gone = reservations.release(found, cards)
+    if not gone:
+        print("you hold no reservation here" + (" of those cards" if cards else ""))
+    for r in sorted(gone, key=lambda r: r.index if r.index is not None else 1 << 30):
+        print(f"released GPU {r.index if r.index is not None else r.card} (reserved until {when(r.until)})")
+    return EXIT_OK

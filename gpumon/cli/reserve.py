@@ -1,0 +1,114 @@
+"""`gpumon reserve --gpu N[,M…] --for DURATION [--note TEXT]`, `gpumon reserve --list [--json]`:
+book this host's cards for a while (gpumon/sharing/reservations.py). Everyone else's auto
+placement, `select` and queue skip a reserved card; the holder's prefer it. Advisory: CUDA work
+started outside gpumon is not stopped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+from gpumon.cards.sampler import sample_once
+from gpumon.cli.common import fleet_requested, load_settings, open_source
+from gpumon.errors import EXIT_OK, UsageError
+from gpumon.jobs.placement import resolve_spec
+from gpumon.model import GpuSample
+from gpumon.sanitize import printable
+from gpumon.sharing import claims, reservations
+from gpumon.sharing.place import Unavailable, exclusive, idle_release, where
+from gpumon.units import format_duration
+
+LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
+
+
+def cards_named(args: argparse.Namespace, spec: str) -> list[GpuSample]:
+    """The cards `--gpu` names (indices, UUIDs, bus ids; not auto), read once from the driver."""
+    if spec.strip().startswith("auto"):
+        raise UsageError(f"bad --gpu {spec!r}: name the cards to reserve (N[,M...]), not auto")
+    backend = open_source(args, timeout=args.timeout)
+    try:
+        snapshot = sample_once(backend, wait_s=args.timeout)
+    finally:
+        backend.close()
+    return resolve_spec(spec, snapshot)
+
+
+def when(t: float) -> str:
+    return time.strftime("%H:%M" if t - time.time() < 86400 else "%a %H:%M", time.localtime(t))
+
+
+def run(args: argparse.Namespace) -> int:
+    if fleet_requested(args):  # each host reserves its own cards
+        return _on_hosts(args)
+    load_settings(args)
+    if args.list:
+        if args.gpu or args.duration is not None or args.note is not None:
+            raise UsageError("--list lists the host's reservations: not with --gpu, --for or --note")
+        return _list(args.json)
+    if args.json:
+        raise UsageError("--json goes with --list")
+    if not args.gpu or args.duration is None:
+        raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
+    if not 0 < args.duration <= LONGEST_S:
+        raise UsageError(f"bad --for {format_duration(args.duration)}: at most {LONGEST_S / 3600:.0f}h (a week)")
+    note = args.note or ""
+    if len(note) > reservations.MAX_NOTE:
+        raise UsageError(f"--note is {len(note)} characters long: at most {reservations.MAX_NOTE}")
+    gpus = cards_named(args, args.gpu)
+    until = time.time() + args.duration
+    directory = where()
+    try:
+        with exclusive(directory):
+            booked = reservations.read(directory, idle_release=idle_release())
+            theirs = [f"GPU {g.index} is {booked[g.ref].words()}" for g in gpus
+                      if g.ref in booked and not booked[g.ref].mine]
+            if theirs:
+                raise UsageError("; ".join(theirs))
+            reservations.release(booked, {g.ref for g in gpus})  # ours again: the new time stands
+            reservations.reserve(directory, [(g.ref, g.index) for g in gpus], until, note)
+            held = claims.read(directory)
+    except Unavailable as exc:
+        raise UsageError(f"cannot reserve: {exc}") from None
+    for g in gpus:
+        print(f"reserved GPU {g.index} ({g.ref}) until {when(until)} ({format_duration(args.duration)})"
+              + (f": {printable(note)}" if note else ""))
+        for claim in held.get(g.ref, []):
+            print(f"gpumon: note: GPU {g.index} is {claim.words()} (running jobs are not stopped)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _on_hosts(args: argparse.Namespace) -> int:
+    from gpumon.cli.sharing_hosts import documents, on_each_host, print_lines
+
+    if args.list:
+        answers = on_each_host(args, ["reserve", "--list", "--json"])
+        if args.json:
+            doc = documents(answers, "reservations")
+            json.dump(doc, sys.stdout)
+            sys.stdout.write("\n")
+            return 1 if any(h["error"] for h in doc["hosts"]) else EXIT_OK
+        return print_lines(on_each_host(args, ["reserve", "--list"]))
+    if not args.gpu or args.duration is None:
+        raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
+    argv = ["reserve", "--gpu", args.gpu, "--for", f"{args.duration:g}s"]
+    return print_lines(on_each_host(args, argv + (["--note", args.note] if args.note else [])))
+
+
+def _list(as_json: bool) -> int:
+    directory = where()
+    found = reservations.read(directory, idle_release=idle_release()) if directory.is_dir() else {}
+    listed = sorted(found.values(), key=lambda r: (r.index if r.index is not None else 1 << 30, r.card))
+    if as_json:
+        json.dump({"schema": 1, "host": socket.gethostname(), "time": time.time(),
+                   "reservations": [r.to_dict() for r in listed]}, sys.stdout)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    if not listed:
+        print("no cards are reserved on this host")
+    for r in listed:
+        card = f"GPU {r.index}" if r.index is not None else printable(r.card)
+        print(f"{card}  {r.words()}")
+    return EXIT_OK

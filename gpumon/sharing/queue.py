@@ -1,0 +1,68 @@
+"""The host's queue of jobs waiting for cards (`run --wait`), every user's, first come first served.
+
+An entry is a record in the shared place (place.py), `queue.<job>.<random>`, held with an flock by
+the job's launcher and then its supervisor: a job whose supervisor is gone has left the queue. The
+order is the kernel's time of putting each entry in place (st_ctime), not a time written inside.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpumon.sanitize import printable
+from gpumon.sharing.place import Hold, create, inherited, name_part, records
+
+PREFIX = "queue"
+MAX_TEXT = 80
+
+
+@dataclass(frozen=True)
+class Entry:
+    position: int  # 1: next to start
+    user: str
+    uid: int
+    job: str
+    name: str
+    gpu_spec: str
+    queued: float  # when it joined (unix s)
+    host: str
+    path: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "user": self.user, "job": self.job, "name": self.name,
+                "gpu_spec": self.gpu_spec, "queued": self.queued, "host": self.host}
+
+    def words(self, numbered: bool = True) -> str:
+        number = f"{self.position}. " if numbered else ""
+        return (f"{number}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
+                f"wants {printable(self.gpu_spec)}, queued {time.strftime('%H:%M:%S', time.localtime(self.queued))}")
+
+
+def _text(value: Any) -> str:
+    return str(value)[:MAX_TEXT] if isinstance(value, (str, int, float)) else ""
+
+
+def read(directory: Path) -> list[Entry]:
+    """The live entries, first in line first."""
+    live = sorted(records(directory, PREFIX), key=lambda r: (r.changed_ns, r.path.name))
+    return [Entry(position=i, user=r.user, uid=r.uid, job=_text(r.data.get("job")), name=_text(r.data.get("name")),
+                  gpu_spec=_text(r.data.get("gpu_spec")) or "auto", queued=r.changed_ns / 1e9,
+                  host=_text(r.data.get("host")), path=r.path)
+            for i, r in enumerate(live, start=1)]
+
+
+def enqueue(directory: Path, job: str, name: str, gpu_spec: str) -> Hold:
+    return Hold([create(directory, f"{PREFIX}.{name_part(job)}", {
+        "job": job, "name": name[:MAX_TEXT], "gpu_spec": gpu_spec[:MAX_TEXT], "host": socket.gethostname(),
+        "pid": os.getpid()})])
+
+
+def adopt(directory: Path, job: str) -> Hold:
+    """The queue entry of `job` this process was handed by its launcher."""
+    return Hold([(fd, path) for fd, path in inherited(directory, PREFIX)
+                 if path.name.split(".")[1:2] == [name_part(job)]])

@@ -1,0 +1,179 @@
+"""Reservations: a user books cards for a while (`gpumon reserve --gpu 1 --for 2h`).
+
+A reservation is a record in the shared place (place.py), `reserve.<card>.<random>`, owned by the
+user who made it (stat), with its end time and note inside. It is not held by a process: it ends
+at its time, when its holder releases it, or when the holder has had no process on the card for
+`[claims] idle_release` (default 30 minutes). The holder's own gpumon notes their use of the card
+by touching the file (its mtime), so anyone can tell how long it has been unused; only the holder
+can remove it (the folder is sticky). Everyone else's placement skips a reserved card; the
+holder's prefers it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpumon.model import Snapshot
+from gpumon.sanitize import printable
+from gpumon.sharing.place import create, name_part, records
+
+PREFIX = "reserve"
+IDLE_RELEASE_S = 30 * 60.0
+MAX_NOTE = 200
+TOUCH_EVERY_S = 60.0  # the holder's use is noted at most this often (a utime per card)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    card: str  # UUID (or PCI bus id)
+    index: int | None  # the card's index when it was reserved
+    user: str
+    uid: int
+    until: float
+    note: str
+    created: float
+    used: float  # the last time the holder's use of the card was noted (the file's mtime)
+    host: str
+    path: Path
+
+    def words(self) -> str:
+        """'reserved by alice until 14:00: "paper deadline"' (their note made printable)."""
+        note = f': "{printable(self.note)}"' if self.note else ""
+        return f"reserved by {printable(self.user)} until {time.strftime('%H:%M', time.localtime(self.until))}{note}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user": self.user, "until": self.until, "note": self.note, "since": self.created,
+                "card": self.card, "index": self.index}
+
+    @property
+    def mine(self) -> bool:
+        return self.uid == os.geteuid()
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A reservation that ended since it was last read: `why` is "expired" or "idle"."""
+
+    reservation: Reservation
+    why: str
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float = IDLE_RELEASE_S,
+         now: float | None = None, ended: list[Ended] | None = None,
+         seen: dict[str, float] | None = None) -> dict[str, Reservation]:
+    """Reservations in force, by card. With a `snapshot`, a holder's process on the card is use
+    (noted, for our own); one unused for `idle_release` is over. Over ones are skipped (and ours
+    removed); `ended` collects them. `seen`: a long-running reader's memory of when it last saw
+    each in use (by file name), for the holders it cannot note use for."""
+    now = time.time() if now is None else now
+    users_on: dict[str, set[int | str]] = {}  # card -> the uids and user names of its processes
+    if snapshot is not None:
+        for gpu in snapshot.gpus:
+            who: set[int | str] = {p.uid for p in gpu.processes if p.uid is not None}
+            who |= {p.user for p in gpu.processes if p.user}
+            for ref in (gpu.uuid, gpu.pci_bus_id, *(m.uuid for m in gpu.mig_devices)):
+                if ref:
+                    users_on[ref] = who
+    found: dict[str, Reservation] = {}
+    for record in records(directory, PREFIX, locked=False):
+        data = record.data
+        card, until, created = data.get("card"), _number(data.get("until")), _number(data.get("created"))
+        if not isinstance(card, str) or not 0 < len(card) <= 96 or until is None or created is None:
+            continue
+        try:
+            used = max(created, os.stat(record.path).st_mtime)
+        except OSError:
+            continue
+        index = data.get("index")
+        note = data.get("note")
+        r = Reservation(card=card, index=index if isinstance(index, int) else None, user=record.user,
+                        uid=record.uid, until=until, note=note[:MAX_NOTE] if isinstance(note, str) else "",
+                        created=created, used=used, host=str(data.get("host", ""))[:80], path=record.path)
+        in_use = bool(users_on.get(card, set()) & {r.uid, r.user})
+        if in_use:
+            r = _note_use(r, now)
+            if seen is not None:
+                seen[r.path.name] = now
+        elif seen is not None and seen.get(r.path.name, 0.0) > r.used:
+            r = Reservation(**{**r.__dict__, "used": seen[r.path.name]})
+        why = "expired" if until <= now else ("idle" if not in_use and now - r.used >= idle_release else None)
+        if why:
+            if r.mine:
+                r.path.unlink(missing_ok=True)
+            if ended is not None:
+                ended.append(Ended(r, why))
+            continue
+        if card not in found or r.created < found[card].created:  # the first booking stands
+            found[card] = r
+    return found
+
+
+def _note_use(r: Reservation, now: float) -> Reservation:
+    if r.mine and now - r.used >= TOUCH_EVERY_S:
+        try:
+            os.utime(r.path, (now, now))
+        except OSError:
+            return r
+    return Reservation(**{**r.__dict__, "used": now})
+
+
+def note_use(directory: Path, cards: set[str], now: float | None = None) -> None:
+    """Our reservations of `cards` are in use now (a job of ours runs there: its supervisor says so)."""
+    now = time.time() if now is None else now
+    for record in records(directory, PREFIX, locked=False):
+        if record.uid == os.geteuid() and record.data.get("card") in cards:
+            try:
+                os.utime(record.path, (now, now))
+            except OSError:
+                pass
+
+
+def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: str) -> list[Path]:
+    """Book `cards` (reference, index) until `until`; the caller holds the place's lock."""
+    made = []
+    for card, index in cards:
+        fd, path = create(directory, f"{PREFIX}.{name_part(card)}", {
+            "card": card, "index": index, "until": until, "note": note[:MAX_NOTE], "created": time.time(),
+            "host": socket.gethostname()}, locked=False)
+        os.close(fd)
+        made.append(path)
+    return made
+
+
+def release(found: dict[str, Reservation], cards: set[str] | None = None) -> list[Reservation]:
+    """Remove our own reservations (of `cards`, or all); the released ones."""
+    gone = []
+    for r in found.values():
+        if r.mine and (cards is None or r.card in cards):
+            r.path.unlink(missing_ok=True)
+            gone.append(r)
+    return gone
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationEvent:
+    """A reservation of a card ended by itself (gpumon/sharing/reservations.py): its holder had
+    no process on the card for `[claims] idle_release`, or its time was up. `watch` emits it."""
+
+    host: str
+    gpu: int | None
+    uuid: str
+    user: str
+    note: str
+    until: float
+    reason: str  # "unused for 30m", "its time was up"
+    time: float
+    event: str = "reservation_released"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "host": self.host, "gpu": self.gpu, "uuid": self.uuid, "user": self.user,
+                "note": self.note, "until": self.until, "reason": self.reason, "time": self.time}

@@ -1,0 +1,161 @@
+"""Who shares each card, for the views: its live claims and its reservation, read once per call
+from the shared place (a listdir and one small read per record), keyed by the card's reference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumon.model import GpuSample, Snapshot
+from gpumon.sanitize import printable
+from gpumon.sharing import claims, reservations
+from gpumon.sharing import queue as queue_mod
+from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.reservations import Ended, Reservation, ReservationEvent
+from gpumon.units import format_duration
+
+
+@dataclass(frozen=True)
+class CardSharing:
+    claims: list[claims.Claim] = field(default_factory=list)
+    reservation: Reservation | None = None
+
+
+def _refs(gpu: GpuSample | dict[str, Any]) -> list[str]:
+    if isinstance(gpu, dict):
+        return [r for r in (gpu.get("uuid"), gpu.get("pci_bus_id")) if r]
+    return [r for r in (gpu.uuid, gpu.pci_bus_id) if r]
+
+
+def per_card(directory: Path, snapshot: Snapshot | None = None, idle_release: float = reservations.IDLE_RELEASE_S,
+             ended: list[Ended] | None = None) -> dict[str, CardSharing]:
+    """ref -> CardSharing for every card someone claims or reserves; {} when the place is missing
+    or unreadable (nothing is shared there)."""
+    if not directory.is_dir():
+        return {}
+    try:
+        held = claims.read(directory)
+        booked = reservations.read(directory, snapshot, idle_release, ended=ended)
+    except OSError:
+        return {}
+    return {ref: CardSharing(held.get(ref, []), booked.get(ref)) for ref in set(held) | set(booked)}
+
+
+def of(gpu: GpuSample | dict[str, Any], shares: dict[str, CardSharing]) -> CardSharing:
+    """A card's sharing (a MIG slice's claims count as its card's)."""
+    found = CardSharing()
+    for ref in _refs(gpu):
+        if ref in shares:
+            found = shares[ref]
+            break
+    mig = gpu.get("mig_devices") or [] if isinstance(gpu, dict) else [m.uuid for m in gpu.mig_devices]
+    extra = [c for m in mig if isinstance(m, str) and m in shares for c in shares[m].claims]
+    return CardSharing(found.claims + extra, found.reservation) if extra else found
+
+
+def annotate(document: dict[str, Any], shares: dict[str, CardSharing]) -> dict[str, Any]:
+    """Add each card's `claims` (a list) and `reservation` (or null) to a snapshot document."""
+    for gpu in document.get("gpus", []):
+        mine = of(gpu, shares)
+        gpu["claims"] = [c.to_dict() for c in mine.claims]
+        gpu["reservation"] = mine.reservation.to_dict() if mine.reservation else None
+    return document
+
+
+@dataclass(frozen=True)
+class HostSharing:
+    """This host's claims and reservations by card, and its queue: what the views show."""
+
+    cards: dict[str, CardSharing] = field(default_factory=dict)
+    queue: list[queue_mod.Entry] = field(default_factory=list)
+
+
+def host_sharing(snapshot: Snapshot | None = None, ended: list[Ended] | None = None) -> HostSharing:
+    """Read this host's place (`[claims] dir`) once: every view of one sample uses the result."""
+    directory = where()
+    if not directory.is_dir():
+        return HostSharing()
+    try:
+        line = queue_mod.read(directory)
+    except OSError:
+        line = []
+    return HostSharing(per_card(directory, snapshot, idle_release(), ended), line)
+
+
+class ReservationsSeen:
+    """This host's reservations for a view that repaints every second (the TUI's cards): read again
+    when the place changed (a reservation made or released), and every `every` seconds (one ends
+    by itself at its time, or unused)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.read_at = float("-inf")
+        self.changed: int | None = None
+        self.found: dict[str, Reservation] = {}
+
+    def get(self, snapshot: Snapshot | None = None) -> dict[str, Reservation]:
+        directory = where()
+        try:
+            changed = directory.stat().st_mtime_ns
+        except OSError:
+            self.found = {}
+            return self.found
+        now = time.monotonic()
+        if changed != self.changed or now - self.read_at >= self.every:
+            self.changed, self.read_at = changed, now
+            try:
+                self.found = reservations.read(directory, snapshot, idle_release())
+            except OSError:
+                self.found = {}
+        return self.found
+
+    def of(self, gpu: GpuSample) -> Reservation | None:
+        return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
+
+
+def reservations_now(snapshot: Snapshot | None = None) -> dict[str, Reservation]:
+    """This host's reservations in force (none where the place is missing or unreadable)."""
+    directory = where()
+    try:
+        return reservations.read(directory, snapshot, idle_release()) if directory.is_dir() else {}
+    except OSError:
+        return {}
+
+
+def reservations_text(found: dict[str, Reservation]) -> list[str]:
+    """'GPU 2 reserved by alice until 14:00: "paper"', a line per reserved card (their text made printable)."""
+    ordered = sorted({id(r): r for r in found.values()}.values(),
+                     key=lambda r: (r.index if r.index is not None else 1 << 30, r.card))
+    return [f"GPU {r.index if r.index is not None else printable(r.card)} {r.words()}" for r in ordered]
+
+
+class ReservationFollower:
+    """For `watch`: the reservations of this host that ended since the last call, once each (those
+    over before it started are not news), as events for the hooks."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.seen: dict[str, float] = {}  # when each reservation was last seen in use, by file name
+        self.told: set[str] = set()
+        self.started = False
+
+    def read_new(self, snapshot: Snapshot | None) -> list[ReservationEvent]:
+        directory = where()
+        ended: list[Ended] = []
+        if directory.is_dir():
+            try:
+                reservations.read(directory, snapshot, idle_release(), ended=ended, seen=self.seen)
+            except OSError:
+                return []
+        new = [e for e in ended if e.reservation.path.name not in self.told]
+        self.told |= {e.reservation.path.name for e in new}
+        if not self.started:
+            self.started = True
+            return []
+        return [ReservationEvent(host=self.host, gpu=e.reservation.index, uuid=e.reservation.card,
+                                 user=e.reservation.user, note=e.reservation.note, until=e.reservation.until,
+                                 reason="its time was up" if e.why == "expired"
+                                 else f"unused for {format_duration(idle_release())}", time=time.time())
+                for e in new]
