@@ -40,6 +40,11 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     tls_cert = "/etc/gpumon/cert.pem"             # HTTPS with this certificate
     tls_key = "/etc/gpumon/key.pem"               # and its key
 
+    [history]                 # the usage ledger (gpumon report; gpumon/usage/settings.py checks it)
+    path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
+    keep = "90d"
+    price_per_kwh = 0.25
+
     [health]                  # the card health rules (gpumon/health/rules.py checks this table)
     window = "10m"
     [health.rules.pcie_replays]
@@ -71,6 +76,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "paths": {"sysfs": (str,), "procfs": (str,)},
     "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
+    "history": {"path": (str,), "keep": (str,), "price_per_kwh": (int, float), "record": (bool,)},
 }
 
 
@@ -103,6 +109,8 @@ class Config:
     serve_token_file: str | None = None  # relative to the config file's folder) its token and TLS files
     serve_tls_cert: str | None = None
     serve_tls_key: str | None = None
+    history: dict = field(default_factory=dict)  # the [history] table, as written (path: ~ expanded, relative
+    # to the config file's folder)
 
 
 def default_path() -> Path:
@@ -181,6 +189,9 @@ def load_config(path: str | None = None) -> Config:
     config.health = dict(data.get("health", {}))
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
+    config.history = dict(data.get("history", {}))
+    if config.history.get("path"):
+        config.history["path"] = str(file.parent / Path(config.history["path"]).expanduser())
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     paths = data.get("paths", {})
     config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None

@@ -15,6 +15,7 @@ from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.jobs.job_events import EventFollower
+from gpumon.usage import usage_recorder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,12 +38,17 @@ def run(args: argparse.Namespace) -> int:
     # Card events never name processes: psutil is needed only to record them, to export (a card's
     # series name the job or pod holding it, as dcgm-exporter's do), or to know who holds the cards
     # (idle rules).
-    enrich = recorder is not None or bool(address) or needs_processes(rules)
+    # Who used the cards (the usage ledger), read by the same tracker as the idle rules; not of a
+    # replay or the demo (neither happened on this machine).
+    usage = None if replaying or backend.name == "demo" else usage_recorder(config.history, "watch")
+    enrich = recorder is not None or bool(address) or needs_processes(rules) or usage is not None
     watch = Watch(
-        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich), AlertEngine(rules),
+        Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich),
+        AlertEngine(rules, tracker=usage.tracker if usage is not None else None),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
         job_events=None if replaying else EventFollower().read_new,
+        usage=usage.feed if usage is not None else None,
     )
     server = None
     try:
@@ -56,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             hooks.close()
         if recorder is not None:
             recorder.close()
+        if usage is not None:
+            usage.close()
         backend.close()
 
 

@@ -63,6 +63,9 @@ class Holder:
     idle_s: float | None  # seconds every process has shown 0 % SM (None: computing, or not known)
     energy_j: float | None  # its share of its cards' energy while gpumon watched
     watched_s: float  # how long gpumon has seen it: idle_s never exceeds this
+    # Its part of each card (index order, as `cards`): what the usage ledger keeps per card. Not in
+    # to_dict: the users document has its totals.
+    shares: tuple[CardShare, ...] = ()
 
     @property
     def idle(self) -> bool:
@@ -84,6 +87,17 @@ class Holder:
                 "idle_s": None if self.idle_s is None else round(self.idle_s, 1),
                 "energy_j": None if self.energy_j is None else round(self.energy_j, 1),
                 "watched_s": round(self.watched_s, 1)}
+
+
+@dataclass(frozen=True, slots=True)
+class CardShare:
+    """A holder's part of one card in one snapshot: memory, SM % and power of its processes there."""
+
+    index: int
+    uuid: str | None
+    gpu_memory: int | None
+    sm_util: int | None  # None: no process of it there reports per-process SM
+    power_w: float | None
 
 
 def holder_keys(p: ProcessSample) -> list[tuple[str, str, str, str | None]]:
@@ -117,12 +131,13 @@ def card_holder(gpu: GpuSample) -> str | None:
 class _Sum:
     """One holder's figures in the snapshot being read."""
 
-    __slots__ = ("label", "user", "cards", "processes", "memory", "sm", "sm_known", "power", "started",
+    __slots__ = ("label", "user", "cards", "shares", "processes", "memory", "sm", "sm_known", "power", "started",
                  "idle_since", "busy", "unknown", "first_seen")
 
     def __init__(self, label: str, user: str | None) -> None:
         self.label, self.user = label, user
         self.cards: dict[int, str | None] = {}
+        self.shares: dict[int, list] = {}  # index -> [memory, SM % (None: unknown), power]
         self.processes = 0
         self.memory: int | None = None
         self.sm = 0
@@ -233,6 +248,16 @@ def _add(total: _Sum, index: int, uuid: str | None, memory: int | None, sm: int 
          times: list[float | None]) -> None:
     """One process's (or one card's held without processes) figures on card `index`."""
     total.cards[index] = uuid
+    share = total.shares.get(index)
+    if share is None:
+        share = total.shares[index] = [memory, sm, power]
+    else:
+        if memory is not None:
+            share[0] = (share[0] or 0) + memory
+        if sm is not None:
+            share[1] = (share[1] or 0) + sm
+        if power is not None:
+            share[2] = (share[2] or 0.0) + power
     if memory is not None:
         total.memory = (total.memory or 0) + memory
     if sm is None:
@@ -261,7 +286,8 @@ def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: f
                   gpu_memory=total.memory, sm_util=total.sm if total.sm_known else None, power_w=total.power,
                   held_s=max(0.0, now - total.started) if total.started is not None else None,
                   idle_s=idle, energy_j=energy,
-                  watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0)
+                  watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0,
+                  shares=tuple(CardShare(i, total.cards[i], *total.shares[i]) for i in indices))
 
 
 def _order(h: Holder) -> tuple:

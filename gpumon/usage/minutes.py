@@ -1,0 +1,142 @@
+"""A minute of usage, added up in memory as samples come: per card per holder (the holders
+owners/holders.py's HolderTracker worked out for the sample, with their share of each card) and per
+card. When a sample falls in the next minute, the finished one is handed over whole (one
+transaction in the ledger).
+
+Time is counted by a monotonic clock between two samples (a step of the wall clock neither adds
+nor takes away seconds); the wall clock only says which minute a sample belongs to. A gap longer
+than LONGEST_GAP_S counts nothing (gpumon was not looking: suspended, or stopped), and the first
+sample after a start counts nothing either, so a restarted watch never counts the time it was
+away. A card is known by its UUID, so a card that is reset (lost, then back, maybe under another
+index) goes on in the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpumon.model import Snapshot
+from gpumon.owners.holders import HOLDER_KINDS, Holder
+
+LONGEST_GAP_S = 60.0
+
+
+@dataclass(slots=True)
+class HolderMinute:
+    """One holder on one card in one minute (seconds, byte-seconds, joules)."""
+
+    card_index: int
+    label: str
+    user: str | None
+    held_s: float = 0.0
+    sm_s: float = 0.0  # SM % x seconds, over the seconds SM was known
+    sm_known_s: float = 0.0
+    mem_s: float = 0.0  # bytes x seconds
+    mem_peak: int | None = None
+    energy_j: float = 0.0
+    idle_s: float = 0.0  # held with every process of it at 0 % SM on this card
+
+
+@dataclass(slots=True)
+class CardMinute:
+    card_index: int
+    name: str
+    seen_s: float = 0.0
+    util_s: float = 0.0  # utilisation % x seconds, over util_known_s
+    util_known_s: float = 0.0
+    energy_j: float = 0.0
+    held_s: float = 0.0  # some process held it
+    busy_s: float = 0.0  # its utilisation above 0
+
+
+@dataclass
+class Minute:
+    """What a ledger writes in one transaction: `holders` by (host, card, kind, id)."""
+
+    start: int  # unix seconds, a multiple of the period
+    holders: dict[tuple[str, str, str, str], HolderMinute] = field(default_factory=dict)
+    cards: dict[tuple[str, str], CardMinute] = field(default_factory=dict)
+
+
+class MinuteBook:
+    """Feed it each sample with its holders; `add` returns the minutes that are finished."""
+
+    def __init__(self, period_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = period_s
+        self._clock = clock
+        self._last: dict[str, float] = {}  # host -> monotonic time of its last sample
+        self.current: Minute | None = None
+
+    def add(self, snapshot: Snapshot, holders: Iterable[Holder], host: str | None = None) -> list[Minute]:
+        host = host or snapshot.host
+        now = self._clock()
+        last = self._last.get(host)
+        self._last[host] = now
+        dt = now - last if last is not None else 0.0
+        if not 0 < dt <= LONGEST_GAP_S:
+            return []
+        start = int(snapshot.time // self.period_s * self.period_s)
+        done = []
+        if self.current is not None and self.current.start != start:
+            done.append(self.current)
+            self.current = None
+        if self.current is None:
+            self.current = Minute(start)
+        minute = self.current
+        for gpu in snapshot.gpus:
+            if gpu.state == "lost":
+                continue
+            key = (host, gpu.key)
+            card = minute.cards.get(key)
+            if card is None:
+                card = minute.cards[key] = CardMinute(gpu.index, gpu.name)
+            card.card_index = gpu.index
+            card.seen_s += dt
+            util = gpu.utilization_gpu
+            if util is not None:
+                card.util_s += util * dt
+                card.util_known_s += dt
+                if util > 0:
+                    card.busy_s += dt
+            if gpu.power_draw is not None:
+                card.energy_j += gpu.power_draw * dt
+            if gpu.processes or gpu.owner:
+                card.held_s += dt
+        rows = minute.holders
+        for h in holders:
+            if h.kind not in HOLDER_KINDS:
+                continue
+            for share in h.shares:
+                key4 = (host, share.uuid or f"index:{share.index}", h.kind, h.id)
+                row = rows.get(key4)
+                if row is None:
+                    row = rows[key4] = HolderMinute(share.index, h.label, h.user)
+                row.held_s += dt
+                sm = share.sm_util
+                if sm is not None:
+                    row.sm_s += sm * dt
+                    row.sm_known_s += dt
+                    if sm == 0:
+                        row.idle_s += dt
+                memory = share.gpu_memory
+                if memory is not None:
+                    row.mem_s += memory * dt
+                    if row.mem_peak is None or memory > row.mem_peak:
+                        row.mem_peak = memory
+                if share.power_w is not None:
+                    row.energy_j += share.power_w * dt
+        return done
+
+    def pause(self, host: str | None = None) -> None:
+        """Count nothing for the time until the next sample (another process records meanwhile)."""
+        if host is None:
+            self._last.clear()
+        else:
+            self._last.pop(host, None)
+
+    def take(self) -> Minute | None:
+        """The minute so far (at exit): the ledger adds it to the same minute's rows of whoever goes on."""
+        minute, self.current = self.current, None
+        return minute

@@ -1,0 +1,171 @@
+"""The usage ledger end to end: a real `gpumon watch` over the fake driver records two real users'
+processes (made with useradd, run with runuser) into SQLite, is restarted midway, and `gpumon
+report` answers what ran: GPU-seconds within the run's length, the idle one's idle-held time, each
+card's last use. A damaged file, a read-only folder and two writers at once never stop watch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import GIB, Card
+from usage_lab import two_users  # noqa: F401 - the fixture
+
+PERIOD = "0.5"  # GPUMON_HISTORY_PERIOD: rows per half second instead of per minute, to keep tests fast
+INTERVAL = "0.1"
+
+
+def ledger_env(fake_driver, tmp_path: Path, db: Path) -> dict[str, str]:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[history]\npath = "{db}"\nprice_per_kwh = 0.5\n')
+    return {**fake_driver.env, "GPUMON_CONFIG": str(config), "GPUMON_HISTORY_PERIOD": PERIOD}
+
+
+def watch(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--interval", INTERVAL, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def report(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpumon", "report", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def wait_for_rows(db: Path, user: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as conn:
+                    if conn.execute("SELECT count(*) FROM holder_minutes WHERE holder = ?", (user,)).fetchone()[0]:
+                        return
+            except sqlite3.Error:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"no rows of {user} in {db}")
+
+
+@pytest.fixture
+def two_holders(fake_driver, two_users):  # noqa: F811 - the fixture imported above
+    """User a computes on card 0 (80 % SM), user b holds card 1 at 0 %."""
+    busy, idle = (two_users.spawn(name) for name in two_users.names)
+    fake_driver.machine.cards = [Card(extra={"power_mw": 200_000, "util": 80}),
+                                 Card(extra={"power_mw": 50_000, "util": 0})]
+    fake_driver.machine.procs = [dict(gpu=0, pid=busy, mem=4 * GIB, sm=80), dict(gpu=1, pid=idle, mem=2 * GIB, sm=0)]
+    fake_driver.write()
+    return two_users.names
+
+
+def test_watch_records_two_users_across_a_restart_and_report_answers_what_ran(fake_driver, tmp_path, two_holders):
+    a, b = two_holders
+    db = tmp_path / "usage" / "usage.sqlite"
+    env = ledger_env(fake_driver, tmp_path, db)
+    began = time.monotonic()
+    first = watch(env)
+    wait_for_rows(db, b)  # a minute (a period here) is written, then watch is stopped midway
+    time.sleep(1.0)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=30)
+    assert first.returncode == 0, err
+    second = watch(env, "--count", "20")
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 0 and err == "", err
+    ran = time.monotonic() - began
+
+    out = report(env, "--json", "--since", "1h")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    users = {r["id"]: r for r in doc["rows"] if r["kind"] == "user"}
+    assert set(users) == {a, b}
+    busy, idle = users[a], users[b]
+    for row in (busy, idle):  # each held one card for about as long as the watches ran, never more
+        assert 2.0 / 3600 < row["gpu_hours"] <= ran / 3600
+        assert row["peak_memory"] == (4 if row is busy else 2) * GIB
+    assert busy["mean_sm"] == pytest.approx(80) and busy["idle_hours"] == 0
+    assert idle["mean_sm"] == 0 and idle["idle_hours"] == pytest.approx(idle["gpu_hours"], abs=1e-4)
+    assert busy["energy_kwh"] == pytest.approx(200 * busy["gpu_hours"] / 1000, rel=0.05)
+    assert busy["cost"] == pytest.approx(busy["energy_kwh"] * 0.5, abs=1e-4)
+    cards = {c["index"]: c for c in doc["cards"]}
+    assert set(cards) == {0, 1} and all(c["last_used"] is not None for c in cards.values())
+    assert cards[0]["mean_util"] == pytest.approx(80) and cards[1]["mean_util"] == 0
+
+    # The file is plain SQLite, in WAL mode.
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        held = conn.execute("SELECT sum(held_s) FROM holder_minutes WHERE holder = ? AND kind = 'user'",
+                            (b,)).fetchone()[0]
+    assert held == pytest.approx(idle["gpu_hours"] * 3600, abs=0.5)
+
+    text = report(env, "--since", "1h", "--plot")
+    assert text.returncode == 0 and a in text.stdout and "LAST USED" in text.stdout and "utilisation" in text.stdout
+    by_card = json.loads(report(env, "--json", "--by", "card").stdout)["rows"]
+    assert sorted(r["index"] for r in by_card) == [0, 1]
+    (day,) = json.loads(report(env, "--json", "--by", "day").stdout)["rows"]
+    assert day["gpu_hours"] == pytest.approx(busy["gpu_hours"] + idle["gpu_hours"], abs=1e-3)
+    csv = report(env, "--csv").stdout.splitlines()
+    assert csv[0].startswith("host,kind,id,label,user") and len(csv) == 3
+
+
+def test_bad_report_input_is_one_line_and_status_2(tmp_path):
+    for args in (["--since", "7x"], ["--from", "yesterday"], ["--by", "group"], ["--from", "2026-12-02", "--to",
+                                                                                   "2026-12-01"],
+                 ["--since", "7d", "--from", "2026-12-01"]):
+        out = subprocess.run([sys.executable, "-m", "gpumon", "report", *args], capture_output=True, text=True)
+        assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, (args, out)
+    missing = subprocess.run([sys.executable, "-m", "gpumon", "report"], capture_output=True, text=True)
+    assert missing.returncode == 1 and "no usage history" in missing.stderr
+
+
+def test_a_damaged_ledger_is_one_line_and_watch_goes_on_alerting(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card(extra={"temp": 95})]
+    fake_driver.write()
+    db = tmp_path / "usage.sqlite"
+    db.write_bytes(b"this is not a database, " * 400)
+    out = watch(ledger_env(fake_driver, tmp_path, db), "--alert", "temp > 90", "--count", "15")
+    stdout, stderr = out.communicate(timeout=60)
+    assert out.returncode == 0
+    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["firing"]
+    (line,) = stderr.splitlines()
+    assert str(db) in line and "not a database" in line
+    assert report(ledger_env(fake_driver, tmp_path, db)).returncode == 1
+
+
+def test_a_read_only_folder_is_one_line_and_watch_goes_on(fake_driver, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only folder here: {mounted.stderr.decode().strip()}")
+    try:
+        fake_driver.machine.cards = [Card(extra={"temp": 95})]
+        fake_driver.write()
+        out = watch(ledger_env(fake_driver, tmp_path, folder / "usage.sqlite"), "--alert", "temp > 90", "--count", "8")
+        stdout, stderr = out.communicate(timeout=60)
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+    assert out.returncode == 0 and len(stdout.splitlines()) == 1
+    (line,) = stderr.splitlines()
+    assert "usage history" in line and "Read-only file system" in line
+
+
+def test_two_watches_at_once_count_a_minute_once(fake_driver, tmp_path, two_holders):
+    a, _ = two_holders
+    db = tmp_path / "usage.sqlite"
+    env = ledger_env(fake_driver, tmp_path, db)
+    began = time.monotonic()
+    first = watch(env)
+    wait_for_rows(db, a)
+    second = watch(env, "--count", "10")
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 0 and "another gpumon watch records it" in err
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=30)
+    ran = time.monotonic() - began
+    busy = next(r for r in json.loads(report(env, "--json").stdout)["rows"] if r["id"] == a)
+    assert 0 < busy["gpu_hours"] * 3600 <= ran  # counted by the first alone, not twice
