@@ -17,7 +17,7 @@ import pytest
 from conftest import GIB, Card
 from usage_lab import two_users  # noqa: F401 - the fixture
 
-PERIOD = "0.5"  # GPUMON_HISTORY_PERIOD: rows per half second instead of per minute, to keep tests fast
+PERIOD = "1"  # GPUMON_HISTORY_PERIOD: rows per second instead of per minute, to keep tests fast
 INTERVAL = "0.1"
 
 
@@ -169,3 +169,47 @@ def test_two_watches_at_once_count_a_minute_once(fake_driver, tmp_path, two_hold
     ran = time.monotonic() - began
     busy = next(r for r in json.loads(report(env, "--json").stdout)["rows"] if r["id"] == a)
     assert 0 < busy["gpu_hours"] * 3600 <= ran  # counted by the first alone, not twice
+
+
+def test_the_tui_records_where_no_watch_does_and_hands_over_to_one(fake_driver, tmp_path, two_holders,
+                                                                    tmux_session):
+    import shlex
+
+    a, b = two_holders
+    db = tmp_path / "usage.sqlite"
+    env = ledger_env(fake_driver, tmp_path, db)
+    passed = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                      if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+                               "TZ", "GPUMON_CONFIG", "GPUMON_HISTORY_PERIOD"))
+    status = tmp_path / "status"
+    tmux = tmux_session(120, 40)
+    tmux.start(f"env {passed} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval {INTERVAL}; "
+               f"echo $? > {status}")
+    tmux.wait_for(lambda s: "sleep" in s, what="the processes")
+    wait_for_rows(db, b)  # no watch: the TUI records
+
+    def held() -> float:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT sum(held_s) FROM holder_minutes WHERE kind = 'user'").fetchone()[0]
+
+    since = time.time()
+    running = watch(env, "--count", "50")  # both record to one file now: the watch alone counts
+    _, err = running.communicate(timeout=60)
+    until = time.time()
+    assert running.returncode == 0 and err == "", err
+    wait_for_rows(db, a)
+    time.sleep(2.5 * float(PERIOD))  # the TUI records again, a period at a time
+    tmux.keys("q")
+    deadline = time.monotonic() + 20
+    while not status.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status.read_text().strip() == "0"
+    period = float(PERIOD)
+    with sqlite3.connect(db) as conn:
+        inside, periods = conn.execute(
+            "SELECT sum(held_s), count(DISTINCT minute) FROM holder_minutes WHERE kind = 'user' "
+            "AND minute >= ? AND minute + ? <= ?", (since + period, period, until)).fetchone()
+        (after,) = conn.execute("SELECT count(*) FROM holder_minutes WHERE minute > ?", (until + period,)).fetchone()
+    # Two cards held all along, counted once while both ran: never twice the time.
+    assert periods >= 2 and 2 * period * periods * 0.5 <= inside <= 2 * period * (periods + 1)
+    assert after > 0  # and the TUI took over again when the watch stopped

@@ -9,7 +9,7 @@ dates `gpumon report` is given.
 
 The default path is in the user's state folder (`~/.local/state/gpumon/`, beside the jobs); a
 `watch` run as a system service names a system path (`/var/lib/gpumon/usage.sqlite`).
-`GPUMON_HISTORY_PERIOD` (seconds, for tests) shortens the minute rows are added up over.
+`GPUMON_HISTORY_PERIOD` (whole seconds, for tests only) shortens the minute rows are added up over.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ def history_settings(table: dict | None) -> HistorySettings:
     period = PERIOD_S
     if os.environ.get("GPUMON_HISTORY_PERIOD"):
         try:
-            period = float(os.environ["GPUMON_HISTORY_PERIOD"])
+            period = int(os.environ["GPUMON_HISTORY_PERIOD"])
         except ValueError:
-            period = 0.0
-        if not 0.1 <= period <= 3600:
+            period = 0
+        if not 1 <= period <= 3600:  # rows are keyed by whole seconds
             raise UsageError(f"bad GPUMON_HISTORY_PERIOD {os.environ['GPUMON_HISTORY_PERIOD']!r}: "
-                             "expected seconds between 0.1 and 3600")
+                             "expected whole seconds, 1 to 3600")
     path = Path(table["path"]) if table.get("path") else default_path()
     return HistorySettings(path, keep, None if price is None else float(price), bool(table.get("record", True)),
                            period)
