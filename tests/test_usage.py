@@ -179,8 +179,8 @@ def test_the_tui_records_where_no_watch_does_and_hands_over_to_one(fake_driver, 
     db = tmp_path / "usage.sqlite"
     env = ledger_env(fake_driver, tmp_path, db)
     passed = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
-                      if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
-                               "TZ", "GPUMON_CONFIG", "GPUMON_HISTORY_PERIOD"))
+                      if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                               "XDG_STATE_HOME", "TZ", "GPUMON_CONFIG", "GPUMON_HISTORY_PERIOD"))
     status = tmp_path / "status"
     tmux = tmux_session(120, 40)
     tmux.start(f"env {passed} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval {INTERVAL}; "
