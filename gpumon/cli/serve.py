@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     # aiohttp is loaded by `serve` alone (the other commands start without it).
     from gpumon.web.auth import stored_token, token_from_file
     from gpumon.web.feed import Feed
+    from gpumon.usage.report import PageReport
+    from gpumon.usage.settings import history_settings
     from gpumon.web.server import WebServer, tls_context
 
     tls = tls_context(config.serve_tls_cert, config.serve_tls_key)
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             note = "the token is kept for the next start; it is printed this once" if made else None
     feed = Feed()
     cards, backend = _cards(args, config, feed)
-    server = WebServer(cards, feed, host, port, token, tls)
+    server = WebServer(cards, feed, host, port, token, tls, report=PageReport(history_settings(config.history)))
 
     def announce(bound: int) -> None:
         from gpumon.web.auth import default_token_file

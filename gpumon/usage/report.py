@@ -197,3 +197,28 @@ def plot(doc: dict[str, Any], width: int = 100, height: int = 20) -> str:
         if points:
             fig.draw(fig.signal([p for p, _ in points], [v for _, v in points]).lines(True).label(labels[key]))
     return fig.build().string().replace("\x1b[0m", "")
+
+
+class PageReport:
+    """The web page's "last 7 days" (`/api/report`): per user, and each card's days; asked of the
+    ledger at most every REFRESH_S (in the server's thread pool: a read never holds up the loop)."""
+
+    SPAN_S = 7 * 86400.0
+    REFRESH_S = 30.0
+
+    def __init__(self, settings: HistorySettings, clock=time.time) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._made: tuple[float, dict[str, Any]] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        now = self._clock()
+        if self._made is not None and now - self._made[0] < self.REFRESH_S:
+            return self._made[1]
+        try:
+            doc = ledger_report(self.settings, now - self.SPAN_S, now, "user", now)
+        except LedgerError as exc:
+            doc = document(now - self.SPAN_S, now, "user", "ledger", self.settings.price_per_kwh, [], [], [], now)
+            doc["error"] = str(exc)
+        self._made = (now, doc)
+        return doc
