@@ -23,10 +23,10 @@ def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     host, port = parse_listen(args.listen or config.serve_listen or DEFAULT)
     # aiohttp is loaded by `serve` alone (the other commands start without it).
-    from gpumon.web.auth import stored_token, token_from_file
-    from gpumon.web.feed import Feed
     from gpumon.usage.report import PageReport
     from gpumon.usage.settings import history_settings
+    from gpumon.web.auth import stored_token, token_from_file
+    from gpumon.web.feed import Feed
     from gpumon.web.server import WebServer, tls_context
 
     tls = tls_context(config.serve_tls_cert, config.serve_tls_key)

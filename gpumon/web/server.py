@@ -17,8 +17,8 @@ import asyncio
 import logging
 import socket
 import ssl
-from importlib import resources
 from collections.abc import Callable
+from importlib import resources
 from typing import Any, Protocol
 
 from aiohttp import web
