@@ -63,9 +63,15 @@ class Holder:
     idle_s: float | None  # seconds every process has shown 0 % SM (None: computing, or not known)
     energy_j: float | None  # its share of its cards' energy while gpumon watched
     watched_s: float  # how long gpumon has seen it: idle_s never exceeds this
-    # Its part of each card (index order, as `cards`): what the usage ledger keeps per card. Not in
-    # to_dict: the users document has its totals.
-    shares: tuple[CardShare, ...] = ()
+    # Its part of each card, index -> [uuid, memory, SM % (None: not reported), power]: what the usage
+    # ledger keeps per card (read it through shares()). Kept as the sums were made: building
+    # objects for it each sample would cost the users view and the idle rule, which never read it.
+    # Not in to_dict: the users document has the totals.
+    parts: dict[int, list] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def shares(self) -> list[CardShare]:
+        """Its part of each card, in index order."""
+        return [CardShare(i, *self.parts[i]) for i in self.cards]
 
     @property
     def idle(self) -> bool:
@@ -131,13 +137,12 @@ def card_holder(gpu: GpuSample) -> str | None:
 class _Sum:
     """One holder's figures in the snapshot being read."""
 
-    __slots__ = ("label", "user", "cards", "shares", "processes", "memory", "sm", "sm_known", "power", "started",
+    __slots__ = ("label", "user", "cards", "processes", "memory", "sm", "sm_known", "power", "started",
                  "idle_since", "busy", "unknown", "first_seen")
 
     def __init__(self, label: str, user: str | None) -> None:
         self.label, self.user = label, user
-        self.cards: dict[int, str | None] = {}
-        self.shares: dict[int, list] = {}  # index -> [memory, SM % (None: unknown), power]
+        self.cards: dict[int, list] = {}  # index -> [uuid, memory, SM % (None: unknown), power] there
         self.processes = 0
         self.memory: int | None = None
         self.sm = 0
@@ -247,17 +252,16 @@ def _power_shares(processes: tuple[ProcessSample, ...], power: float | None) -> 
 def _add(total: _Sum, index: int, uuid: str | None, memory: int | None, sm: int | None, power: float | None,
          times: list[float | None]) -> None:
     """One process's (or one card's held without processes) figures on card `index`."""
-    total.cards[index] = uuid
-    share = total.shares.get(index)
-    if share is None:
-        share = total.shares[index] = [memory, sm, power]
+    part = total.cards.get(index)
+    if part is None:
+        total.cards[index] = [uuid, memory, sm, power]
     else:
         if memory is not None:
-            share[0] = (share[0] or 0) + memory
+            part[1] = (part[1] or 0) + memory
         if sm is not None:
-            share[1] = (share[1] or 0) + sm
+            part[2] = (part[2] or 0) + sm
         if power is not None:
-            share[2] = (share[2] or 0.0) + power
+            part[3] = (part[3] or 0.0) + power
     if memory is not None:
         total.memory = (total.memory or 0) + memory
     if sm is None:
@@ -282,12 +286,12 @@ def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: f
         idle = max(0.0, now - total.idle_since)
     indices = tuple(sorted(total.cards))
     return Holder(host=host, kind=kind, id=ident, label=total.label, user=total.user, cards=indices,
-                  uuids=tuple(total.cards[i] for i in indices), processes=total.processes,
+                  uuids=tuple(total.cards[i][0] for i in indices), processes=total.processes,
                   gpu_memory=total.memory, sm_util=total.sm if total.sm_known else None, power_w=total.power,
                   held_s=max(0.0, now - total.started) if total.started is not None else None,
                   idle_s=idle, energy_j=energy,
                   watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0,
-                  shares=tuple(CardShare(i, total.cards[i], *total.shares[i]) for i in indices))
+                  parts=total.cards)
 
 
 def _order(h: Holder) -> tuple:

@@ -108,25 +108,23 @@ class MinuteBook:
         for h in holders:
             if h.kind not in HOLDER_KINDS:
                 continue
-            for share in h.shares:
-                key4 = (host, share.uuid or f"index:{share.index}", h.kind, h.id)
+            for index, (uuid, memory, sm, power) in h.parts.items():
+                key4 = (host, uuid or f"index:{index}", h.kind, h.id)
                 row = rows.get(key4)
                 if row is None:
-                    row = rows[key4] = HolderMinute(share.index, h.label, h.user)
+                    row = rows[key4] = HolderMinute(index, h.label, h.user)
                 row.held_s += dt
-                sm = share.sm_util
                 if sm is not None:
                     row.sm_s += sm * dt
                     row.sm_known_s += dt
                     if sm == 0:
                         row.idle_s += dt
-                memory = share.gpu_memory
                 if memory is not None:
                     row.mem_s += memory * dt
                     if row.mem_peak is None or memory > row.mem_peak:
                         row.mem_peak = memory
-                if share.power_w is not None:
-                    row.energy_j += share.power_w * dt
+                if power is not None:
+                    row.energy_j += power * dt
         return done
 
     def pause(self, host: str | None = None) -> None:
