@@ -213,3 +213,36 @@ def test_the_tui_records_where_no_watch_does_and_hands_over_to_one(fake_driver, 
     # Two cards held all along, counted once while both ran: never twice the time.
     assert periods >= 2 and 2 * period * periods * 0.5 <= inside <= 2 * period * (periods + 1)
     assert after > 0  # and the TUI took over again when the watch stopped
+
+
+def test_report_hosts_merges_each_hosts_own_report_over_ssh(fake_lib, idle_processes, ssh_lab):
+    """Hosts a and b of the real-sshd lab each have a ledger their own watch wrote; host down cannot
+    be reached: the report merges a's and b's rows under their names and names down's problem."""
+    import os
+
+    busy, idle = idle_processes("sleep", "600"), idle_processes("sleep", "600")
+    for alias, pid, sm in (("a", busy.pid, 70), ("b", idle.pid, 0)):
+        host = ssh_lab.host(alias)
+        host.machine.cards = [Card(extra={"power_mw": 100_000})]
+        host.machine.procs = [dict(gpu=0, pid=pid, mem=GIB, sm=sm)]
+        host.write()
+        env = {**os.environ, "GPUMON_NVML_LIB": str(fake_lib), "FAKE_NVML_CONFIG": str(host.driver_config),
+               "XDG_STATE_HOME": str(host.state_home), "GPUMON_HISTORY_PERIOD": PERIOD}
+        out = subprocess.run([sys.executable, "-m", "gpumon", "watch", "--interval", INTERVAL, "--count", "15"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+    elsewhere = ssh_lab.server()
+    ssh_lab.host("down", server=elsewhere)
+    elsewhere.kill()
+
+    result = ssh_lab.gpumon("report", "--json", "--hosts", "a,b,down")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "hosts"
+    assert [(h["host"], h["state"]) for h in doc["hosts"]] == [("a", "ok"), ("b", "ok"), ("down", "error")]
+    assert "down" in result.stderr and "connection refused" in doc["hosts"][2]["error"]
+    rows = {r["host"]: r for r in doc["rows"] if r["kind"] == "user"}
+    assert set(rows) == {"a", "b"} and rows["a"]["mean_sm"] == 70 and rows["b"]["idle_hours"] > 0
+    assert sorted(c["host"] for c in doc["cards"]) == ["a", "b"]
+    text = ssh_lab.gpumon("report", "--hosts", "a,b")
+    assert text.returncode == 0 and "a: root" in text.stdout and "b:GPU 0" in text.stdout
