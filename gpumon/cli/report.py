@@ -39,16 +39,13 @@ def run(args: argparse.Namespace) -> int:
     settings = history_settings(config.history)
     start, end = window(args, time.time())
     if fleet_requested(args):
-        from gpumon.cli import fleet
-
         if args.prometheus_url:
             if args.hosts or args.hostfile:
                 raise UsageError("--prometheus-url answers from the cluster's history: not with --hosts")
             from gpumon.usage.prometheus_report import prometheus_report
 
             doc = prometheus_report(args.prometheus_url, start, end, args.by, settings.price_per_kwh,
-                                    fleet.prometheus_login(args, config) if hasattr(fleet, "prometheus_login")
-                                    else None)
+                                    config.fleet_prometheus_user, config.fleet_prometheus_password_file)
         else:
             doc = _hosts_report(args, config, start, end, settings.price_per_kwh)
     else:
