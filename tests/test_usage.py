@@ -136,22 +136,26 @@ def test_a_damaged_ledger_is_one_line_and_watch_goes_on_alerting(fake_driver, tm
     assert report(ledger_env(fake_driver, tmp_path, db)).returncode == 1
 
 
-def test_a_read_only_folder_is_one_line_and_watch_goes_on(fake_driver, tmp_path):
-    folder = tmp_path / "ro"
+@pytest.mark.parametrize("folder_is", ["read-only", "full"])
+def test_a_read_only_or_full_folder_is_one_line_and_watch_goes_on(fake_driver, tmp_path, folder_is):
+    folder = tmp_path / "mounted"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    options = "ro,size=1m" if folder_is == "read-only" else "size=64k"
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a read-only folder here: {mounted.stderr.decode().strip()}")
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
     try:
+        if folder_is == "full":  # a few KiB left: the database's first pages do not fit
+            (folder / "filler").write_bytes(b"\0" * 60 * 1024)
         fake_driver.machine.cards = [Card(extra={"temp": 95})]
         fake_driver.write()
-        out = watch(ledger_env(fake_driver, tmp_path, folder / "usage.sqlite"), "--alert", "temp > 90", "--count", "8")
+        out = watch(ledger_env(fake_driver, tmp_path, folder / "usage.sqlite"), "--alert", "temp > 90", "--count", "15")
         stdout, stderr = out.communicate(timeout=60)
     finally:
         subprocess.run(["umount", str(folder)], check=True)
     assert out.returncode == 0 and len(stdout.splitlines()) == 1
     (line,) = stderr.splitlines()
-    assert "usage history" in line and "Read-only file system" in line
+    assert "usage history" in line and ("Read-only file system" if folder_is == "read-only" else "full") in line
 
 
 def test_two_watches_at_once_count_a_minute_once(fake_driver, tmp_path, two_holders):
@@ -246,3 +250,52 @@ def test_report_hosts_merges_each_hosts_own_report_over_ssh(fake_lib, idle_proce
     assert sorted(c["host"] for c in doc["cards"]) == ["a", "b"]
     text = ssh_lab.gpumon("report", "--hosts", "a,b")
     assert text.returncode == 0 and "a: root" in text.stdout and "b:GPU 0" in text.stdout
+
+
+def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, idle_processes, tmp_path):
+    """In one process: the real sampler over the fake driver, its holders, the minute book and the
+    writer thread. The wall clock steps back an hour and a card comes back under another index:
+    the seconds counted are the monotonic ones, in the same card's rows; rows past `keep` go."""
+    import dataclasses
+
+    from gpumon.cards.backends.nvml import NvmlBackend
+    from gpumon.cards.sampler import Sampler
+    from gpumon.owners.holders import HolderTracker
+    from gpumon.usage.ledger import LedgerWriter
+    from gpumon.usage.minutes import MinuteBook
+
+    proc = idle_processes("sleep", "600")
+    fake_driver.machine.cards = [Card(extra={"power_mw": 100_000})]
+    fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=GIB, sm=50)]
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    try:
+        sampler = Sampler(backend)
+        clock = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+        book, tracker = MinuteBook(60.0, clock=lambda: next(clock)), HolderTracker()
+        done = []
+        for step in range(6):
+            snapshot = sampler.collect()
+            if step >= 3:  # the wall clock goes back an hour; the card is back as GPU 1 (same UUID)
+                gpus = tuple(dataclasses.replace(g, index=1) for g in snapshot.gpus)
+                snapshot = dataclasses.replace(snapshot, time=snapshot.time - 3600, gpus=gpus)
+            done += book.add(snapshot, tracker.update(snapshot))
+    finally:
+        backend.close()
+    minutes = done + [book.take()]
+    rows = [(key, row.held_s, row.card_index) for m in minutes for key, row in m.holders.items() if key[2] == "user"]
+    assert sum(held for _, held, _ in rows) == pytest.approx(5.0)  # five gaps of 1 s, whatever the wall clock did
+    assert len({key[1] for key, _, _ in rows}) == 1  # one card, by its UUID
+
+    db = tmp_path / "usage.sqlite"
+    old = dataclasses.replace(minutes[0], start=int(time.time()) - 100 * 86400)
+    writer = LedgerWriter(db, keep_s=400 * 86400)
+    writer.submit(old)
+    writer.close()
+    writer = LedgerWriter(db, keep_s=90 * 86400)  # the next start prunes what is past `keep`
+    for minute in minutes:
+        writer.submit(minute)
+    writer.close()
+    with sqlite3.connect(db) as conn:
+        starts = {m for (m,) in conn.execute("SELECT DISTINCT minute FROM holder_minutes")}
+    assert starts == {m.start for m in minutes} and writer.failing is None
