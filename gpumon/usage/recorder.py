@@ -86,10 +86,19 @@ class UsageRecorder:
         return self
 
     def feed(self, snapshot: Snapshot) -> None:
-        """One sample (not a stale repeat). Cheap: the writing is the writer thread's."""
-        writer = self.writer
-        if writer is None or snapshot.stale:
+        """One sample (not a stale repeat). Cheap: the writing is the writer thread's. A bug in
+        here stops the recording, never the sampling and alerting around it."""
+        if self.writer is None or snapshot.stale:
             return
+        try:
+            self._feed(snapshot, self.writer)
+        except Exception as exc:  # a bug of gpumon's: one line, and monitoring goes on
+            log.error("usage history %s: stopped recording (internal error: %s: %s)", self.settings.path,
+                      type(exc).__name__, exc)
+            self.writer.close(timeout=0)
+            self.writer = None
+
+    def _feed(self, snapshot: Snapshot, writer: LedgerWriter) -> None:
         if self.role == "tui" and not self._tui_may_record():
             if self.active:  # a watch took over: what was counted before it stays, nothing after
                 self.active = False

@@ -92,7 +92,11 @@ def _when(t: float | None) -> str:
 
 
 def _num(value: Any, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+    if value is None:
+        return "–"
+    if 0 < value < 10 ** -digits:  # a few seconds held is not nothing
+        return "<" + f"{10 ** -digits:.{digits}f}"
+    return f"{value:.{digits}f}"
 
 
 def _who(row: dict[str, Any], hosts: bool) -> str:
