@@ -262,7 +262,7 @@ def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, 
     from gpumon.cards.sampler import Sampler
     from gpumon.owners.holders import HolderTracker
     from gpumon.usage.ledger import LedgerWriter
-    from gpumon.usage.minutes import MinuteBook
+    from gpumon.usage.minutes import HOLDER_FIELDS, MinuteBook
 
     proc = idle_processes("sleep", "600")
     fake_driver.machine.cards = [Card(extra={"power_mw": 100_000})]
@@ -283,7 +283,8 @@ def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, 
     finally:
         backend.close()
     minutes = done + [book.take()]
-    rows = [(key, row.held_s, row.card_index) for m in minutes for key, row in m.holders.items() if key[2] == "user"]
+    rows = [(key, row[HOLDER_FIELDS.index("held_s")], row[0]) for m in minutes for key, row in m.holders.items()
+            if key[2] == "user"]
     assert sum(held for _, held, _ in rows) == pytest.approx(5.0)  # five gaps of 1 s, whatever the wall clock did
     assert len({key[1] for key, _, _ in rows}) == 1  # one card, by its UUID
 
@@ -298,4 +299,7 @@ def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, 
     writer.close()
     with sqlite3.connect(db) as conn:
         starts = {m for (m,) in conn.execute("SELECT DISTINCT minute FROM holder_minutes")}
+        held, peak, index = conn.execute("SELECT sum(held_s), max(mem_peak), max(card_index) FROM holder_minutes "
+                                         "WHERE kind = 'user'").fetchone()
     assert starts == {m.start for m in minutes} and writer.failing is None
+    assert (held, peak, index) == (pytest.approx(5.0), GIB, 1)  # the columns as the book made them

@@ -96,9 +96,8 @@ def connect(path: Path, write: bool = False) -> sqlite3.Connection:
 def write_minute(conn: sqlite3.Connection, minute: Minute) -> None:
     """One minute's rows in one transaction, added to what is there."""
     start = minute.start
-    with_rows = [(start, host, card, kind, ident, r.card_index, r.label, r.user, r.held_s, r.sm_s, r.sm_known_s,
-                  r.mem_s, r.mem_peak, r.energy_j, r.idle_s)
-                 for (host, card, kind, ident), r in minute.holders.items()]
+    with_rows = [(start, host, card, kind, ident, *row)  # the row's fields are the table's next columns
+                 for (host, card, kind, ident), row in minute.holders.items()]
     cards = [(start, host, card, c.card_index, c.name, c.seen_s, c.util_s, c.util_known_s, c.energy_j, c.held_s,
               c.busy_s) for (host, card), c in minute.cards.items()]
     conn.execute("BEGIN IMMEDIATE")

@@ -23,20 +23,15 @@ from gpumon.owners.holders import HOLDER_KINDS, Holder
 LONGEST_GAP_S = 60.0
 
 
-@dataclass(slots=True)
-class HolderMinute:
-    """One holder on one card in one minute (seconds, byte-seconds, joules)."""
-
-    card_index: int
-    label: str
-    user: str | None
-    held_s: float = 0.0
-    sm_s: float = 0.0  # SM % x seconds, over the seconds SM was known
-    sm_known_s: float = 0.0
-    mem_s: float = 0.0  # bytes x seconds
-    mem_peak: int | None = None
-    energy_j: float = 0.0
-    idle_s: float = 0.0  # held with every process of it at 0 % SM on this card
+# One holder on one card in one minute: a list in this order (the ledger's columns), since it is
+# added to for every holder on every card each sample (a list costs 30 % less than attributes).
+HOLDER_FIELDS = ("card_index", "label", "user",
+                 "held_s",  # seconds held
+                 "sm_s", "sm_known_s",  # SM % x seconds, over the seconds SM was known
+                 "mem_s", "mem_peak",  # bytes x seconds; the most in one sample
+                 "energy_j",  # its share of the card's power x seconds
+                 "idle_s")  # held with every process of it at 0 % SM on this card
+HELD, SM, SM_KNOWN, MEM, PEAK, ENERGY, IDLE = range(3, 10)
 
 
 @dataclass(slots=True)
@@ -56,7 +51,7 @@ class Minute:
     """What a ledger writes in one transaction: `holders` by (host, card, kind, id)."""
 
     start: int  # unix seconds, a multiple of the period
-    holders: dict[tuple[str, str, str, str], HolderMinute] = field(default_factory=dict)
+    holders: dict[tuple[str, str, str, str], list] = field(default_factory=dict)  # as HOLDER_FIELDS
     cards: dict[tuple[str, str], CardMinute] = field(default_factory=dict)
 
 
@@ -106,25 +101,27 @@ class MinuteBook:
                 card.held_s += dt
         rows = minute.holders
         for h in holders:
-            if h.kind not in HOLDER_KINDS:
+            kind, ident = h.kind, h.id
+            if kind not in HOLDER_KINDS:
                 continue
             for index, (uuid, memory, sm, power) in h.parts.items():
-                key4 = (host, uuid or f"index:{index}", h.kind, h.id)
+                key4 = (host, uuid or f"index:{index}", kind, ident)
                 row = rows.get(key4)
                 if row is None:
-                    row = rows[key4] = HolderMinute(index, h.label, h.user)
-                row.held_s += dt
+                    row = rows[key4] = [index, h.label, h.user, 0.0, 0.0, 0.0, 0.0, None, 0.0, 0.0]
+                row[HELD] += dt
                 if sm is not None:
-                    row.sm_s += sm * dt
-                    row.sm_known_s += dt
-                    if sm == 0:
-                        row.idle_s += dt
+                    row[SM] += sm * dt
+                    row[SM_KNOWN] += dt
+                    if not sm:
+                        row[IDLE] += dt
                 if memory is not None:
-                    row.mem_s += memory * dt
-                    if row.mem_peak is None or memory > row.mem_peak:
-                        row.mem_peak = memory
+                    row[MEM] += memory * dt
+                    peak = row[PEAK]
+                    if peak is None or memory > peak:
+                        row[PEAK] = memory
                 if power is not None:
-                    row.energy_j += power * dt
+                    row[ENERGY] += power * dt
         return done
 
     def pause(self, host: str | None = None) -> None:
