@@ -38,7 +38,7 @@ def add_report(sub, add_config_option, add_fleet_options) -> None:
     p = sub.add_parser("report", help="who used the cards: GPU-hours, energy, idle-held hours per user, job, card, day",
                        description="Reads the usage history `gpumon watch` (or the TUI, where no watch runs) "
                                    "records ([history] in the config), or a Prometheus server's. GPU-hours are "
-                                   "card-hours held; idle-held hours: held with every process at 0 %% SM. Exit "
+                                   "card-hours held; idle-held hours: held with every process at 0 % SM. Exit "
                                    "status 1 when there is no history to read.")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--since", type=_span, metavar="SPAN", help="the last SPAN: 30m, 12h, 7d, 2w (default 7d)")
