@@ -136,6 +136,27 @@ def test_a_damaged_ledger_is_one_line_and_watch_goes_on_alerting(fake_driver, tm
     assert report(ledger_env(fake_driver, tmp_path, db)).returncode == 1
 
 
+def test_a_locked_ledger_is_one_line_and_watch_goes_on_alerting(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card(extra={"temp": 95})]
+    fake_driver.write()
+    db = tmp_path / "usage.sqlite"
+    env = ledger_env(fake_driver, tmp_path, db)
+    first = watch(env, "--count", "5")  # the file, its tables
+    assert first.communicate(timeout=60)[0] == "" and first.returncode == 0
+    holder = sqlite3.connect(db, isolation_level=None)  # another program holds the write lock all along
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        out = watch(env, "--alert", "temp > 90", "--count", "20")
+        stdout, stderr = out.communicate(timeout=60)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert out.returncode == 0
+    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["firing"]
+    (line,) = stderr.splitlines()
+    assert str(db) in line and "locked" in line
+
+
 @pytest.mark.parametrize("folder_is", ["read-only", "full"])
 def test_a_read_only_or_full_folder_is_one_line_and_watch_goes_on(fake_driver, tmp_path, folder_is):
     folder = tmp_path / "mounted"
