@@ -15,6 +15,7 @@ from typing import Any
 from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.usage import report
+from gpumon.usage.report import LedgerError
 from gpumon.usage.settings import history_settings
 
 DEFAULT_SINCE_S = 7 * 86400.0
@@ -96,4 +97,6 @@ def _hosts_report(args: argparse.Namespace, config, start: float, end: float, pr
     errors = {name: error for name, _, error in answers if error}
     for error in errors.values():
         print(f"gpumon: {error}", file=sys.stderr)
+    if len(errors) == len(hosts):
+        raise LedgerError("no host answered with its usage history")
     return report.merge(reports, errors, start, end, args.by, price)

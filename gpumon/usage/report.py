@@ -135,8 +135,8 @@ def text(doc: dict[str, Any]) -> str:
                       _num(card.get("held_hours"), 2), _num(card.get("mean_util"))])
     lines += _columns(cards) if len(cards) > 1 else ["no card recorded"]
     for host in doc.get("hosts", []):
-        if host.get("error"):
-            lines.append(f"{printable(str(host['host']))}: {printable(str(host['error']))}")
+        if host.get("error"):  # the error names its host
+            lines.append(printable(str(host["error"])))
     return "\n".join(lines)
 
 
