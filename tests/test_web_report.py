@@ -60,3 +60,9 @@ def test_without_a_ledger_the_section_says_so(fake_driver, tmp_path, browser):  
         page.wait_for_selector("#usage:not([hidden])")
         assert "no usage history" in page.locator("#usage-note").text_content()
         page.close()
+
+
+def test_the_demo_has_no_history_to_show(tmp_path):
+    argv = [sys.executable, "-m", "gpumon", "serve", "--demo", "--interval", "0.5", "--listen", "127.0.0.1:0"]
+    with Served(argv, None) as served:  # the machine's own ledger is never shown beside the demo's cards
+        assert get(served.base + "/api/report")[0] == 404
