@@ -55,3 +55,6 @@ def test_a_prometheus_that_cannot_be_read_is_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "gpumon", "report", "--prometheus-url", "http://127.0.0.1:9"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "127.0.0.1:9" in out.stderr
+    by_card = subprocess.run([sys.executable, "-m", "gpumon", "report", "--by", "card", "--prometheus-url",
+                              "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    assert by_card.returncode == 2 and "--by card with --prometheus-url" in by_card.stderr

@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
         if args.prometheus_url:
             if args.hosts or args.hostfile:
                 raise UsageError("--prometheus-url answers from the cluster's history: not with --hosts")
+            if args.by in ("card", "day"):
+                raise UsageError(f"--by {args.by} with --prometheus-url: Prometheus' report has rows per user and "
+                                 "job (its cards and days are in the report's card table and --plot)")
             from gpumon.usage.prometheus_report import prometheus_report
 
             doc = prometheus_report(args.prometheus_url, start, end, args.by, settings.price_per_kwh,

@@ -110,7 +110,7 @@ def _value(series: list[tuple[float, float]]) -> float:
 
 
 def _rows(answers: dict, by: str, r: int, price: float | None) -> list[dict[str, Any]]:
-    kinds = ("user", "job") if by in ("user", "card", "day") else ("job",)
+    kinds = ("user", "job") if by == "user" else ("job",)
     rows: dict[tuple, dict[str, Any]] = {}
     for kind in kinds:
         for name in ("held", "util", "energy", "idle", "peak", "last"):
@@ -142,7 +142,7 @@ def _rows(answers: dict, by: str, r: int, price: float | None) -> list[dict[str,
         return sorted(out, key=lambda x: (-x["gpu_hours"], x["host"], x["id"]))
     users = sorted((x for x in out if x["kind"] == "user"), key=lambda x: (-x["gpu_hours"], x["host"], x["id"]))
     jobs = sorted((x for x in out if x["kind"] != "user"), key=lambda x: (-x["gpu_hours"], x["host"], x["id"]))
-    return users + jobs if by == "user" else users
+    return users + jobs
 
 
 def _cards(answers: dict, r: int, price: float | None, rows: list) -> list[dict[str, Any]]:
