@@ -33,8 +33,14 @@ BEFORE = "16fef6b^"  # the commit before the ledger
 
 
 def tracker_before(workdir: Path):
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:gpumon/owners/holders.py"],
-                            capture_output=True, text=True, check=True).stdout
+    """The HolderTracker before the ledger (git's copy); today's where that commit is not here."""
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:gpumon/owners/holders.py"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        print(f"(no {BEFORE} in this checkout: 'tracker before' is today's tracker)")
+        from gpumon.owners.holders import HolderTracker
+        return HolderTracker
+    source = shown.stdout
     path = workdir / "holders_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("holders_before", path)
