@@ -324,3 +324,37 @@ def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, 
                                          "WHERE kind = 'user'").fetchone()
     assert starts == {m.start for m in minutes} and writer.failing is None
     assert (held, peak, index) == (pytest.approx(5.0), GIB, 1)  # the columns as the book made them
+
+
+def test_a_damaged_ledger_is_one_line_in_the_tuis_log_and_the_tui_goes_on(fake_driver, tmp_path, idle_processes,
+                                                                          tmux_session):
+    import shlex
+
+    proc = idle_processes("sleep", "600")
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=GIB, sm=10)]
+    fake_driver.write()
+    db = tmp_path / "usage.sqlite"
+    db.write_bytes(b"this is not a database, " * 400)
+    log = tmp_path / "gpumon.log"
+    env = {**ledger_env(fake_driver, tmp_path, db), "GPUMON_LOG_FILE": str(log)}
+    passed = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                      if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                               "XDG_STATE_HOME", "TZ", "GPUMON_CONFIG", "GPUMON_HISTORY_PERIOD", "GPUMON_LOG_FILE"))
+    status = tmp_path / "status"
+    tmux = tmux_session(120, 40)
+    tmux.start(f"env {passed} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval {INTERVAL}; "
+               f"echo $? > {status}")
+    tmux.wait_for(lambda s: "sleep" in s, what="the processes")
+    deadline = time.monotonic() + 30
+    while "usage history" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(3 * float(PERIOD))  # more minutes fail: still one line
+    assert "sleep" in tmux.screen()
+    tmux.keys("q")
+    deadline = time.monotonic() + 20
+    while not status.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status.read_text().strip() == "0"
+    (line,) = [x for x in log.read_text().splitlines() if "usage history" in x]
+    assert "not a database" in line
