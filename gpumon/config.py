@@ -44,6 +44,10 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [claims]                          # sharing this host's cards (gpumon/sharing)
     dir = "/run/lock/gpumon"          # the shared sticky folder (default /tmp/gpumon-claims)
     idle_release = "30m"              # a reservation whose holder has no process on the card this long ends
+    [history]                 # the usage ledger (gpumon report; gpumon/usage/settings.py checks it)
+    path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
+    keep = "90d"
+    price_per_kwh = 0.25
 
     [health]                  # the card health rules (gpumon/health/rules.py checks this table)
     window = "10m"
@@ -78,6 +82,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "health": {"window": (str,), "interval": (str,), "rules": (dict,), "xid": (dict,), "xid_state": (str,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
     "claims": {"dir": (str,), "idle_release": (str,)},
+    "history": {"path": (str,), "keep": (str,), "price_per_kwh": (int, float), "record": (bool,)},
 }
 
 
@@ -113,6 +118,8 @@ class Config:
     serve_tls_key: str | None = None
     claims_dir: str | None = None  # [claims]: the host's shared place for claims, the queue, reservations
     claims_idle_release: str | None = None  # a reservation unused this long is released (default 30m)
+    history: dict = field(default_factory=dict)  # the [history] table, as written (path: ~ expanded, relative
+    # to the config file's folder)
 
 
 def default_path() -> Path:
@@ -192,6 +199,9 @@ def load_config(path: str | None = None) -> Config:
     config.health = dict(data.get("health", {}))
     if fleet.get("prometheus_password_file"):
         config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
+    config.history = dict(data.get("history", {}))
+    if config.history.get("path"):
+        config.history["path"] = str(file.parent / Path(config.history["path"]).expanduser())
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     paths = data.get("paths", {})
     config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None

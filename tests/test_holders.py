@@ -43,6 +43,10 @@ def test_one_row_per_user_and_per_job_pod_and_container(held):
            ("job 77.0", "root", (0, 1), 2, 20 * GIB, 120)
     # Card 0's 300 W split by SM time (60 : 20), card 1's 200 W all the job's.
     assert job.power_w == pytest.approx(225 + 200)
+    # Its part of each card (what the usage ledger keeps per card per holder).
+    assert [(s.index, s.gpu_memory, s.sm_util, round(s.power_w)) for s in job.shares()] == \
+           [(0, 10 * GIB, 60, 225), (1, 10 * GIB, 60, 200)]
+    assert job.shares()[0].uuid == job.uuids[0]
     assert holders["k8s", POD].power_w == pytest.approx(75)
     # Nobody computes on card 2: its power goes by memory, all to the container.
     box = holders["container", CONTAINER[:12]]

@@ -5,7 +5,8 @@ after the output is flushed and queued hooks have run. Outputs failing never sto
 closed stdout (`watch --metrics | head -1`) ends it quietly with status 0, as Unix tools do, and a
 recording that cannot be written (a full disk) is reported once while rules and hooks go on.
 
-Jobs that move to other cards (`run --failover`) are events too: `job_events` (the cli passes the
+Who used the cards goes to the usage ledger (`usage`: cli/watch.py passes gpumon/usage's recorder,
+which never raises). Jobs that move to other cards (`run --failover`) are events too: `job_events` (the cli passes the
 follower of the host's job event log, jobs/job_events.py) is asked for new ones once per sample.
 """
 
@@ -48,6 +49,7 @@ class Watch:
     metrics: bool = False
     count: int | None = None
     job_events: Callable[[], list[FailoverEvent]] | None = None  # new job moves since the last call
+    usage: Callable[[Snapshot], None] | None = None  # the usage ledger's recorder (cheap: it writes in a thread)
     status: int = EXIT_OK
     # (card, XID code) -> time of the newest; replaced whole, read by the exporter's thread.
     xid_seen: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -100,6 +102,8 @@ class Watch:
                 return
         if self.recorder is not None and (problem := self.recorder.write(snapshot)):
             log.error("%s", problem)
+        if self.usage is not None:
+            self.usage(snapshot)
         if self.metrics:
             self._output(self.writer.metrics, snapshot)
         for event in self.engine.evaluate(snapshot):

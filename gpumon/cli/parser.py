@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="users")
 
+    from gpumon.cli.report_options import add_report
+    add_report(sub, _add_config_option, _add_fleet_options)
+
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")
     _add_timeout_option(p)

@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     host, port = parse_listen(args.listen or config.serve_listen or DEFAULT)
     # aiohttp is loaded by `serve` alone (the other commands start without it).
+    from gpumon.usage.report import PageReport
+    from gpumon.usage.settings import history_settings
     from gpumon.web.auth import stored_token, token_from_file
     from gpumon.web.feed import Feed
     from gpumon.web.server import WebServer, tls_context
@@ -38,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
             note = "the token is kept for the next start; it is printed this once" if made else None
     feed = Feed()
     cards, backend = _cards(args, config, feed)
-    server = WebServer(cards, feed, host, port, token, tls)
+    # "Last 7 days": this machine's usage ledger, shown with this machine's cards only (not beside a
+    # fleet's, the demo's or a replay's).
+    own = backend is not None and not (args.demo or args.scenario is not None or args.replay)
+    report = PageReport(history_settings(config.history)) if own else None
+    server = WebServer(cards, feed, host, port, token, tls, report=report)
 
     def announce(bound: int) -> None:
         from gpumon.web.auth import default_token_file

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.alerting.rules import missing_cards, parse_rules
         from gpumon.cli.common import backend_args, load_settings, open_source
         from gpumon.tui.app import run_app
+        from gpumon.usage import usage_recorder
 
         config = load_settings(args)
         rules = parse_rules(config.rules + config.watch_rules + args.alert)
@@ -49,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
         opened = backend_args(args)
+        # Who used the cards, kept where no watch keeps it (not of the demo or a replay).
+        usage = usage_recorder(config.history, "tui") if nvml else None
         if not nvml:
             backend, opener = open_source(args), None
         else:
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         take_down()
         raise
     return run_app(args, backend, rules, opened, opener=opener, on_error=take_down, env=STARTUP_ENVIRONMENT,
-                   identity=identity, on_alternate_screen=splash.is_up())
+                   identity=identity, on_alternate_screen=splash.is_up(), usage=usage)
 
 
 def _fleet(args: argparse.Namespace, take_down):

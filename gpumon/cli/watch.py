@@ -17,6 +17,7 @@ from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
 from gpumon.health.seen_xids import XidStateWriter
 from gpumon.jobs.job_events import EventFollower
+from gpumon.usage import usage_recorder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,13 +41,17 @@ def run(args: argparse.Namespace) -> int:
     # Card events never name processes: psutil is needed only to record them, to export (a card's
     # series name the job or pod holding it, as dcgm-exporter's do), or to know who holds the cards
     # (idle rules).
-    enrich = recorder is not None or bool(address) or needs_processes(rules)
+    # Who used the cards (the usage ledger), read by the same tracker as the idle rules; not of a
+    # replay or the demo (neither happened on this machine).
+    usage = None if replaying or backend.name == "demo" else usage_recorder(config.history, "watch")
+    enrich = recorder is not None or bool(address) or needs_processes(rules) or usage is not None
     sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich)
     watch = Watch(
-        sampler, AlertEngine(rules),
+        sampler, AlertEngine(rules, tracker=usage.tracker if usage is not None else None),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
         job_events=None if replaying else _job_and_reservation_events(sampler),
+        usage=usage.feed if usage is not None else None,
     )
     if not replaying and hasattr(backend, "wait_xid"):  # what `gpumon health` reads of the XIDs before it
         watch.xid_state = XidStateWriter(xid_state_file(config))
@@ -64,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             hooks.close()
         if recorder is not None:
             recorder.close()
+        if usage is not None:
+            usage.close()
         backend.close()
 
 

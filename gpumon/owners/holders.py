@@ -63,6 +63,15 @@ class Holder:
     idle_s: float | None  # seconds every process has shown 0 % SM (None: computing, or not known)
     energy_j: float | None  # its share of its cards' energy while gpumon watched
     watched_s: float  # how long gpumon has seen it: idle_s never exceeds this
+    # Its part of each card, index -> [uuid, memory, SM % (None: not reported), power]: what the usage
+    # ledger keeps per card (read it through shares()). Kept as the sums were made: building
+    # objects for it each sample would cost the users view and the idle rule, which never read it.
+    # Not in to_dict: the users document has the totals.
+    parts: dict[int, list] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def shares(self) -> list[CardShare]:
+        """Its part of each card, in index order."""
+        return [CardShare(i, *self.parts[i]) for i in self.cards]
 
     @property
     def idle(self) -> bool:
@@ -84,6 +93,17 @@ class Holder:
                 "idle_s": None if self.idle_s is None else round(self.idle_s, 1),
                 "energy_j": None if self.energy_j is None else round(self.energy_j, 1),
                 "watched_s": round(self.watched_s, 1)}
+
+
+@dataclass(frozen=True, slots=True)
+class CardShare:
+    """A holder's part of one card in one snapshot: memory, SM % and power of its processes there."""
+
+    index: int
+    uuid: str | None
+    gpu_memory: int | None
+    sm_util: int | None  # None: no process of it there reports per-process SM
+    power_w: float | None
 
 
 def holder_keys(p: ProcessSample) -> list[tuple[str, str, str, str | None]]:
@@ -122,7 +142,7 @@ class _Sum:
 
     def __init__(self, label: str, user: str | None) -> None:
         self.label, self.user = label, user
-        self.cards: dict[int, str | None] = {}
+        self.cards: dict[int, list] = {}  # index -> [uuid, memory, SM % (None: unknown), power] there
         self.processes = 0
         self.memory: int | None = None
         self.sm = 0
@@ -232,7 +252,16 @@ def _power_shares(processes: tuple[ProcessSample, ...], power: float | None) -> 
 def _add(total: _Sum, index: int, uuid: str | None, memory: int | None, sm: int | None, power: float | None,
          times: list[float | None]) -> None:
     """One process's (or one card's held without processes) figures on card `index`."""
-    total.cards[index] = uuid
+    part = total.cards.get(index)
+    if part is None:
+        total.cards[index] = [uuid, memory, sm, power]
+    else:
+        if memory is not None:
+            part[1] = (part[1] or 0) + memory
+        if sm is not None:
+            part[2] = (part[2] or 0) + sm
+        if power is not None:
+            part[3] = (part[3] or 0.0) + power
     if memory is not None:
         total.memory = (total.memory or 0) + memory
     if sm is None:
@@ -257,11 +286,12 @@ def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: f
         idle = max(0.0, now - total.idle_since)
     indices = tuple(sorted(total.cards))
     return Holder(host=host, kind=kind, id=ident, label=total.label, user=total.user, cards=indices,
-                  uuids=tuple(total.cards[i] for i in indices), processes=total.processes,
+                  uuids=tuple(total.cards[i][0] for i in indices), processes=total.processes,
                   gpu_memory=total.memory, sm_util=total.sm if total.sm_known else None, power_w=total.power,
                   held_s=max(0.0, now - total.started) if total.started is not None else None,
                   idle_s=idle, energy_j=energy,
-                  watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0)
+                  watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0,
+                  parts=total.cards)
 
 
 def _order(h: Holder) -> tuple:

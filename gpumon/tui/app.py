@@ -65,6 +65,7 @@ class GpumonApp(BaseApp):
         self._xid_listener: XidListener | None = None
         self.holders = holders
         self.holding: tuple[Holder, ...] = ()
+        self.usage = None  # gpumon/usage's recorder (run_app gives it): who used the cards, kept
         self.users_screen: UsersScreen | None = None
         opening = sampler.backend is None
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
@@ -115,6 +116,8 @@ class GpumonApp(BaseApp):
                 self.exit(self.failure.exit_status)
                 return
         if not snapshot.stale:
+            if self.usage is not None:  # records only where no watch does; the writing is its thread's
+                self.usage.feed(snapshot)
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
                 self.notify(problem, severity="error", timeout=10)
             events = self.engine.evaluate(snapshot)
@@ -215,8 +218,9 @@ def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
             backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
             on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None,
-            identity: Snapshot | None = None, on_alternate_screen: bool = False) -> int:
+            identity: Snapshot | None = None, on_alternate_screen: bool = False, usage=None) -> int:
     """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
+    `usage`: the usage ledger's recorder (gpumon/usage), fed the app's own HolderTracker.
     `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
     the changes below; `on_alternate_screen`: the first frame already put the terminal there."""
     env = dict(os.environ if env is None else env)
@@ -226,9 +230,14 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
                      identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False))
     app.on_alternate_screen = on_alternate_screen
+    if usage is not None:
+        usage.tracker = app.holders  # the users view's: a sample's shares are worked out once
+        app.usage = usage
     try:
         status = app.run()
     finally:
+        if usage is not None:
+            usage.close()
         if recorder is not None:
             recorder.close()
         if app.sampler.backend is not None:

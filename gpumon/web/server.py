@@ -8,6 +8,7 @@ GET only (anything else: 405), nothing that acts: no launch, no signal, no setti
     /api/snapshot  `gpumon snapshot --json` (with hosts: `snapshot --hosts … --json`)
     /api/health    `gpumon health --json` (with hosts: its fleet document)
     /api/users     `gpumon users --json` (with hosts: its fleet document), watched since the server started
+    /api/report    `gpumon report --json --since 7d` of this machine's usage ledger (gpumon/usage)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
 
@@ -50,7 +52,8 @@ def _asset(name: str) -> bytes:
     return (resources.files("gpumon.web") / "assets" / name).read_bytes()
 
 
-def make_app(cards: Cards, feed: Feed, token: str | None, local_names: set[str], secure: bool) -> web.Application:
+def make_app(cards: Cards, feed: Feed, token: str | None, local_names: set[str], secure: bool,
+             report: Callable[[], dict[str, Any]] | None = None) -> web.Application:
     app = web.Application(middlewares=[guard(token, local_names, secure)])
     app.on_response_prepare.append(add_security_headers)
     streams: set[web.StreamResponse] = set()
@@ -104,6 +107,11 @@ def make_app(cards: Cards, feed: Feed, token: str | None, local_names: set[str],
     app.router.add_get("/api/snapshot", document(cards.snapshot_document), allow_head=False)
     app.router.add_get("/api/health", document(cards.health_document), allow_head=False)
     app.router.add_get("/api/users", document(cards.users_document), allow_head=False)
+    if report is not None:
+        async def usage(request: web.Request) -> web.Response:  # SQLite reads, in a thread
+            return web.json_response(await asyncio.to_thread(report))
+
+        app.router.add_get("/api/report", usage, allow_head=False)
     return app
 
 
@@ -126,11 +134,11 @@ class WebServer:
     """The page on HOST:PORT; start() binds (port 0: any free one), stop() ends every stream."""
 
     def __init__(self, cards: Cards, feed: Feed, host: str, port: int, token: str | None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, report: Callable[[], dict[str, Any]] | None = None) -> None:
         self.feed = feed
         self.host, self.port = host, port
         self.tls = tls
-        app = make_app(cards, feed, token, {host}, secure=tls is not None)
+        app = make_app(cards, feed, token, {host}, secure=tls is not None, report=report)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
 
     async def start(self) -> int:

@@ -171,9 +171,51 @@ def query(server: Endpoint | str, promql: str, timeout: float = REQUEST_TIMEOUT_
         raise ApiError(redact(str(exc), server.password)) from None
 
 
+def query_range(server: Endpoint | str, promql: str, start: float, end: float, step: float,
+                timeout: float = REQUEST_TIMEOUT_S) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+    """One range query (`/api/v1/query_range`, blocking) -> [(labels, [(time, value)])]; ApiError
+    as query()'s (the usage report's history of a cluster)."""
+    server = Endpoint.of(server) if isinstance(server, str) else server
+    params = {"query": promql, "start": repr(start), "end": repr(end), "step": repr(step)}
+    try:
+        doc = _get_json(server, f"{server.url}/api/v1/query_range?{urlencode(params, quote_via=quote)}", timeout)[0]
+        return _matrix(doc)
+    except ApiError as exc:
+        raise ApiError(redact(str(exc), server.password)) from None
+
+
+def _matrix(doc: Any) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+    if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
+        raise ApiError("answered with JSON that is not Prometheus' API: is this the Prometheus server's address?")
+    if doc["status"] == "error":
+        raise ApiError(f"query failed: {printable(str(doc.get('error')))[:200]}")
+    data = doc.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list) or data.get("resultType") != "matrix":
+        raise ApiError("answered with an unexpected kind of result")
+    if len(result) > MAX_SERIES:
+        raise ApiError(f"answered with over {MAX_SERIES} series")
+    out = []
+    for item in result:
+        try:
+            labels = item["metric"]
+            points = [(float(at), float(value)) for at, value in item["values"]]
+        except (TypeError, ValueError, KeyError):
+            continue
+        if isinstance(labels, dict):
+            out.append((labels, points))
+    return out
+
+
 def _query(server: Endpoint, promql: str, timeout: float) -> tuple[float | None, list[Series], int]:
+    doc, size = _get_json(server, f"{server.url}/api/v1/query?{urlencode({'query': promql}, quote_via=quote)}",
+                          timeout)
+    return (*_vector(doc), size)
+
+
+def _get_json(server: Endpoint, url: str, timeout: float) -> tuple[Any, int]:
     deadline = time.monotonic() + timeout
-    request = _request(server, f"{server.url}/api/v1/query?{urlencode({'query': promql}, quote_via=quote)}")
+    request = _request(server, url)
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             body = _read_body(response, deadline, timeout)
@@ -188,7 +230,7 @@ def _query(server: Endpoint, promql: str, timeout: float) -> tuple[float | None,
     except (ValueError, RecursionError):
         raise ApiError("answered with something that is not JSON: is this the Prometheus server's address?") \
             from None
-    return (*_vector(doc), len(body))
+    return doc, len(body)
 
 
 def _http_error(exc: urllib.error.HTTPError, server: Endpoint) -> str:

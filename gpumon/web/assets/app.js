@@ -220,6 +220,62 @@
     if (doc.users) renderUsers(doc.users, doc.fleet);
   }
 
+  // The "last 7 days" section: /api/report (the usage ledger), asked on load and every 5 minutes.
+  function renderUsage(doc) {
+    document.getElementById("usage").hidden = false;
+    const users = doc.rows.filter((r) => r.kind === "user");
+    const most = Math.max(0, ...users.map((r) => r.gpu_hours));
+    document.getElementById("usage-note").textContent = doc.error ? doc.error
+      : users.length ? "GPU-hours per user (the idle-held part shaded)" : "nobody held a card";
+    document.getElementById("usage-users").replaceChildren(...users.map((r) => {
+      const row = el("div", "usage-user");
+      row.dataset.user = r.id;
+      row.append(el("span", "label", r.label));
+      const track = el("div", "track");
+      const fill = el("div", "fill");
+      fill.style.width = `${most ? (100 * r.gpu_hours) / most : 0}%`;
+      const idle = el("div", "idle");
+      idle.style.width = `${r.gpu_hours ? (100 * r.idle_hours) / r.gpu_hours : 0}%`;
+      fill.append(idle);
+      track.append(fill);
+      const words = [`${r.gpu_hours.toFixed(1)} GPU-h`, `${r.energy_kwh.toFixed(1)} kWh`];
+      if (r.idle_hours) words.push(`${r.idle_hours.toFixed(1)} h idle`);
+      row.append(track, el("span", "value", words.join(" \u00b7 ")));
+      return row;
+    }));
+    const days = [...new Set(doc.days.map((d) => d.day))].sort();
+    const byCard = new Map();
+    for (const d of doc.days) {
+      const key = `${d.host} ${d.card}`;
+      if (!byCard.has(key)) byCard.set(key, { index: d.index, host: d.host, days: new Map() });
+      byCard.get(key).days.set(d.day, d.mean_util);
+    }
+    const lastUse = new Map(doc.cards.map((c) => [`${c.host} ${c.card}`, c.last_used]));
+    document.getElementById("usage-cards").replaceChildren(...[...byCard.entries()].map(([key, card]) => {
+      const row = el("div", "usage-card");
+      row.dataset.card = String(card.index);
+      row.append(el("span", "label", `GPU ${card.index}`));
+      const strip = el("div", "strip");
+      for (const day of days) {
+        const util = card.days.get(day);
+        const cell = el("span", "day");
+        cell.style.opacity = util === undefined || util === null ? "0.08" : String(0.15 + (0.85 * util) / 100);
+        cell.title = `${day}: ${util === undefined || util === null ? "not watched" : `${util}% utilisation`}`;
+        strip.append(cell);
+      }
+      const last = lastUse.get(key);
+      row.append(strip, el("span", "value", last ? `last used ${new Date(last * 1000).toLocaleString()}` : "unused"));
+      return row;
+    }));
+  }
+
+  function loadUsage() {
+    fetch("api/report", { credentials: "same-origin" })
+      .then((response) => (response.ok ? response.json() : null))
+      .then((doc) => { if (doc) renderUsage(doc); })
+      .catch(() => {});
+  }
+
   function connection(state, text) {
     const node = document.getElementById("connection");
     node.dataset.state = state;
@@ -227,6 +283,8 @@
   }
 
   function start() {
+    loadUsage();
+    setInterval(loadUsage, 5 * 60 * 1000);
     const events = new EventSource("events");
     events.onopen = () => connection("live", "live");
     events.onmessage = (message) => {

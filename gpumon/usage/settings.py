@@ -1,0 +1,86 @@
+"""Where the usage ledger is and what it keeps: the config's `[history]` table, and the spans and
+dates `gpumon report` is given.
+
+    [history]
+    path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
+    keep = "90d"                            # rows older than this are removed (default 90 days)
+    price_per_kwh = 0.25                    # the report adds a cost to each row's energy
+    record = false                          # watch and the TUI keep no ledger
+
+The default path is in the user's state folder (`~/.local/state/gpumon/`, beside the jobs); a
+`watch` run as a system service names a system path (`/var/lib/gpumon/usage.sqlite`).
+`GPUMON_HISTORY_PERIOD` (whole seconds, for tests only) shortens the minute rows are added up over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from gpumon.errors import UsageError
+
+PERIOD_S = 60.0  # one row per card per holder per minute
+DEFAULT_KEEP_S = 90 * 86400.0
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
+_SPAN_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    path: Path
+    keep_s: float = DEFAULT_KEEP_S
+    price_per_kwh: float | None = None
+    record: bool = True
+    period_s: float = PERIOD_S
+
+
+def default_path() -> Path:
+    """In the state folder gpumon's jobs use (jobs/files.py's state_dir)."""
+    return Path(platformdirs.user_state_dir("gpumon")) / "usage.sqlite"
+
+
+def parse_span(text: str, what: str = "span") -> float:
+    """'7d', '12h', '30m', '2w' -> seconds (more than zero)."""
+    match = _SPAN.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"bad {what} {text!r}: expected e.g. 30m, 12h, 7d or 2w")
+    return float(match.group(1)) * _SPAN_SECONDS[match.group(2).lower()]
+
+
+def parse_when(text: str, what: str) -> float:
+    """A date or time as people write it: 2026-12-01, 2026-12-01T14:00, '2026-12-01 14:00' (local
+    time unless it names a zone), or unix seconds -> unix seconds."""
+    value = text.strip()
+    if re.fullmatch(r"\d{9,11}(\.\d+)?", value):
+        return float(value)
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(f"bad {what} {text!r}: expected a date like 2026-12-01 or 2026-12-01T14:00") from None
+    return when.timestamp()
+
+
+def history_settings(table: dict | None) -> HistorySettings:
+    """The `[history]` table (config.history) checked: a bad value is a UsageError naming it."""
+    table = table or {}
+    keep = parse_span(table["keep"], "[history] keep") if "keep" in table else DEFAULT_KEEP_S
+    price = table.get("price_per_kwh")
+    if price is not None and not 0 <= float(price) < 1e6:
+        raise UsageError(f"bad [history] price_per_kwh {price!r}: expected a price of one kWh, 0 or more")
+    period = PERIOD_S
+    if os.environ.get("GPUMON_HISTORY_PERIOD"):
+        try:
+            period = int(os.environ["GPUMON_HISTORY_PERIOD"])
+        except ValueError:
+            period = 0
+        if not 1 <= period <= 3600:  # rows are keyed by whole seconds
+            raise UsageError(f"bad GPUMON_HISTORY_PERIOD {os.environ['GPUMON_HISTORY_PERIOD']!r}: "
+                             "expected whole seconds, 1 to 3600")
+    path = Path(table["path"]) if table.get("path") else default_path()
+    return HistorySettings(path, keep, None if price is None else float(price), bool(table.get("record", True)),
+                           period)
