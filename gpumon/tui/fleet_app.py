@@ -26,8 +26,8 @@ from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet_actions import ask_and_launch
+from gpumon.tui.fleet_jobs import FleetJobs
 from gpumon.tui.host_reach import why_not_here
-from gpumon.tui.job_lists import FleetJobs
 from gpumon.tui.screens.fleet import FleetScreen
 from gpumon.tui.screens.host import HostScreen
 from gpumon.tui.screens.jobs import JobsScreen

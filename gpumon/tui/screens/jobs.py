@@ -2,7 +2,7 @@
 selected job's log following below, `s` to stop it where it runs (after a confirmation), `p` to
 see its processes.
 
-Where the jobs come from is a job list (tui/job_lists.py): this machine's or one host's (the
+Where the jobs come from is a job list (tui/job_lists.py, tui/fleet_jobs.py): this machine's or one host's (the
 fields of `gpumon jobs --json`, jobs/host.py `Host.jobs()`), or every host's. The list is read in a
 background thread and comes back to the screen as a message, again every `refresh_s` while the
 screen is open; one read at a time (a pass that is due while one runs waits for it). The log is
@@ -26,12 +26,13 @@ from gpumon.errors import GpumonError
 from gpumon.jobs.attempts import Attempt, describe
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
-from gpumon.tui.job_lists import FleetJobs, HostJobs, Listing
 from gpumon.tui.plain import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.units import format_bytes, format_energy, format_runtime
 
 if TYPE_CHECKING:
+    from gpumon.tui.fleet_jobs import FleetJobs
+    from gpumon.tui.job_lists import HostJobs, Listing
     from gpumon.tui.job_logs import FileLog, HostLog
 
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
