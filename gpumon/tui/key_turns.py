@@ -61,7 +61,8 @@ class KeysInTurn(App):
         while self._held and self._waiting is None:
             try:
                 screen = self.screen
-            except ScreenStackError:  # starting or ending: nothing to hand a key to
+            except ScreenStackError:  # starting (or ending): no screen yet to hand a key to
+                self.set_timer(CHECK_S, self._hand_on)
                 return
             target = self.focused or screen
             if screen.is_mounted:
