@@ -162,3 +162,23 @@ def test_in_a_terminal_a_changed_internal_draws_what_gpumon_draws(tmux_session, 
     said = [line for line in logged if f": {mechanism} off for this run" in line]
     assert len(said) == 1 and internal in said[0], logged
     assert "off for this run" not in (tmp_path / "ours.log").read_text()
+
+
+@pytest.mark.parametrize("change", ["rename:_restart_blink", "rename:_forward_event"])
+def test_in_a_terminal_the_filter_edits_under_a_changed_textual(tmux_session, tmp_path, change):
+    """The filter box is a plain Input on Textual's public API (no `_restart_blink`, no
+    `_forward_event`, no `_on_key` of its own): with those internals renamed in Textual, typing,
+    Backspace and Enter in it work, and gpumon runs on."""
+    status = tmp_path / "status"
+    tmux = tmux_session(120, 40)
+    command = shlex.join([sys.executable, str(CHANGED), change, "-m", "gpumon", "--demo", "--interval", "0.3"])
+    tmux.start(f"env TERM=xterm-256color {command}; echo $? > {status}; sleep 600")
+    tmux.wait_for(lambda s: "python train.py" in s, what="the dashboard")
+    tmux("send-keys", "-t", "t", "-l", "/pythx", ";", "send-keys", "-t", "t", "BSpace", ";",
+         "send-keys", "-t", "t", "-l", "on", ";", "send-keys", "-t", "t", "Enter")
+    screen = tmux.wait_for(lambda s: "filter “python”" in s or status.exists(), what="the filter edited")
+    assert not status.exists(), f"gpumon ended ({status.read_text().strip()}):\n{screen}"
+    assert "python train.py" in screen
+    tmux.keys("Escape", "q")
+    tmux.wait_for(lambda s: status.exists(), what="gpumon to quit")
+    assert status.read_text().strip() == "0"

@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 from rich.color import ColorSystem
 from rich.console import RenderableType
-from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -31,6 +30,7 @@ from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.health.xid import RecentXids
 from gpumon.owners.holders import HolderTracker
+from gpumon.tui.key_turns import KeysInTurn
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
@@ -48,7 +48,7 @@ AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
 LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth mode
 
 
-class BaseApp(App[int]):
+class BaseApp(KeysInTurn):
     CSS_PATH = "gpumon.tcss"
     TITLE = "gpumon"
     ENABLE_COMMAND_PALETTE = False

@@ -19,20 +19,10 @@ from gpumon.jobs import processes as actions
 from gpumon.jobs.host import host_for
 from gpumon.jobs.launch import card_limits
 from gpumon.model import GpuSample, HostStatus, ProcessSample
+from gpumon.tui.host_reach import why_not_here
 from gpumon.tui.launching import launch
 from gpumon.tui.screens.card_actions import confirm_signal
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunDialog
-
-
-def why_not_here(status: HostStatus, what: str = "launching") -> str | None:
-    """Why `what` (launching, signals, jobs) cannot be done on this host, or None when it can."""
-    if status.can_launch:
-        return None
-    if status.source == "nvidia-smi":
-        return f"{status.host} is read through nvidia-smi: {what} needs gpumon installed there"
-    if status.source == "prometheus":
-        return f"{status.host} is read through Prometheus, which cannot reach the host: {what} is not possible"
-    return f"{status.host}: {what} is not possible there"
 
 
 def where(status: HostStatus, gpu: GpuSample) -> str:

@@ -25,10 +25,12 @@ from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.tui.base_app import BaseApp, prepare_terminal
-from gpumon.tui.fleet_actions import ask_and_launch, why_not_here
+from gpumon.tui.fleet_actions import ask_and_launch
+from gpumon.tui.fleet_jobs import FleetJobs
+from gpumon.tui.host_reach import why_not_here
 from gpumon.tui.screens.fleet import FleetScreen
-from gpumon.tui.screens.fleet_jobs import FleetJobsScreen
 from gpumon.tui.screens.host import HostScreen
+from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.users import UsersScreen
 
 QUIT_WAIT_S = 3.0  # for the hosts' streams to close (each ends its remote side) before leaving
@@ -154,7 +156,7 @@ class FleetApp(BaseApp):
             if picked:
                 self.open_host(*picked)
 
-        self.push_screen(FleetJobsScreen(self.fleet), closed)
+        self.push_screen(JobsScreen(FleetJobs(self.fleet)), closed)
 
     # -- ending --
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from textual.widgets import Input
-
 from gpumon.jobs import command_history
 from gpumon.jobs import processes as actions
 from gpumon.jobs.claiming import Sharing
@@ -22,10 +20,12 @@ from gpumon.jobs.launch import card_limits
 from gpumon.jobs.logout import logout_note
 from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
+from gpumon.tui.job_lists import HostJobs
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
 
@@ -100,15 +100,12 @@ class CardActions:
         self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.ref), where=card), chosen)
 
     def action_jobs(self) -> None:
-        def closed(job_id: str | None) -> None:
-            if job_id:  # show that job's processes, on every card
+        def closed(picked: tuple[str, str] | None) -> None:
+            if picked:  # show that job's processes, on every card
                 self.only_selected = False
-                box = self.query_one("#filter", Input)
-                box.display = True
-                box.value = job_id
-                self.query_one(ProcessTable).focus()
+                self.query_one("#filter", FilterBox).open(picked[1])
 
-        self.app.push_screen(JobsScreen(self.target), closed)
+        self.app.push_screen(JobsScreen(HostJobs(self.target)), closed)
 
     def _selected_process(self):
         row = self.query_one(ProcessTable).selected_row

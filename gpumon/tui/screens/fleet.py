@@ -21,11 +21,11 @@ from textual.binding import Binding
 from textual.events import ScreenResume
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Footer, Static
 
 from gpumon.fleet import Fleet
 from gpumon.model import HOST_STATES, HostStatus
-from gpumon.tui.widgets.field import Field
+from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.host_row import LEGEND
 from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
 from gpumon.tui.widgets.line_table import TableFrame
@@ -84,12 +84,11 @@ class FleetScreen(Screen):
             frame.border_title = f"Hosts · {len(self.fleet.names)}"
             frame.border_subtitle = "Enter open · type a name to jump · / filter · o sort · r run · J jobs · u users"
             yield self.table
-        yield Field(placeholder="filter hosts: name, state, note, health (Esc clears)", id="fleet-filter")
+        yield FilterBox("filter hosts: name, state, note, health (Esc clears)", self.table, id="fleet-filter")
         yield Static(Text(LEGEND), id="fleet-legend")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#fleet-filter").display = False
         for status in self.fleet.statuses():
             self._take(status)
         self.set_interval(1.0, self._tick)
@@ -210,26 +209,14 @@ class FleetScreen(Screen):
         self._show_status()
 
     def action_filter(self) -> None:
-        box = self.query_one("#fleet-filter", Input)
-        box.display = True
-        box.focus()
+        self.query_one("#fleet-filter", FilterBox).open()
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#fleet-filter", Input)
-        if not box.display and not box.value:
-            return
-        box.value = ""
-        box.display = False
-        self.table.focus()
+        self.query_one("#fleet-filter", FilterBox).clear()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.table.set_filter(event.value.strip())
+    def on_filter_box_filtered(self, event: FilterBox.Filtered) -> None:
+        self.table.set_filter(event.text)
         self._show_status()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if not event.value.strip():
-            event.input.display = False
-        self.table.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("run", "run_anywhere"):

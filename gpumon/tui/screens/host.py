@@ -17,20 +17,21 @@ import time
 from collections.abc import Mapping
 
 from textual.binding import Binding
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
 from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for
 from gpumon.model import HostStatus
 from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
-from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal, why_not_here
+from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal
+from gpumon.tui.host_reach import why_not_here
 from gpumon.tui.plain import plain
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
+from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.host_row import describe_state, time_dependent
-from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.tui.widgets.status_bar import StatusBar
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,7 @@ class HostScreen(MainScreen):
     def show_job(self, job_id: str) -> None:
         """The processes of one of the host's jobs (`p` in the jobs list)."""
         self.only_selected = False
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.value = job_id
-        self.query_one(ProcessTable).focus()
+        self.query_one("#filter", FilterBox).open(job_id)
         self.rescan_jobs()
 
     # -- the host's news --
@@ -125,7 +123,7 @@ class HostScreen(MainScreen):
     # -- keys --
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self.query_one("#filter")
         if box.display or self.filter_text:
             super().action_clear_filter()
         else:

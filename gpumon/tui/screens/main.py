@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.events import Resize, ScreenResume
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Footer
 
 from gpumon.cards.cuda_order import cuda_ordinals
 from gpumon.cards.sampler import History
@@ -31,7 +31,7 @@ from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.health import HealthScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
-from gpumon.tui.widgets.field import Field
+from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.gpu_panel import has_verdict
 from gpumon.tui.widgets.history_chart import WINDOWS, HistoryChart
 from gpumon.tui.widgets.line_table import TableFrame
@@ -108,13 +108,12 @@ class MainScreen(CardActions, Screen):
             yield self.cards
             with Vertical(id="charts") as self.chart_box:  # hidden (CSS) until the layout says there is room
                 yield from self.charts
-        yield Field(placeholder="filter processes: pid, user, command, container (Esc clears)", id="filter")
+        yield FilterBox("filter processes: pid, user, command, container (Esc clears)", self.table, id="filter")
         with self.table_frame:
             yield self.table
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#filter").display = False
         if self.identity is not None and self.snapshot is None:
             self._show_identity(self.identity)
         self.query_one(CardList).focus()
@@ -318,30 +317,19 @@ class MainScreen(CardActions, Screen):
         self.app.open_users(getattr(self, "host", None))
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.display = True
-        box.focus()
+        self.query_one("#filter", FilterBox).open()
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        if not box.display and not self.filter_text:
+        if not self.query_one("#filter", FilterBox).clear():
             return
-        box.value = ""
-        box.display = False
         self.filter_text = ""
-        self.query_one(ProcessTable).focus()
         if self.snapshot is not None:
             self._update_table()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.filter_text = event.value.strip()
+    def on_filter_box_filtered(self, event: FilterBox.Filtered) -> None:
+        self.filter_text = event.text
         if self.snapshot is not None:
             self._update_table()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if not self.filter_text:
-            event.input.display = False
-        self.query_one(ProcessTable).focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Not offered where they cannot work: read-only mode, or simulated/replayed data.

@@ -18,7 +18,6 @@ from gpumon.errors import UsageError
 from gpumon.jobs.launch import DIALOG_FAILOVER
 from gpumon.jobs.placement import busy_note
 from gpumon.model import GpuSample
-from gpumon.tui.widgets.field import Field
 from gpumon.units import format_bytes, parse_size
 
 
@@ -96,12 +95,12 @@ class RunDialog(ModalScreen[RunChoice | None]):
             if self.note:
                 yield Static(Text(self.note), id="run-note")
             yield Label("Command")
-            yield Field(placeholder="python train.py --epochs 10", id="run-command",
+            yield Input(placeholder="python train.py --epochs 10", id="run-command",
                         suggester=SuggestFromList(self.history, case_sensitive=True))
             yield Label("Working directory" + (" there (empty: your home there)" if self.remote else ""))
-            yield Field(self.cwd, id="run-cwd")
+            yield Input(self.cwd, id="run-cwd")
             yield Label("GPU memory limit (e.g. 8G, 50%; empty: none)")
-            yield Field(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
+            yield Input(format_bytes(self.default_limit, na="") if self.default_limit else "", id="run-limit")
             with Horizontal(id="run-options"):
                 yield Option("NUMA CPUs", True, id="run-numa", tooltip="pin to the CPUs next to the card")
                 yield Option("Foreground", False, id="run-foreground", tooltip="run in this terminal and wait")
@@ -196,7 +195,7 @@ class MemLimitDialog(ModalScreen[str | None]):
             body.border_subtitle = "Enter saves · empty removes · Esc cancels"
             yield Label(f"Card total {format_bytes(self.gpu.memory_total)}. Jobs launched here are stopped by "
                         "the watchdog above this, and JAX/PyTorch are capped to it.")
-            yield Field(format_bytes(self.current, na="") if self.current else "", placeholder="e.g. 20G or 25%",
+            yield Input(format_bytes(self.current, na="") if self.current else "", placeholder="e.g. 20G or 25%",
                         id="limit-value")
             yield Static("", id="limit-error")
 

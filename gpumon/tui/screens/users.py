@@ -17,12 +17,12 @@ from textual.binding import Binding
 from textual.events import ScreenResume
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Footer, Static
 
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.sharing.view import ReservationsSeen, reservations_text
-from gpumon.tui.widgets.field import Field
+from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.holder_table import HolderTable
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh
@@ -76,12 +76,11 @@ class UsersScreen(Screen):
         with TableFrame(id="holders-frame") as self.frame:
             self.frame.border_subtitle = "s sort · / filter · Esc back"
             yield self.table
-        yield Field(placeholder="filter: user, job, pod, container" + (", host" if self.hosts else "")
-                    + " (Esc clears)", id="users-filter")
+        yield FilterBox("filter: user, job, pod, container" + (", host" if self.hosts else "") + " (Esc clears)",
+                        self.table, id="users-filter")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#users-filter").display = False
         self.table.focus()
         self.call_after_refresh(self.show_latest)
 
@@ -119,27 +118,15 @@ class UsersScreen(Screen):
 
     def action_back(self) -> None:
         """Esc: clears a filter first, then goes back."""
-        box = self.query_one("#users-filter", Input)
-        if box.display or box.value:
-            box.value = ""
-            box.display = False
-            self.table.focus()
-            return
-        self.action_close()
+        if not self.query_one("#users-filter", FilterBox).clear():
+            self.action_close()
 
     def action_filter(self) -> None:
-        box = self.query_one("#users-filter", Input)
-        box.display = True
-        box.focus()
+        self.query_one("#users-filter", FilterBox).open()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
-        self.table.set_filter(event.value.strip())
+    def on_filter_box_filtered(self, event: FilterBox.Filtered) -> None:
+        self.table.set_filter(event.text)
         self._show_title()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if not event.value.strip():
-            event.input.display = False
-        self.table.focus()
 
     def on_holder_table_sort_changed(self, message: HolderTable.SortChanged) -> None:
         self._show_title()
