@@ -9,6 +9,7 @@ import time
 
 import psutil
 from conftest import GIB, Card
+from sshd import remote_script
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
@@ -215,7 +216,7 @@ def _ssh_clients(config) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if cmdline[:1] == ["ssh"] and str(config) in cmdline and any("--stream" in c for c in cmdline):
+        if cmdline[:1] == ["ssh"] and str(config) in cmdline and "--stream" in remote_script(cmdline):
             found.append(proc)
     return found
 
