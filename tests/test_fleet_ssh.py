@@ -59,7 +59,7 @@ def test_a_host_that_is_down_says_why_and_the_others_answer(ssh_lab):
     other.kill()
     started = time.monotonic()
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "up,down,nowhere.invalid")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr
     hosts = hosts_of(json.loads(result.stdout))
     assert hosts["up"]["state"] == "ok" and len(hosts["up"]["snapshot"]["gpus"]) == 1
     assert (hosts["down"]["state"], hosts["down"]["error"], hosts["down"]["snapshot"]) == (

@@ -37,6 +37,7 @@ STALE_MIN_S = 2.0  # short intervals: a busy host or link is late now and then w
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 CLOSE_GRACE_S = 2.0
+LEAVE_GRACE_S = 0.15  # when the fleet stops: the whole exit stays under a second
 
 
 @dataclass
@@ -95,6 +96,11 @@ class _Latest:
         """`line`, or the one that came after it while waiting."""
         newer, self.line = self.line, None
         return newer if newer is not None else line
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _document(line: bytes):
@@ -166,8 +172,12 @@ class SshSource:
         except* _Bad as bad:
             state.problem = bad.exceptions[0].ending  # type: ignore[attr-defined]
         finally:
-            # A host that sent something unusable is stopped at once; otherwise closing stdin ends it.
-            code = await proc.end(CLOSE_GRACE_S, polite=state.problem is None)
+            # A host that sent something unusable is stopped at once, and so is every host when
+            # gpumon leaves (its `q` is not held up by a host that ignores its stdin: the remote
+            # side ends with the channel); otherwise closing stdin ends it.
+            leaving = _cancelling()
+            code = await proc.end(LEAVE_GRACE_S if leaving else CLOSE_GRACE_S,
+                                  polite=state.problem is None and not leaving)
         if state.problem is not None:
             return state.problem
         stderr = proc.stderr_tail
@@ -254,7 +264,9 @@ class SshSource:
             except TimeoutError:
                 pass
             finally:
-                code = await proc.end(CLOSE_GRACE_S, polite=out is not None and len(out) <= MAX_LINE)
+                leaving = _cancelling()
+                code = await proc.end(LEAVE_GRACE_S if leaving else CLOSE_GRACE_S,
+                                      polite=out is not None and len(out) <= MAX_LINE and not leaving)
             if out is None:
                 return Ending("unreachable", "timeout (nvidia-smi did not answer)", live, source="nvidia-smi")
             if len(out) > MAX_LINE:

@@ -1,0 +1,36 @@
+"""`q` and Ctrl-C leave the fleet TUI within a second, whatever the hosts do: here a host that lets
+ssh in but never answers, after `J` has asked it for its jobs (the listing would wait a minute)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import Card
+from test_fleet_exit import _remote
+from test_fleet_tui_ssh import start_tui
+
+LEAVE_S = 1.0
+SLACK_S = 0.5  # tmux's own round trip on a loaded machine
+
+
+@pytest.mark.parametrize("key", ["q", "C-c"])
+def test_leaving_with_a_host_that_never_answers_takes_under_a_second(ssh_lab, tmux_session, tmp_path, key):
+    ssh_lab.host("up").machine.cards = [Card("NVIDIA A30")]
+    ssh_lab.hosts["up"].write()
+    ssh_lab.host("hung", env={"GPUMON_TEST_HANG": "1"})
+    tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "up,hung", remote=_remote(ssh_lab, tmp_path))
+    tmux.wait_for(lambda s: "live" in s and "hung" in s, timeout=60, what="the overview, one host live")
+    tmux.keys("J")
+    tmux.wait_for(lambda s: "HOST" in s and "PEAK MEM" in s, timeout=30, what="the jobs screen")
+    if key == "q":
+        tmux.keys("q")  # the jobs screen closes; the hung host's listing is still under way
+        tmux.wait_for(lambda s: "PEAK MEM" not in s, timeout=10, what="back on the overview")
+    started = time.monotonic()
+    tmux.keys(key)
+    while not status.exists() and time.monotonic() - started < 30:
+        time.sleep(0.02)
+    took = time.monotonic() - started
+    assert status.exists(), tmux.screen()
+    assert took < LEAVE_S + SLACK_S, f"took {took:.1f} s to leave"
+    assert status.read_text().strip() in ("0", "130")
