@@ -20,6 +20,7 @@ from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topolog
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
 from gpumon.model import FleetSnapshot, HostStatus, Topology
+from gpumon.remote.children import end_all
 from gpumon.remote.hosts import HostSpec, parse_entry
 from gpumon.units import format_bytes, format_runtime
 
@@ -121,10 +122,16 @@ def _jobs_as_they_come(hosts) -> Iterator[tuple[str, list[dict] | HostError]]:
         except HostError as exc:
             return exc
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts)))
+    try:
         futures = {pool.submit(listed, host): host.name for host in hosts}
         for future in as_completed(futures):
             yield futures[future], future.result()
+    except BaseException:  # Ctrl-C: no host still asked holds up the exit
+        end_all()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _copy(source, sink) -> None:
