@@ -59,6 +59,7 @@ from pathlib import Path
 import platformdirs
 
 from gpumon.errors import UsageError
+from gpumon.units import parse_duration
 
 # section -> key -> accepted types
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
@@ -71,7 +72,10 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "paths": {"sysfs": (str,), "procfs": (str,)},
     "health": {"window": (str,), "interval": (str,), "rules": (dict,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
+    "jobs": {"keep": (int,), "keep_for": (str,)},
 }
+JOBS_KEEP = 200  # finished jobs whose records are kept (the newest), and for how long
+JOBS_KEEP_FOR_S = 30 * 86400.0
 
 
 @dataclass
@@ -103,6 +107,8 @@ class Config:
     serve_token_file: str | None = None  # relative to the config file's folder) its token and TLS files
     serve_tls_cert: str | None = None
     serve_tls_key: str | None = None
+    jobs_keep: int = JOBS_KEEP  # [jobs]: finished jobs kept, the newest, and for how long
+    jobs_keep_for: float = JOBS_KEEP_FOR_S
 
 
 def default_path() -> Path:
@@ -189,6 +195,15 @@ def load_config(path: str | None = None) -> Config:
     config.serve_token_file, config.serve_tls_cert, config.serve_tls_key = (
         str(file.parent / Path(serve[key]).expanduser()) if serve.get(key) else None
         for key in ("token_file", "tls_cert", "tls_key"))
+    jobs = data.get("jobs", {})
+    config.jobs_keep = jobs.get("keep", JOBS_KEEP)
+    if config.jobs_keep < 0:
+        raise bad("keep", f"'jobs.keep' must be 0 or more, got {config.jobs_keep}")
+    if "keep_for" in jobs:
+        try:
+            config.jobs_keep_for = parse_duration(jobs["keep_for"])
+        except UsageError as exc:
+            raise bad("keep_for", f"'jobs.keep_for': {exc}") from None
     if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
         raise bad("tls_cert" if config.serve_tls_cert else "tls_key",
                   "[serve] needs both tls_cert and tls_key (the certificate and its private key)")

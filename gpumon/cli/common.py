@@ -29,6 +29,9 @@ def load_settings(args: argparse.Namespace) -> Config:
     _, procfs = filesystem_roots(args, config)
     if procfs or config.owners:
         _use_host_paths(procfs, config)
+    from gpumon.jobs import records  # (its modules are light; imported here so a start stays lean)
+
+    records.configure_keep(config.jobs_keep, config.jobs_keep_for)
     return config
 
 
