@@ -111,7 +111,7 @@ def test_a_host_slow_to_open_its_driver_is_waited_for(ssh_lab):
     slow.machine.delays = {"nvmlInitWithFlags": 4000}
     slow.write()
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "slow", "--interval", "0.5")
-    assert result.returncode == 5, result.stderr
+    assert result.returncode == 0, result.stderr
     (host,) = json.loads(result.stdout)["hosts"]
     assert host["state"] == "ok" and host["snapshot"]["gpus"][0]["utilization_gpu"] == 42
 
@@ -150,7 +150,7 @@ def test_giving_up_on_a_silent_host_ends_its_ssh_cleanly(ssh_lab, tmp_path):
     silent = script(tmp_path / "silent-gpumon", "#!/bin/sh\nexec sleep 100000\n")
     ssh_lab.host("silent")
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "silent", "--interval", "0.5", remote=silent)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr
     assert clean(result.stderr), result.stderr
     (host,) = json.loads(result.stdout)["hosts"]
     assert (host["state"], host["error"]) == ("stale", "no data for 2 s")
