@@ -11,7 +11,9 @@ from test_fleet_exit import _remote
 from test_fleet_tui_ssh import start_tui
 
 LEAVE_S = 1.0
-SLACK_S = 0.5  # tmux's own round trip on a loaded machine
+# tmux's round trip, the interpreter's teardown and the shell writing the status, on a loaded
+# 2-core machine (gpumon's own way out, key to exit, measured 0.3-0.75 s there); before, 60 s.
+SLACK_S = 1.5
 
 
 @pytest.mark.parametrize("key", ["q", "C-c"])
@@ -23,9 +25,8 @@ def test_leaving_with_a_host_that_never_answers_takes_under_a_second(ssh_lab, tm
     tmux.wait_for(lambda s: "live" in s and "hung" in s, timeout=60, what="the overview, one host live")
     tmux.keys("J")
     tmux.wait_for(lambda s: "HOST" in s and "PEAK MEM" in s, timeout=30, what="the jobs screen")
-    if key == "q":
-        tmux.keys("q")  # the jobs screen closes; the hung host's listing is still under way
-        tmux.wait_for(lambda s: "PEAK MEM" not in s, timeout=10, what="back on the overview")
+    tmux.keys("q")  # the jobs screen closes; the hung host's listing is still under way
+    tmux.wait_for(lambda s: "PEAK MEM" not in s, timeout=10, what="back on the overview")
     started = time.monotonic()
     tmux.keys(key)
     while not status.exists() and time.monotonic() - started < 30:
