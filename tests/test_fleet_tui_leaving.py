@@ -7,8 +7,13 @@ import time
 
 import pytest
 from conftest import Card
-from test_fleet_exit import _remote
-from test_fleet_tui_ssh import start_tui
+from test_fleet_tui_ssh import row, start_tui
+
+# A host that streams its cards but never answers `jobs` (a hung home directory under its records).
+HANGS_ON_JOBS = """#!/bin/sh
+[ -n "$GPUMON_TEST_HANG" ] && [ "$1" = jobs ] && exec sleep 3600
+exec {real} "$@"
+"""
 
 LEAVE_S = 1.0
 # tmux's round trip, the interpreter's teardown and the shell writing the status, on a loaded
@@ -20,9 +25,14 @@ SLACK_S = 1.5
 def test_leaving_with_a_host_that_never_answers_takes_under_a_second(ssh_lab, tmux_session, tmp_path, key):
     ssh_lab.host("up").machine.cards = [Card("NVIDIA A30")]
     ssh_lab.hosts["up"].write()
-    ssh_lab.host("hung", env={"GPUMON_TEST_HANG": "1"})
-    tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "up,hung", remote=_remote(ssh_lab, tmp_path))
-    tmux.wait_for(lambda s: "live" in s and "hung" in s, timeout=60, what="the overview, one host live")
+    ssh_lab.host("hung", env={"GPUMON_TEST_HANG": "1"}).machine.cards = [Card("NVIDIA A30")]
+    ssh_lab.hosts["hung"].write()
+    remote = tmp_path / "hangs-on-jobs"
+    remote.write_text(HANGS_ON_JOBS.format(real=ssh_lab.remote_gpumon))
+    remote.chmod(0o755)
+    tmux, status = start_tui(ssh_lab, tmux_session, tmp_path, "up,hung", remote=str(remote))
+    tmux.wait_for(lambda s: "live" in row(s, "up") and "live" in row(s, "hung"), timeout=60,
+                  what="both hosts live")
     tmux.keys("J")
     tmux.wait_for(lambda s: "HOST" in s and "PEAK MEM" in s, timeout=30, what="the jobs screen")
     tmux.keys("q")  # the jobs screen closes; the hung host's listing is still under way
