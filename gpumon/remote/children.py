@@ -106,6 +106,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 _waited: set[subprocess.Popen[bytes]] = set()  # run_capped's children, while a thread waits for them
 _waited_lock = threading.Lock()
 _leaving = threading.Event()
+# Readable once gpumon is leaving (a byte end_all writes and nobody reads): every run_capped
+# watches it, because killing an ssh client does not end its pipes when a shared connection's
+# master holds their other ends (ssh passes them to it).
+_wake_r, _wake_w = os.pipe()
+os.set_blocking(_wake_w, False)
 
 
 def end_all() -> None:
@@ -113,6 +118,10 @@ def end_all() -> None:
     none is started after, so no thread holds up the exit for as long as a host takes to answer
     (Python waits for pool threads when it exits). Call it on the way out (the TUI's `q`, Ctrl-C)."""
     _leaving.set()
+    try:
+        os.write(_wake_w, b"x")
+    except OSError:  # (already written: the pipe is full)
+        pass
     with _waited_lock:
         waited = list(_waited)
     for proc in waited:
@@ -142,11 +151,14 @@ def run_capped(argv: Sequence[str], timeout: float, limit: int,
         with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
             selector.register(proc.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
-            while selector.get_map():
+            selector.register(_wake_r, selectors.EVENT_READ, None)
+            while len(selector.get_map()) > 1:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError
                 for key, _ in selector.select(left):
+                    if key.data is None:  # gpumon is leaving
+                        raise TimeoutError
                     chunk = os.read(key.fd, _CHUNK)
                     if not chunk:
                         selector.unregister(key.fileobj)
