@@ -83,7 +83,10 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
     "claims": {"dir": (str,), "idle_release": (str,)},
     "history": {"path": (str,), "keep": (str,), "price_per_kwh": (int, float), "record": (bool,)},
+    "jobs": {"keep": (int,), "keep_for": (str,)},
 }
+JOBS_KEEP = 200  # finished jobs whose records are kept (the newest), and for how long
+JOBS_KEEP_FOR_S = 30 * 86400.0
 
 
 @dataclass
@@ -120,6 +123,8 @@ class Config:
     claims_idle_release: str | None = None  # a reservation unused this long is released (default 30m)
     history: dict = field(default_factory=dict)  # the [history] table, as written (path: ~ expanded, relative
     # to the config file's folder)
+    jobs_keep: int = JOBS_KEEP  # [jobs]: finished jobs kept, the newest, and for how long
+    jobs_keep_for: float = JOBS_KEEP_FOR_S
 
 
 def default_path() -> Path:
@@ -210,6 +215,16 @@ def load_config(path: str | None = None) -> Config:
     config.serve_token_file, config.serve_tls_cert, config.serve_tls_key = (
         str(file.parent / Path(serve[key]).expanduser()) if serve.get(key) else None
         for key in ("token_file", "tls_cert", "tls_key"))
+    jobs = data.get("jobs", {})
+    config.jobs_keep = jobs.get("keep", JOBS_KEEP)
+    if config.jobs_keep < 0:
+        raise bad("keep", f"'jobs.keep' must be 0 or more, got {config.jobs_keep}")
+    if "keep_for" in jobs:
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)(s|m|h|d)", jobs["keep_for"].strip())
+        if match is None:
+            raise bad("keep_for", f"'jobs.keep_for' must be a duration like \"720h\" or \"30d\", "
+                                  f"not {jobs['keep_for']!r}")
+        config.jobs_keep_for = float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
     if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
         raise bad("tls_cert" if config.serve_tls_cert else "tls_key",
                   "[serve] needs both tls_cert and tls_key (the certificate and its private key)")

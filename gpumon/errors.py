@@ -4,6 +4,8 @@ EXIT_OK = 0
 EXIT_ALERT = 1
 EXIT_USAGE = 2
 EXIT_NO_DRIVER = 3
+EXIT_SOME_UNREAD = 4  # a fleet command read some hosts, not all (it printed what it read)
+EXIT_NONE_READ = 5  # a fleet command could read no host at all
 
 
 class GpumonError(Exception):

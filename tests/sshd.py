@@ -14,7 +14,9 @@ The remote gpumon is this checkout's (`lab.remote_gpumon`, next to sys.executabl
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -252,6 +254,13 @@ class SshLab:
         for server in self.servers:
             server.kill()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def remote_script(cmdline: list[str]) -> str:
+    """The sh script an ssh client's remote command line carries (remote/login.py's base64
+    form), or "" for another command line."""
+    match = re.search(r"echo ([A-Za-z0-9+/=]+)\|base64 -d", cmdline[-1] if cmdline else "")
+    return base64.b64decode(match.group(1)).decode(errors="replace") if match else ""
 
 
 def _environ_lines(proc: psutil.Process) -> list[str]:

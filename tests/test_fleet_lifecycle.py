@@ -76,7 +76,7 @@ def test_a_host_whose_driver_never_opens_goes_stale_counts_as_unreachable_and_le
     server = hung.server
 
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "fine,hung", "--interval", "0.5")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr
     assert clean(result.stderr), result.stderr
     hosts = {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
     assert hosts["fine"]["state"] == "ok"
@@ -150,7 +150,7 @@ def test_giving_up_on_a_silent_host_ends_its_ssh_cleanly(ssh_lab, tmp_path):
     silent = script(tmp_path / "silent-gpumon", "#!/bin/sh\nexec sleep 100000\n")
     ssh_lab.host("silent")
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "silent", "--interval", "0.5", remote=silent)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr
     assert clean(result.stderr), result.stderr
     (host,) = json.loads(result.stdout)["hosts"]
     assert (host["state"], host["error"]) == ("stale", "no data for 2 s")
@@ -222,7 +222,7 @@ def test_remote_output_that_never_ends_is_cut_and_stopped(ssh_lab, tmp_path):
     code, out, err, peak = run_watching_memory(
         ssh_lab.gpumon_argv("snapshot", "--json", "--hosts", "h", remote=endless), env, tmp_path)
     assert peak < CEILING, f"gpumon grew to {peak >> 20} MiB reading an endless line"
-    assert code == 0 and clean(err), err
+    assert code == 5 and clean(err), err
     (host,) = json.loads(out)["hosts"]
     assert (host["state"], host["error"]) == ("error", "sent a line over 4 MiB")
 
@@ -231,7 +231,7 @@ def test_remote_output_that_never_ends_is_cut_and_stopped(ssh_lab, tmp_path):
         ssh_lab.gpumon_argv("jobs", "--hosts", "h", "--json", remote=endless), env, tmp_path)
     assert peak < CEILING, f"gpumon grew to {peak >> 20} MiB reading endless output"
     assert time.monotonic() - started < 30  # stopped at the cap, not at the 60 s timeout
-    assert code == 0 and json.loads(out) == [], err
+    assert code == 5 and json.loads(out) == [], err
     assert err.strip() == "gpumon: h: `gpumon jobs` sent over 16 MiB (stopped there) (its jobs are not listed)"
     # Nothing of it is left running on the host either.
     assert until(lambda: not named(ssh_lab.servers[0].sessions(), "yes", "tr"), timeout=15)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Card
+from sshd import remote_script
 from test_cli import assert_one_line_error, gpumon
 
 from gpumon.config import load_config
@@ -101,11 +102,11 @@ def test_ssh_command_line(runtime_dir):
     argv = transport.gpumon_argv(a, ["jobs", "--json"])
     assert argv[:3] == ["ssh", "-o", "BatchMode=yes"]  # first: the user's BatchMode=no cannot win
     assert argv[3:5] == ["-F", os.path.expanduser("~/lab")]
-    assert argv[-3:] == ["--", "h1", "~/.local/bin/gpumon jobs --json"]
+    assert argv[-3:-1] == ["--", "h1"] and remote_script(argv) == "exec ~/.local/bin/gpumon jobs --json"
     assert not any("StrictHostKeyChecking" in word or "UserKnownHostsFile" in word for word in argv)
     path_a, path_b = transport.control_path(a), transport.control_path(b)
     venv = SshTransport(None, "'~/my venv/bin/python' -m gpumon")
-    assert venv.gpumon_command(["jobs"]) == "~/'my venv/bin/python' -m gpumon jobs"
+    assert venv.gpumon_script(["jobs"]) == "exec ~/'my venv/bin/python' -m gpumon jobs"
     assert path_a != path_b and path_a.parent == Path(runtime) / "gpumon-ssh"  # one connection per host as listed
     assert stat.S_IMODE(path_a.parent.stat().st_mode) == 0o700
     assert f"ControlPath={path_a}" in argv and "ControlMaster=auto" in argv

@@ -9,6 +9,7 @@ import time
 
 import psutil
 from conftest import GIB, Card
+from sshd import remote_script
 
 UUID_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
@@ -58,7 +59,7 @@ def test_a_host_that_is_down_says_why_and_the_others_answer(ssh_lab):
     other.kill()
     started = time.monotonic()
     result = ssh_lab.gpumon("snapshot", "--json", "--hosts", "up,down,nowhere.invalid")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr
     hosts = hosts_of(json.loads(result.stdout))
     assert hosts["up"]["state"] == "ok" and len(hosts["up"]["snapshot"]["gpus"]) == 1
     assert (hosts["down"]["state"], hosts["down"]["error"], hosts["down"]["snapshot"]) == (
@@ -215,7 +216,7 @@ def _ssh_clients(config) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if cmdline[:1] == ["ssh"] and str(config) in cmdline and any("--stream" in c for c in cmdline):
+        if cmdline[:1] == ["ssh"] and str(config) in cmdline and "--stream" in remote_script(cmdline):
             found.append(proc)
     return found
 

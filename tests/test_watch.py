@@ -244,3 +244,27 @@ def test_no_driver_in_watch_is_exit_3(tmp_path):
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
     out = subprocess.run([sys.executable, "-m", "gpumon", "watch"], capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode == 3 and "--demo" in out.stderr
+
+
+def test_sigterm_stops_within_a_fixed_budget_whatever_the_hooks_queued(fake_driver, tmp_path):
+    from gpumon.alerting.hooks import PARALLEL, STOP_BUDGET_S
+
+    fake_driver.machine.cards = [Card(extra=dict(temp=99)) for _ in range(8)]
+    fake_driver.write()
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    proc = start_watch(fake_driver, "--alert", "temp > 90", "--interval", "0.2", "--hook-timeout", "60",
+                       "--on-alert", f'touch {ran}/$GPUMON_GPU; sleep 60')
+    fired = [json.loads(proc.stdout.readline()) for _ in range(8)]
+    assert {e["gpu"] for e in fired} == set(range(8))
+    deadline = time.monotonic() + 20
+    while len(list(ran.iterdir())) < PARALLEL and time.monotonic() < deadline:  # hooks at once: the rest queue
+        time.sleep(0.05)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=STOP_BUDGET_S + 30)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, err
+    assert took < STOP_BUDGET_S + 3, f"took {took:.1f} s to stop"  # one after another: 8 x 60 s
+    assert err.count("alert hook killed: the watch is stopping") == PARALLEL, err
+    assert err.count("alert hook not run: the watch is stopping") == 8 - PARALLEL, err

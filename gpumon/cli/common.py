@@ -31,6 +31,9 @@ def load_settings(args: argparse.Namespace) -> Config:
     _, procfs = filesystem_roots(args, config)
     if procfs or config.owners:
         _use_host_paths(procfs, config)
+    from gpumon.jobs import records  # (its modules are light; imported here so a start stays lean)
+
+    records.configure_keep(config.jobs_keep, config.jobs_keep_for)
     return config
 
 
@@ -73,8 +76,9 @@ def _use_host_paths(procfs: str | None, config: Config) -> None:
 def fleet_requested(args: argparse.Namespace) -> bool:
     """Did the command line name hosts (--hosts/--hostfile/--prometheus-url)? Then the command
     reads the fleet. (--local, this machine alone, names none.)"""
-    named = bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None)
-                 or getattr(args, "prometheus_url", None))
+    # `--hosts ''` names hosts, badly: it is refused (host_list), never this machine instead.
+    named = (getattr(args, "hosts", None) is not None or getattr(args, "hostfile", None) is not None
+             or bool(getattr(args, "prometheus_url", None)))
     if named and getattr(args, "local", False):
         raise UsageError("--local reads this machine alone: not with --hosts, --hostfile or --prometheus-url")
     return named

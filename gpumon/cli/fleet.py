@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import Callable, Iterable
 
 from gpumon.cli.common import backend_args, open_source
 from gpumon.config import Config
-from gpumon.errors import UsageError
+from gpumon.errors import EXIT_NONE_READ, EXIT_OK, EXIT_SOME_UNREAD, UsageError
 from gpumon.fleet import Fleet, open_fleet
 from gpumon.fleet.prometheus.source import DEFAULT_INTERVAL_S, PrometheusSource, parse_url
 from gpumon.jobs.host import local_args as host_local_args
-from gpumon.model import FleetSnapshot
+from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.remote.hosts import HostSpec, parse_hosts, read_hostfile, resolve
 from gpumon.remote.ssh import CONNECT_TIMEOUT_S, SshTransport
 
@@ -22,9 +23,9 @@ def host_list(args: argparse.Namespace, config: Config, use_config: bool = False
     """--hosts and --hostfile together; with `use_config` (the TUI), the config's [fleet] hosts when
     neither is given. An empty list: this machine alone, as before."""
     hosts: list[HostSpec] = []
-    if getattr(args, "hosts", None):
+    if getattr(args, "hosts", None) is not None:
         hosts += parse_hosts(args.hosts, config.fleet_groups)
-    if getattr(args, "hostfile", None):
+    if getattr(args, "hostfile", None) is not None:
         hosts += read_hostfile(args.hostfile, config.fleet_groups)
     if not hosts and use_config and config.fleet_hosts and not getattr(args, "prometheus_url", None):
         hosts = resolve(config.fleet_hosts, config.fleet_groups)
@@ -74,9 +75,26 @@ def settle_timeout(interval: float) -> float:
     return CONNECT_TIMEOUT_S + max(5.0, 3 * interval)
 
 
-def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec]) -> FleetSnapshot:
-    """One reading of every host: each one's first answer, or why there was none."""
+def was_read(status: HostStatus) -> bool:
+    """A host whose cards were read (live, or stale with the last reading)."""
+    return status.state in ("live", "stale") and status.snapshot is not None
+
+
+def read_status(statuses: Iterable[HostStatus]) -> int:
+    """A fleet command's exit status: whether anything was read (README, "Exit status")."""
+    read = [was_read(s) for s in statuses]
+    if all(read):
+        return EXIT_OK
+    return EXIT_SOME_UNREAD if any(read) else EXIT_NONE_READ
+
+
+def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec],
+            on_answer: Callable[[HostStatus], None] | None = None) -> FleetSnapshot:
+    """One reading of every host: each one's first answer, or why there was none. `on_answer`
+    hears each host's as it comes."""
     fleet = build(args, config, hosts)
+    if on_answer is not None:
+        fleet.on_first_answer(on_answer)
 
     async def once() -> FleetSnapshot:
         runner = asyncio.create_task(fleet.run())

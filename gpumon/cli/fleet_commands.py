@@ -8,16 +8,19 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from gpumon.cli import fleet
 from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
-from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.errors import EXIT_ALERT, EXIT_NONE_READ, EXIT_OK, EXIT_SOME_UNREAD, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
-from gpumon.jobs.host import HostError, host_at, host_for, jobs_of, topologies_of
+from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
-from gpumon.model import FleetSnapshot, Topology
+from gpumon.model import FleetSnapshot, HostStatus, Topology
+from gpumon.remote.children import end_all
 from gpumon.remote.hosts import parse_entry
 from gpumon.units import format_bytes, format_runtime
 
@@ -29,21 +32,36 @@ def _refuse_prometheus(args: argparse.Namespace, what: str) -> None:
                          "(--prometheus-url is read-only; reach them over ssh with --host or --hosts)")
 
 
-def fleet_text(doc: FleetSnapshot) -> str:
-    parts = []
-    for status in doc.hosts:
-        head = f"== {status.host}: {status.state}" + (f" ({status.source})" if status.source != "gpumon" else "")
-        if status.error and status.state != "live":
-            head += f": {status.error}"
-        parts.append(head + (f"  [{status.note}]" if status.note else ""))
-        if status.snapshot is not None and status.state in ("live", "stale"):
-            parts.append(snapshot_text(status.snapshot))
+def host_text(status: HostStatus) -> str:
+    """One host's part of `snapshot --hosts`: its state line, then its cards."""
+    head = f"== {status.host}: {status.state}" + (f" ({status.source})" if status.source != "gpumon" else "")
+    if status.error and status.state != "live":
+        head += f": {status.error}"
+    parts = [head + (f"  [{status.note}]" if status.note else "")]
+    if status.snapshot is not None and status.state in ("live", "stale"):
+        parts.append(snapshot_text(status.snapshot))
     return "\n".join(parts) + "\n"
 
 
+def fleet_text(doc: FleetSnapshot) -> str:
+    return "".join(host_text(status) for status in doc.hosts)
+
+
+def _now(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def snapshot_hosts(args: argparse.Namespace) -> int:
+    """For people, each host as it answers (a slow host holds up no other); --json, one document."""
     config = load_settings(args)
-    return print_document(args, fleet.collect(args, config, fleet.host_list(args, config)), fleet_text)
+    hosts = fleet.host_list(args, config)
+    if args.json:
+        doc = fleet.collect(args, config, hosts)
+        print_document(args, doc, fleet_text)
+    else:
+        doc = fleet.collect(args, config, hosts, on_answer=lambda status: _now(host_text(status)))
+    return fleet.read_status(doc.hosts)
 
 
 def select_hosts(args: argparse.Namespace) -> int:
@@ -52,14 +70,17 @@ def select_hosts(args: argparse.Namespace) -> int:
     doc = fleet.collect(args, config, hosts)
     runner = fleet.build(args, config, hosts)
 
-    topologies = _topologies(runner, list(doc.hosts), args.count, args.min_free, args.max_util)
-    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, args.min_free, args.max_util)
+    bars = {"min_free": args.min_free, "max_util": args.max_util, "max_used": args.max_used}
+    topologies = _topologies(runner, list(doc.hosts), args.count, **bars)
+    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, **bars)
     if args.verbose or best is None:
         for reason in reasons:
             print(f"gpumon: {reason}", file=sys.stderr)
     if best is None:
         print(f"gpumon: no host has {args.count} free card{'s' if args.count > 1 else ''}", file=sys.stderr)
-        return EXIT_ALERT
+        # Too few free on the hosts read (1, as on one machine), unless some could not say.
+        read = fleet.read_status(doc.hosts)
+        return EXIT_ALERT if read == EXIT_OK else read
     if args.verbose:
         for reason in best.choice.reasons:
             print(f"gpumon: {best.host}: {reason}", file=sys.stderr)
@@ -67,22 +88,51 @@ def select_hosts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+JOB_COLUMNS = ["HOST", "ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LOG / REASON"]
+_JOB_WIDTHS = [0, 12, 20, 9, 7, 8, 4, 9, 9, 0]  # fixed: rows are printed as their host answers
+
+
+def _job_cells(job: dict) -> list[str]:
+    runtime = None
+    if job["started"] is not None:
+        runtime = (job["ended"] or time.time()) - job["started"]
+    return [
+        job["host"], job["id"], (job["name"] or "")[:20],
+        "unsupervised" if job.get("supervised") is False else job["state"],
+        ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""),
+        "" if job["exit_code"] is None else str(job["exit_code"]), format_runtime(runtime),
+        format_bytes(job["peak_gpu_memory"], na=""), job["reason"] or job["log"] or "",
+    ]
+
+
 def jobs_text(rows: list[dict]) -> str:
     if not rows:
         return "No jobs.\n"
-    lines = [["HOST", "ID", "NAME", "STATE", "GPU", "PID", "EXIT", "RUNTIME", "PEAK MEM", "LOG / REASON"]]
-    for job in rows:
-        runtime = None
-        if job["started"] is not None:
-            runtime = (job["ended"] or time.time()) - job["started"]
-        lines.append([
-            job["host"], job["id"], (job["name"] or "")[:20],
-            "unsupervised" if job.get("supervised") is False else job["state"],
-            ",".join(str(i) for i in job["gpu_indices"]) or "-", str(job["pid"] or ""),
-            "" if job["exit_code"] is None else str(job["exit_code"]), format_runtime(runtime),
-            format_bytes(job["peak_gpu_memory"], na=""), job["reason"] or job["log"] or "",
-        ])
-    return table(lines) + "\n"
+    return table([JOB_COLUMNS, *(_job_cells(job) for job in rows)]) + "\n"
+
+
+def _job_line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip() + "\n"
+
+
+def _jobs_as_they_come(hosts) -> Iterator[tuple[str, list[dict] | HostError]]:
+    """(host, its jobs or why not), each host as it answers: a slow host holds up no other."""
+    def listed(host) -> list[dict] | HostError:
+        try:
+            return host.jobs()
+        except HostError as exc:
+            return exc
+
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts)))
+    try:
+        futures = {pool.submit(listed, host): host.name for host in hosts}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    except BaseException:  # Ctrl-C: no host still asked holds up the exit
+        end_all()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _copy(source, sink) -> None:
@@ -120,15 +170,25 @@ def jobs_hosts(args: argparse.Namespace) -> int:
             return EXIT_OK
         return _show_log(host, args.log, args.follow)
 
-    rows, errors = jobs_of([host_for(runner, h.name) for h in hosts])
-    for error in errors:
-        print(f"gpumon: {error} (its jobs are not listed)", file=sys.stderr)
+    answers: dict[str, list[dict]] = {}
+    widths = [max(len(h.name) for h in hosts), *_JOB_WIDTHS[1:]]
+    for name, result in _jobs_as_they_come([host_for(runner, h.name) for h in hosts]):
+        if isinstance(result, HostError):
+            print(f"gpumon: {result} (its jobs are not listed)", file=sys.stderr, flush=True)
+            continue
+        if not args.json:  # for people, each host's jobs as they come, under one header
+            if not answers and result:
+                _now(_job_line(JOB_COLUMNS, widths))
+            _now("".join(_job_line(_job_cells(job), widths) for job in result))
+        answers[name] = result
+    rows = [job for h in hosts for job in answers.get(h.name, ())]
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
-    else:
-        sys.stdout.write(jobs_text(rows))
-    return EXIT_OK
+    elif not rows:
+        sys.stdout.write("No jobs.\n")
+    read = [h.name in answers for h in hosts]
+    return EXIT_OK if all(read) else EXIT_SOME_UNREAD if any(read) else EXIT_NONE_READ
 
 
 def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
@@ -187,10 +247,11 @@ def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int
             candidates = [h for h in candidates if h.host != best.host]
 
 
-def _topologies(runner, hosts, count: int, min_free: str | None, max_util: float | None) -> dict[str, Topology]:
+def _topologies(runner, hosts, count: int, min_free: str | None = None, max_util: float | None = None,
+                max_used: str | None = None) -> dict[str, Topology]:
     """The link topology of every host that could take the job, asked of them all at once: the
     answer takes as long as the slowest host, not the sum of them."""
-    names = [h for h in wants_topology(hosts, count, min_free, max_util) if h in runner.specs]
+    names = [h for h in wants_topology(hosts, count, min_free, max_util, max_used) if h in runner.specs]
     if not names:  # (hosts read through Prometheus have no way to be asked)
         return {}
 

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         holders, statuses, watched = asyncio.run(_watch_fleet(runner, window))
         if problems := runner.problems():  # the Prometheus server could not be read, or knows no GPU
             raise UsageError("; ".join(problems))
-        return _print(args, holders, watched, statuses)
+        _print(args, holders, watched, statuses)
+        return fleet.read_status(statuses)
     window = _window(args, args.interval)
     backend = open_source(args)
     try:

@@ -82,6 +82,7 @@ class Fleet:
         self._unread = {id(s) for s in self.sources if getattr(s, "finds_hosts", False)}  # no first read yet
         self._problems: dict[str, str] = {}  # a finding source's label -> why it cannot read its hosts
         self._first: dict[str, HostStatus] = {}  # each host's first answer (or failure)
+        self._answer_listeners: list[Listener] = []
         self._settled = asyncio.Event()
         self._stop = asyncio.Event()
         self.version = 0  # grows with every report: a view compares it to skip work
@@ -125,6 +126,22 @@ class Fleet:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def on_first_answer(self, listener: Listener) -> None:
+        """`listener(status)` once per host, with its first answer or failure (what first_answers()
+        will say of it), as it comes: a one-shot command prints each host as it arrives."""
+        self._answer_listeners.append(listener)
+
+    def _answered(self, name: str, status: HostStatus) -> None:
+        self._first[name] = status
+        if name in self._unsettled:
+            self._unsettled.discard(name)
+            self._check_settled()
+        for listener in list(self._answer_listeners):
+            try:
+                listener(status)
+            except Exception:
+                log.exception("fleet answer listener failed")
 
     def add_host(self, name: str, source: Source, note: str | None = None) -> bool:
         """A source found a host. False when another source reads a host of that name (the one
@@ -177,10 +194,7 @@ class Fleet:
         # slow to start): a one-shot command waits for it, up to its timeout (settle()).
         answered = state in SETTLED and not (state == "stale" and new.snapshot is None)
         if answered and name not in self._first:
-            self._first[name] = new
-            if name in self._unsettled:
-                self._unsettled.discard(name)
-                self._check_settled()
+            self._answered(name, new)
         for listener in list(self._listeners):
             try:
                 listener(new)
@@ -229,9 +243,7 @@ class Fleet:
                 why = f"timeout (no answer in {timeout:g} s)"
                 for name in list(self._unsettled):
                     if self._status[name].state == "stale":  # in, but silent: it stays so
-                        self._first[name] = self._status[name]
-                        self._unsettled.discard(name)
-                        self._check_settled()
+                        self._answered(name, self._status[name])
                     else:
                         self.report(name, "unreachable", error=why)
                 for source in self.sources:

@@ -12,7 +12,10 @@ directory) once ssh's connect timeout and that window have passed.
 The remote side is untrusted: a line longer than MAX_LINE, a line that is not JSON, or a document
 that is not schema 1 ends the connection with the reason as an `error`, and the host is tried
 again later. ssh's stderr is read as it comes (bounded) so it can never block the remote side, and
-a connection given up on is ended with its pipes (children.AsyncChild.end).
+a connection given up on is ended with its pipes (children.AsyncChild.end). What the login prints
+before gpumon's mark is skipped (remote/login.py). Documents are parsed in a thread, the newest one
+at most once an interval: a host that sends large documents back to back costs one parse an
+interval, never a queue, and never the loop's time between documents.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from gpumon.fleet import nvidia_smi
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.remote.hosts import HostSpec
+from gpumon.remote.login import MAX_BANNER, after_mark, is_mark, marked, new_mark
 from gpumon.remote.ssh import NOT_FOUND, SshTransport, describe_failure
 
 MAX_LINE = 4 << 20  # one snapshot document: 8 cards with thousands of processes fit easily
@@ -33,9 +37,7 @@ STALE_MIN_S = 2.0  # short intervals: a busy host or link is late now and then w
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 CLOSE_GRACE_S = 2.0
-# Before gpumon: an empty line from the remote shell says ssh is in, so a gpumon that then says
-# nothing (a hung driver) is told from a connection still being made. `exec`: nothing else stays.
-LOGIN_MARK = "echo; exec "
+LEAVE_GRACE_S = 0.15  # when the fleet stops: the whole exit stays under a second
 
 
 @dataclass
@@ -47,6 +49,62 @@ class Ending:
     was_live: bool = False
     missing: bool = False  # the program was not found there (exit 127)
     source: str = "gpumon"
+
+
+class _Bad(Exception):
+    """The host sent something unusable: how the connection ends."""
+
+    def __init__(self, ending: Ending) -> None:
+        super().__init__(ending.reason)
+        self.ending = ending
+
+
+@dataclass
+class _Reading:
+    live: bool = False  # a document of this connection was shown
+    problem: Ending | None = None
+
+
+class _Latest:
+    """The newest line not yet parsed (one slot: a newer line replaces it), and whether the
+    reading has ended."""
+
+    def __init__(self) -> None:
+        self.line: bytes | None = None
+        self.ended = False
+        self._ready = asyncio.Event()
+
+    def put(self, line: bytes) -> None:
+        self.line = line
+        self._ready.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self._ready.set()
+
+    async def take(self) -> bytes | None:
+        """The next line to parse; None once the reading has ended and none is left."""
+        while self.line is None:
+            if self.ended:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        line, self.line = self.line, None
+        return line
+
+    def newest(self, line: bytes) -> bytes:
+        """`line`, or the one that came after it while waiting."""
+        newer, self.line = self.line, None
+        return newer if newer is not None else line
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _document(line: bytes):
+    return snapshot_from_remote(json.loads(line))
 
 
 class Backoff:
@@ -99,15 +157,43 @@ class SshSource:
             await asyncio.sleep(delay)
 
     async def _stream(self, fleet) -> Ending:
-        name = self.spec.name
         args = ["snapshot", "--json", "--stream", "--interval", f"{self.interval:g}"]
-        command = LOGIN_MARK + self.transport.gpumon_command(args)
+        mark = new_mark()
         try:
-            proc = await self.transport.spawn(self.spec, command, limit=MAX_LINE)
+            proc = await self.transport.spawn(self.spec, self.transport.gpumon_command(args, mark), limit=MAX_LINE)
         except OSError as exc:
             return Ending("error", f"cannot run ssh: {exc.strerror or exc}")
-        live = logged_in = False
-        problem: Ending | None = None
+        state = _Reading()
+        latest = _Latest()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._parse(fleet, latest, state))
+                await self._read(fleet, proc, mark, latest, state)
+        except* _Bad as bad:
+            state.problem = bad.exceptions[0].ending  # type: ignore[attr-defined]
+        finally:
+            # A host that sent something unusable is stopped at once, and so is every host when
+            # gpumon leaves (its `q` is not held up by a host that ignores its stdin: the remote
+            # side ends with the channel); otherwise closing stdin ends it.
+            leaving = _cancelling()
+            code = await proc.end(LEAVE_GRACE_S if leaving else CLOSE_GRACE_S,
+                                  polite=state.problem is None and not leaving)
+        if state.problem is not None:
+            return state.problem
+        stderr = proc.stderr_tail
+        if code == NOT_FOUND:
+            return Ending("error", describe_failure(code, stderr), state.live, missing=True)
+        if code == 0:
+            return Ending("unreachable", "the stream ended", state.live)
+        reason = describe_failure(code, stderr)
+        return Ending("unreachable" if code == 255 else "error", reason, state.live)
+
+    async def _read(self, fleet, proc, mark: bytes, latest: _Latest, state: _Reading) -> None:
+        """The lines as they come: the login's banner skipped, the newest document kept for _parse
+        (one that comes before the last was parsed replaces it: never a queue)."""
+        name = self.spec.name
+        logged_in = False
+        banner = 0
         quiet = max(STALE_INTERVALS * self.interval, STALE_MIN_S)
         try:
             while True:
@@ -122,38 +208,41 @@ class SshSource:
                 except TimeoutError:
                     # A connection that has sent no reading has none to show: stale without one
                     # (not the last connection's), which counts as away for `unreachable`.
-                    keep = {} if live else {"snapshot": None}
+                    keep = {} if state.live else {"snapshot": None}
                     fleet.report(name, "stale", source="gpumon", error=f"no data for {window:g} s", **keep)
                     continue
                 except ValueError:
-                    problem = Ending("error", f"sent a line over {MAX_LINE >> 20} MiB", live)
-                    break
+                    raise _Bad(Ending("error", f"sent a line over {MAX_LINE >> 20} MiB", state.live)) from None
                 if not line:
-                    break
+                    return
                 if not logged_in:
-                    logged_in = True
-                    if line == b"\n":  # the mark
-                        continue
-                try:
-                    snapshot = snapshot_from_remote(json.loads(line))
-                except (ValueError, RecursionError) as exc:  # JSONDecodeError and SchemaError are ValueErrors
-                    what = str(exc) if isinstance(exc, SchemaError) else "a line that is not JSON"
-                    problem = Ending("error", f"sent a bad document: {what}", live)
-                    break
-                live = True
-                fleet.report(name, "live", snapshot=snapshot, source="gpumon", note=None)
+                    logged_in = is_mark(line, mark)
+                    banner += len(line)
+                    if banner > MAX_BANNER:
+                        raise _Bad(Ending("error", f"its login printed over {MAX_BANNER >> 10} KiB before "
+                                                   "gpumon started (see ~/.bashrc and the like there)"))
+                    continue
+                latest.put(line)
         finally:
-            # A host that sent something unusable is stopped at once; otherwise closing stdin ends it.
-            code = await proc.end(CLOSE_GRACE_S, polite=problem is None)
-        if problem is not None:
-            return problem
-        stderr = proc.stderr_tail
-        if code == NOT_FOUND:
-            return Ending("error", describe_failure(code, stderr), live, missing=True)
-        if code == 0:
-            return Ending("unreachable", "the stream ended", live)
-        reason = describe_failure(code, stderr)
-        return Ending("unreachable" if code == 255 else "error", reason, live)
+            latest.end()
+
+    async def _parse(self, fleet, latest: _Latest, state: _Reading) -> None:
+        """At most one document parsed per interval, in a thread: a host that sends large documents
+        back to back costs one parse an interval, and never holds up the loop for long."""
+        loop = asyncio.get_running_loop()
+        next_at = 0.0
+        while (line := await latest.take()) is not None:
+            if (wait := next_at - loop.time()) > 0:
+                await asyncio.sleep(wait)
+                line = latest.newest(line)
+            next_at = loop.time() + self.interval
+            try:
+                snapshot = await asyncio.to_thread(_document, line)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError and SchemaError are ValueErrors
+                what = str(exc) if isinstance(exc, SchemaError) else "a line that is not JSON"
+                raise _Bad(Ending("error", f"sent a bad document: {what}", state.live)) from None
+            state.live = True
+            fleet.report(self.spec.name, "live", snapshot=snapshot, source="gpumon", note=None)
 
     async def _poll_nvidia_smi(self, fleet) -> Ending:
         """Agentless: both nvidia-smi queries every interval, over the shared connection."""
@@ -162,8 +251,9 @@ class SshSource:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            mark = new_mark()
             try:
-                proc = await self.transport.spawn(self.spec, nvidia_smi.remote_command(), limit=MAX_LINE)
+                proc = await self.transport.spawn(self.spec, marked(nvidia_smi.remote_command(), mark), limit=MAX_LINE)
             except OSError as exc:
                 return Ending("error", f"cannot run ssh: {exc.strerror or exc}", live, source="nvidia-smi")
             proc.stdin.close()
@@ -174,7 +264,9 @@ class SshSource:
             except TimeoutError:
                 pass
             finally:
-                code = await proc.end(CLOSE_GRACE_S, polite=out is not None and len(out) <= MAX_LINE)
+                leaving = _cancelling()
+                code = await proc.end(LEAVE_GRACE_S if leaving else CLOSE_GRACE_S,
+                                      polite=out is not None and len(out) <= MAX_LINE and not leaving)
             if out is None:
                 return Ending("unreachable", "timeout (nvidia-smi did not answer)", live, source="nvidia-smi")
             if len(out) > MAX_LINE:
@@ -184,6 +276,9 @@ class SshSource:
             if code != 0:
                 reason = "nvidia-smi: " + describe_failure(code, proc.stderr_tail)
                 return Ending("unreachable" if code == 255 else "error", reason, live, source="nvidia-smi")
+            out = after_mark(out, mark)
+            if out is None:
+                return Ending("error", "nvidia-smi: the login did not run it (no mark)", live, source="nvidia-smi")
             try:
                 snapshot = nvidia_smi.parse(out.decode(errors="replace"), name)
             except SchemaError as exc:

@@ -38,7 +38,7 @@ def _rank(position: int, choice: Choice, topo: Topology | None) -> tuple:
 
 
 def wants_topology(hosts: list[HostStatus], count: int, min_free: str | None = None,
-                   max_util: float | None = None) -> list[str]:
+                   max_util: float | None = None, max_used: str | None = None) -> list[str]:
     """The hosts `choose_across` will ask `topology` of: those that have `count` (>1) free cards.
     A caller that reaches hosts over the network asks them all at once, then answers from that."""
     if count < 2:
@@ -48,7 +48,7 @@ def wants_topology(hosts: list[HostStatus], count: int, min_free: str | None = N
         if status.snapshot is None or status.state not in ("live", "stale"):
             continue
         try:
-            choose(status.snapshot, count, None, min_free, max_util)
+            choose(status.snapshot, count, None, min_free, max_util, max_used)
         except ValueError:
             continue
         out.append(status.host)
@@ -56,9 +56,11 @@ def wants_topology(hosts: list[HostStatus], count: int, min_free: str | None = N
 
 
 def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str], Topology | None],
-                  min_free: str | None = None, max_util: float | None = None) -> tuple[HostChoice | None, list[str]]:
+                  min_free: str | None = None, max_util: float | None = None,
+                  max_used: str | None = None) -> tuple[HostChoice | None, list[str]]:
     """The best host's set, and for people a line per host: what it could offer, or why nothing.
-    `topology(host)` is asked only for hosts that have `count` (>1) free cards."""
+    `topology(host)` is asked only for hosts that have `count` (>1) free cards. The bars are
+    `select`'s, the same as on one machine."""
     best: tuple[tuple, HostChoice] | None = None
     reasons: list[str] = []
     for position, status in enumerate(hosts):
@@ -66,10 +68,10 @@ def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str],
             reasons.append(f"{status.host}: {status.state}" + (f" ({status.error})" if status.error else ""))
             continue
         try:
-            choice = choose(status.snapshot, count, None, min_free, max_util)
+            choice = choose(status.snapshot, count, None, min_free, max_util, max_used)
             topo = topology(status.host) if count > 1 else None
             if topo is not None:
-                choice = choose(status.snapshot, count, topo, min_free, max_util)
+                choice = choose(status.snapshot, count, topo, min_free, max_util, max_used)
         except ValueError as exc:
             reasons.append(f"{status.host}: {exc}")
             continue

@@ -33,6 +33,7 @@ from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
 from gpumon.remote.children import OutputTooLarge, call, popen, run_capped
 from gpumon.remote.hosts import LOCAL, HostSpec
+from gpumon.remote.login import MAX_BANNER, after_mark, new_mark, reader_after_mark
 from gpumon.remote.ssh import SshTransport, describe_failure
 from gpumon.sanitize import printable
 
@@ -92,9 +93,10 @@ class GpumonHost:
 
     name: str
     env: dict[str, str] | None = None  # the children's environment (None: this process's)
+    logs_in = False  # reached through a login that may print before gpumon (its output follows a mark)
 
-    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
-        """The command line that runs `gpumon ARGS` there."""
+    def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
+        """The command line that runs `gpumon ARGS` there (printing `mark` first, for a login)."""
         raise NotImplementedError
 
     def _fail(self, returncode: int | None, stderr: bytes) -> HostError:
@@ -110,8 +112,9 @@ class GpumonHost:
     def call(self, args: Sequence[str], timeout: float = 60.0) -> str:
         """`gpumon ARGS` there; its stdout, or HostError (also when it sends over MAX_OUTPUT: it is
         read with that cap and stopped at it)."""
+        mark = new_mark() if self.logs_in else None
         try:
-            done = run_capped(self.argv(args), timeout, MAX_OUTPUT, env=self.env)
+            done = run_capped(self.argv(args, mark=mark), timeout, MAX_OUTPUT, env=self.env)
         except TimeoutError:
             raise HostError(f"{self.name}: timeout (no answer in {timeout:g} s)") from None
         except OutputTooLarge as exc:
@@ -120,7 +123,11 @@ class GpumonHost:
             raise HostError(f"{self.name}: cannot run {self.argv(args)[0]!r}: {exc.strerror or exc}") from None
         if done.returncode != 0:
             raise self._fail(done.returncode, done.stderr)
-        return done.stdout.decode(errors="replace")
+        out = done.stdout if mark is None else after_mark(done.stdout, mark)
+        if out is None:
+            raise HostError(f"{self.name}: its login printed over {MAX_BANNER >> 10} KiB, or ran something "
+                            "other than gpumon (see ~/.bashrc and the like there)")
+        return out.decode(errors="replace")
 
     def _json(self, args: Sequence[str]) -> Any:
         text = self.call(args)
@@ -177,9 +184,13 @@ class GpumonHost:
 
     def follow_log(self, job_id: str, follow: bool = True) -> subprocess.Popen[bytes]:
         """stdin stays open: its end (this process gone) tells a remote tail to stop too."""
-        return popen(self.argv(["jobs", "--log", job_id] + (["--follow"] if follow else [])),
+        mark = new_mark() if self.logs_in else None
+        proc = popen(self.argv(["jobs", "--log", job_id] + (["--follow"] if follow else []), mark=mark),
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      start_new_session=True, env=self.env)
+        if mark is not None:
+            proc.stdout = reader_after_mark(proc.stdout, mark)  # type: ignore[arg-type]
+        return proc
 
     def topology(self) -> Topology:
         try:
@@ -200,7 +211,7 @@ class LocalHost(GpumonHost):
         # jobs launched here get it, as they would from a shell.
         self.env = None if env is None else dict(env)
 
-    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
+    def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
         return child_argv("gpumon", [*self.local_args, *args])
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -217,13 +228,15 @@ class LocalHost(GpumonHost):
 class RemoteHost(GpumonHost):
     """A fleet host, through its gpumon over the shared ssh connection."""
 
+    logs_in = True
+
     def __init__(self, spec: HostSpec, transport: SshTransport) -> None:
         self.name = spec.name
         self.spec = spec
         self.transport = transport
 
-    def argv(self, args: Sequence[str], tty: bool = False) -> list[str]:
-        return self.transport.gpumon_argv(self.spec, list(args), tty=tty)
+    def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
+        return self.transport.gpumon_argv(self.spec, list(args), tty=tty, mark=mark)
 
 
 def local_args(opened: Mapping[str, Any]) -> list[str]:

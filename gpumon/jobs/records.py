@@ -306,11 +306,83 @@ def prune() -> list[Job]:
     return removed
 
 
+KEEP = 200  # finished jobs kept (the newest) by prune_old, and for how long: config [jobs] keep, keep_for
+KEEP_FOR_S = 30 * 86400.0
+
+
+def configure_keep(keep: int, keep_for: float) -> None:
+    """The config's [jobs] keep and keep_for, for prune_old (each new job prunes)."""
+    global KEEP, KEEP_FOR_S
+    KEEP, KEEP_FOR_S = keep, keep_for
+
+
+def prune_old(keep: int | None = None, keep_for: float | None = None, now: float | None = None) -> list[Job]:
+    """Remove the records of finished jobs beyond the newest `keep`, and of those that ended over
+    `keep_for` seconds ago (defaults: configure_keep's); returns them. Unfinished jobs, and
+    another host's, are never removed here."""
+    keep = KEEP if keep is None else keep
+    keep_for = KEEP_FOR_S if keep_for is None else keep_for
+    now = time.time() if now is None else now
+    finished = [job for job in list_jobs() if job.state in FINISHED and not job.remote]
+    removed = []
+    for position, job in enumerate(reversed(finished)):  # newest first
+        ended = job.ended if isinstance(job.ended, (int, float)) else job.spec.created
+        if position >= keep or now - ended > keep_for:
+            shutil.rmtree(job.dir, ignore_errors=True)
+            removed.append(job)
+    return removed
+
+
+class JobsReader:
+    """The job list, read again cheaply: a finished job whose directory has not changed (every
+    record is written by a rename into it, which changes the directory) is not read again; only
+    unfinished jobs (whose state also depends on their processes) and changed ones are. `read()`
+    costs a stat per job plus the unfinished ones, not every record of every job ever made;
+    `changed` says whether the last read found anything new (a view skips its redraw)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[int, Job]] = {}  # directory name -> (its mtime, the finished job)
+        self._last: list[Job] = []
+        self.changed = True
+
+    def read(self) -> list[Job]:
+        """All jobs, oldest first (as list_jobs)."""
+        root = jobs_dir()
+        try:
+            entries = [e for e in os.scandir(root) if e.is_dir()]
+        except FileNotFoundError:
+            entries = []
+        known: dict[str, tuple[int, Job]] = {}
+        jobs: list[Job] = []
+        for entry in entries:
+            try:
+                mtime = entry.stat().st_mtime_ns
+            except OSError:
+                continue
+            cached = self._known.get(entry.name)
+            job = cached[1] if cached is not None and cached[0] == mtime else load_job(Path(entry.path))
+            if job is None:
+                continue
+            if job.state in FINISHED:
+                known[entry.name] = (mtime, job)
+            jobs.append(job)
+        jobs.sort(key=lambda j: (j.spec.created, j.spec.id))
+        self.changed = [_shown(j) for j in jobs] != [_shown(j) for j in self._last]
+        self._known, self._last = known, jobs
+        return jobs
+
+
+def _shown(job: Job) -> tuple:
+    return (job.spec.id, job.state, job.pid, job.ended, job.exit_code, job.reason, job.peak_gpu_memory,
+            len(job.attempts))
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
 def create_job(spec: JobSpec) -> Path:
+    prune_old()  # each new job makes room: the records stay as many as [jobs] keep says
     directory = jobs_dir() / spec.id
     directory.mkdir(parents=True, mode=0o700)
     os.chmod(directory, 0o700)

@@ -158,11 +158,13 @@ class HolderTracker:
     """Feed it every snapshot as it comes; it answers the holders of that moment."""
 
     def __init__(self) -> None:
-        # (host, pid, start time) -> [first seen, last seen busy or None]
-        self._processes: dict[tuple[str, int, float | None], list[float | None]] = {}
-        # (host, card's UUID or index, its holder) -> the same, for cards held without processes
-        self._cards: dict[tuple[str, str | int, str], list[float | None]] = {}
-        self._energy: dict[tuple[str, str, str], float] = {}
+        # Per host, so one host's update costs its own processes, never the fleet's (linear in
+        # hosts x processes per interval): each update replaces its host's entries with those seen.
+        # host -> (pid, start time) -> [first seen, last seen busy or None]
+        self._processes: dict[str, dict[tuple[int, float | None], list[float | None]]] = {}
+        # host -> (card's UUID or index, its holder) -> the same, for cards held without processes
+        self._cards: dict[str, dict[tuple[str | int, str], list[float | None]]] = {}
+        self._energy: dict[str, dict[tuple[str, str], float]] = {}  # host -> (kind, id) -> joules
         self._last_time: dict[str, float] = {}
         self._last: dict[str, tuple[float, tuple[Holder, ...]]] = {}
 
@@ -176,22 +178,24 @@ class HolderTracker:
         previous = self._last_time.get(host)
         gap = now - previous if previous is not None and 0 < now - previous <= LONGEST_GAP_S else 0.0
         sums: dict[tuple[str, str], _Sum] = {}
-        seen: set[tuple[str, int, float | None]] = set()
-        cards: set[tuple[str, str | int, str]] = set()
+        known = self._processes.get(host, {})
+        seen: dict[tuple[int, float | None], list[float | None]] = {}
+        known_cards = self._cards.get(host, {})
+        cards: dict[tuple[str | int, str], list[float | None]] = {}
         for gpu in snapshot.gpus:
             if not gpu.processes:
                 if gpu.owner and ", " not in gpu.owner and gpu.state != "lost":
-                    self._add_card(sums, cards, host, gpu, now)
+                    self._add_card(sums, known_cards, cards, gpu, now)
                 continue
             shares = _power_shares(gpu.processes, gpu.power_draw)
             for p, power in zip(gpu.processes, shares):
-                key = (host, p.pid, p.started)
-                times = self._processes.get(key)
+                key = (p.pid, p.started)
+                times = seen.get(key) or known.get(key)
                 if times is None:
-                    times = self._processes[key] = [now, None]
+                    times = [now, None]
+                seen[key] = times
                 if p.sm_util:
                     times[1] = now
-                seen.add(key)
                 for kind, ident, label, user in holder_keys(p):
                     total = sums.get((kind, ident))
                     if total is None:
@@ -200,36 +204,33 @@ class HolderTracker:
                     if p.started is not None and (total.started is None or p.started < total.started):
                         total.started = p.started
                     _add(total, gpu.index, gpu.uuid, p.gpu_memory, p.sm_util, power, times)
-        for key in [k for k in self._processes if k[0] == host and k not in seen]:
-            del self._processes[key]
-        if self._cards:
-            for card in [k for k in self._cards if k[0] == host and k not in cards]:
-                del self._cards[card]
+        self._processes[host] = seen  # processes not seen are gone
+        self._cards[host] = cards
         holders = []
+        spent = self._energy.get(host, {})
+        energies: dict[tuple[str, str], float] = {}  # a holder gone is dropped: back, it starts again
         for (kind, ident), total in sums.items():
-            energy_key = (host, kind, ident)
-            energy = self._energy.get(energy_key, 0.0) + (total.power or 0.0) * gap
-            self._energy[energy_key] = energy
+            energy = energies[kind, ident] = spent.get((kind, ident), 0.0) + (total.power or 0.0) * gap
             holders.append(_holder(host, kind, ident, total, now, energy if total.power is not None else None))
-        for key in [k for k in self._energy if k[0] == host and (k[1], k[2]) not in sums]:
-            del self._energy[key]  # gone: a holder that comes back starts again
+        self._energy[host] = energies
         result = tuple(sorted(holders, key=_order))
         self._last_time[host] = now
         self._last[host] = (now, result)
         return result
 
-    def _add_card(self, sums: dict[tuple[str, str], _Sum], cards: set[tuple[str, str | int, str]], host: str,
-                  gpu: GpuSample, now: float) -> None:
+    @staticmethod
+    def _add_card(sums: dict[tuple[str, str], _Sum], known: dict[tuple[str | int, str], list[float | None]],
+                  cards: dict[tuple[str | int, str], list[float | None]], gpu: GpuSample, now: float) -> None:
         """A card held as a whole by the holder its source names (no processes listed)."""
         owner = gpu.owner or ""
         kind, ident = ("slurm", owner[4:]) if owner.startswith("job ") else ("k8s", owner.partition(" (")[0])
-        key = (host, gpu.uuid or gpu.index, owner)
-        times = self._cards.get(key)
+        key = (gpu.uuid or gpu.index, owner)
+        times = cards.get(key) or known.get(key)
         if times is None:
-            times = self._cards[key] = [now, None]
+            times = [now, None]
+        cards[key] = times
         if gpu.utilization_gpu:
             times[1] = now
-        cards.add(key)
         total = sums.get((kind, ident))
         if total is None:
             total = sums[kind, ident] = _Sum(owner, None)

@@ -103,25 +103,62 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+_waited: set[subprocess.Popen[bytes]] = set()  # run_capped's children, while a thread waits for them
+_waited_lock = threading.Lock()
+_leaving = threading.Event()
+# Readable once gpumon is leaving (a byte end_all writes and nobody reads): every run_capped
+# watches it, because killing an ssh client does not end its pipes when a shared connection's
+# master holds their other ends (ssh passes them to it).
+_wake_r, _wake_w = os.pipe()
+os.set_blocking(_wake_w, False)
+
+
+def end_all() -> None:
+    """gpumon is leaving: every command a thread still waits for (run_capped) is killed now, and
+    none is started after, so no thread holds up the exit for as long as a host takes to answer
+    (Python waits for pool threads when it exits). Call it on the way out (the TUI's `q`, Ctrl-C)."""
+    _leaving.set()
+    try:
+        os.write(_wake_w, b"x")
+    except OSError:  # (already written: the pipe is full)
+        pass
+    with _waited_lock:
+        waited = list(_waited)
+    for proc in waited:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
 def run_capped(argv: Sequence[str], timeout: float, limit: int,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run a command to its end (stdin: nothing) and return what it printed: stdout whole, the
     last STDERR_KEEP bytes of stderr. OutputTooLarge once stdout passes `limit` bytes, TimeoutError
-    after `timeout` seconds; the child is killed either way. Blocks: forked from the caller's
-    thread, which waits for the child."""
+    after `timeout` seconds (at once once gpumon is leaving: end_all); the child is killed either
+    way. Blocks: forked from the caller's thread, which waits for the child."""
+    if _leaving.is_set():
+        raise TimeoutError
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_tie(os.getpid()), env=env)
+    with _waited_lock:
+        _waited.add(proc)
+    if _leaving.is_set():  # end_all ran while it started
+        proc.kill()
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
             selector.register(proc.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
-            while selector.get_map():
+            selector.register(_wake_r, selectors.EVENT_READ, None)
+            while len(selector.get_map()) > 1:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError
                 for key, _ in selector.select(left):
+                    if key.data is None:  # gpumon is leaving
+                        raise TimeoutError
                     chunk = os.read(key.fd, _CHUNK)
                     if not chunk:
                         selector.unregister(key.fileobj)
@@ -137,8 +174,12 @@ def run_capped(argv: Sequence[str], timeout: float, limit: int,
             raise TimeoutError from None
     finally:
         _stop(proc)
+        with _waited_lock:
+            _waited.discard(proc)
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
+    if _leaving.is_set():
+        raise TimeoutError
     return subprocess.CompletedProcess(list(argv), proc.returncode, bytes(out), bytes(err))
 
 

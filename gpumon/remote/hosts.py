@@ -100,6 +100,9 @@ def parse_entry(entry: str) -> HostSpec:
     if not _NAME.match(entry):
         raise UsageError(f"bad host {entry!r}: expected an ssh destination like gpu01, me@gpu01, "
                          "ssh://me@gpu01:2222 or local")
+    host, colon, port = entry.rpartition(":")
+    if colon and port.isdigit() and ":" not in host:  # one colon: not an IPv6 address
+        raise UsageError(f"bad host {entry!r}: ssh takes no host:port; write ssh://{entry}")
     if "@" in entry and (entry.startswith("@") or entry.endswith("@") or entry.split("@", 1)[1].startswith("-")):
         raise UsageError(f"bad host {entry!r}: expected user@host")
     return HostSpec(entry, entry)
@@ -137,6 +140,8 @@ def resolve(entries: Iterable[str], groups: Mapping[str, list[str]] | None = Non
 
 def parse_hosts(text: str, groups: Mapping[str, list[str]] | None = None) -> list[HostSpec]:
     """`--hosts gpu01,gpu[02-04],@lab,local`."""
+    if not split_entries(text):
+        raise UsageError("--hosts is empty: expected e.g. gpu01,gpu02 or @lab")
     hosts = resolve(split_entries(text), groups)
     if not hosts:
         raise UsageError("--hosts is empty: expected e.g. gpu01,gpu02 or @lab")

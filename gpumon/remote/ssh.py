@@ -12,8 +12,9 @@ exactly as their logins do. gpumon only adds what a program needs:
   the same address (and carry different settings) never share a connection.
 Host key checking is left exactly as the user has it: an unknown or changed key is an error.
 
-Remote command lines are quoted for a POSIX shell (the remote login shell runs them), so every
-argument reaches the remote program byte for byte.
+Remote command lines are POSIX sh scripts handed over in a form every login shell passes on
+unchanged, after a mark that says where gpumon's output begins (remote/login.py), so every
+argument reaches the remote program byte for byte whatever the login shell is and prints.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from gpumon.errors import UsageError
 from gpumon.remote.children import AsyncChild, spawn_async
 from gpumon.remote.hosts import HostSpec
+from gpumon.remote.login import marked
 from gpumon.sanitize import printable
 
 DEFAULT_SSH = "ssh"
@@ -167,13 +169,19 @@ class SshTransport:
         argv += ["-t"] if tty else ["-T"]
         return argv + ["--", host.destination, remote_command]
 
-    def gpumon_command(self, args: Sequence[str]) -> str:
-        """The remote command line that runs the host's gpumon with exactly `args`."""
-        return quote_remote([*self.remote_gpumon, *args])
+    def gpumon_script(self, args: Sequence[str]) -> str:
+        """The sh script that runs the host's gpumon with exactly `args`."""
+        return "exec " + quote_remote([*self.remote_gpumon, *args])
 
-    def gpumon_argv(self, host: HostSpec, args: Sequence[str], tty: bool = False) -> list[str]:
-        """ssh to `host` running its gpumon with exactly `args`."""
-        return self.argv(host, self.gpumon_command(args), tty=tty)
+    def gpumon_command(self, args: Sequence[str], mark: bytes | None = None) -> str:
+        """The remote command line (for any login shell) that runs the host's gpumon with exactly
+        `args`, printing `mark` first."""
+        return marked(self.gpumon_script(args), mark)
+
+    def gpumon_argv(self, host: HostSpec, args: Sequence[str], tty: bool = False,
+                    mark: bytes | None = None) -> list[str]:
+        """ssh to `host` running its gpumon with exactly `args` (after `mark`, when given)."""
+        return self.argv(host, self.gpumon_command(args, mark), tty=tty)
 
     async def spawn(self, host: HostSpec, remote_command: str, limit: int) -> AsyncChild:
         """Start ssh with pipes, tied to gpumon's life (stdin held open: closing it ends the remote
