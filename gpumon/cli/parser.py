@@ -10,12 +10,19 @@ import argparse
 import re
 
 from gpumon import __version__
+from gpumon.cli.arg_types import (
+    DEMO_SCENARIOS,
+    count,
+    duration,
+    interval,
+    percent,
+    positive_int,
+    scenario,
+    signal_name,
+    size,
+    unix_time,
+)
 from gpumon.errors import UsageError
-
-MIN_INTERVAL = 0.1
-# The demo's scenarios, repeated here so parsing never imports the demo backend (a test checks
-# that the two lists agree).
-DEMO_SCENARIOS = ("default", "workstation", "hot", "lost", "mixed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,99 +38,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= MIN_INTERVAL:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} s, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text.rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 100, got {text}")
-    return value
-
-
-def _size(text: str) -> str:
-    """Checks SIZE syntax now; a percentage is resolved later against each card's total."""
-    from gpumon.units import parse_size
-
-    try:
-        parse_size(text, total=1 << 40)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-_SIGNAL_NAMES = {"term": "terminate", "terminate": "terminate", "kill": "kill", "int": "interrupt",
-                 "interrupt": "interrupt"}
-
-
-def _duration(text: str) -> float:
-    from gpumon.units import parse_duration
-
-    try:
-        return parse_duration(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _signal_name(text: str) -> str:
-    name = _SIGNAL_NAMES.get(text.lower().removeprefix("sig"))
-    if name is None:
-        raise argparse.ArgumentTypeError(f"unknown signal {text!r}: choose TERM, KILL or INT")
-    return name
-
-
-def _unix_time(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a unix time: {text!r}") from None
-    if not 0 < value < 1e11:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"not a unix time: {text!r}")
-    return value
-
-
-def _scenario(text: str, usage: bool = False) -> str:
-    """`usage`: the message stands alone (not after argparse's "argument --scenario:")."""
-    if text not in DEMO_SCENARIOS:
-        message = f"unknown demo scenario {text!r}; choose from {', '.join(DEMO_SCENARIOS)}"
-        raise UsageError(message) if usage else argparse.ArgumentTypeError(message)
-    return text
-
-
-# Subcommands repeat the options that apply to them (so `gpumon snapshot --demo` works as well as
-# `gpumon --demo snapshot`); a subparser's defaults are SUPPRESSed so they never overwrite a value
-# given before the subcommand.
-
 def _default(value, suppress: bool):
     return argparse.SUPPRESS if suppress else value
 
@@ -136,11 +50,11 @@ def _add_config_option(parser: argparse.ArgumentParser, suppress: bool) -> None:
 def _add_source_options(parser: argparse.ArgumentParser, suppress: bool, replay: bool = True) -> None:
     """Where samples come from, and how often."""
     g = parser.add_argument_group("where the data comes from")
-    g.add_argument("--interval", type=_interval, default=_default(None, suppress), metavar="SECONDS",
+    g.add_argument("--interval", type=interval, default=_default(None, suppress), metavar="SECONDS",
                    help="seconds between samples (default 1.0, at least 0.1)")
     g.add_argument("--demo", action="store_true", default=_default(False, suppress),
                    help="simulated GPUs, no driver needed")
-    g.add_argument("--scenario", type=_scenario, default=_default(None, suppress), metavar="NAME",
+    g.add_argument("--scenario", type=scenario, default=_default(None, suppress), metavar="NAME",
                    help=f"the demo's scenario: {', '.join(DEMO_SCENARIOS)} (implies --demo)")
     g.add_argument("--seed", type=int, default=_default(0, suppress), help="random seed of --demo (default 0)")
     if replay:
@@ -193,7 +107,7 @@ def _add_fleet_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=_interval, default=5.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=interval, default=5.0, metavar="SECONDS",
                         help="answer within this long; cards still silent are shown as not responding (default 5)")
 
 
@@ -258,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "counts from the first sample: a longer --window sees longer idleness; `watch "
                                    "--alert 'idle > 30m'` and the TUI count from their start.")
     p.add_argument("--json", action="store_true", help="the holders as JSON")
-    p.add_argument("--window", type=_duration, metavar="DURATION",
+    p.add_argument("--window", type=duration, metavar="DURATION",
                    help="watch this long before printing, e.g. 30s, 10m (default: 2 intervals, 3 samples)")
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)
@@ -274,11 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(subcommand="topo")
 
     p = sub.add_parser("select", help="print a CUDA_VISIBLE_DEVICES value for the best free cards")
-    p.add_argument("--count", type=_positive_int, default=1, metavar="N", help="how many cards (default 1)")
-    p.add_argument("--min-free", type=_size, metavar="SIZE", help="free memory each card needs: 8G, 512M, 50%%")
-    p.add_argument("--max-util", type=_percent, metavar="PCT",
+    p.add_argument("--count", type=positive_int, default=1, metavar="N", help="how many cards (default 1)")
+    p.add_argument("--min-free", type=size, metavar="SIZE", help="free memory each card needs: 8G, 512M, 50%%")
+    p.add_argument("--max-util", type=percent, metavar="PCT",
                    help="a card busier than this is not free (default 10)")
-    p.add_argument("--max-used", type=_size, metavar="SIZE",
+    p.add_argument("--max-used", type=size, metavar="SIZE",
                    help="a card with more memory in use than this is not free (default 10%%)")
     p.add_argument("--verbose", action="store_true", help="say on stderr why these cards")
     p.add_argument("--export", action="store_true",
@@ -294,10 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alert", action="append", default=[], metavar="RULE",
                    help="alert rule, e.g. 'temp > 85 for 30s' (repeatable; adds to the config's)")
     p.add_argument("--format", choices=("jsonl", "text"), help="event lines (default: jsonl unless a terminal)")
-    p.add_argument("--count", type=_positive_int, metavar="N", help="stop after N samples")
+    p.add_argument("--count", type=positive_int, metavar="N", help="stop after N samples")
     p.add_argument("--exit-on-alert", action="store_true", help="exit with status 1 at the first firing alert")
     p.add_argument("--on-alert", metavar="CMD", help="run CMD with sh -c per event; event on stdin and in GPUMON_*")
-    p.add_argument("--hook-timeout", type=_interval, metavar="SECONDS", help="kill a hook after this long (default 10)")
+    p.add_argument("--hook-timeout", type=interval, metavar="SECONDS", help="kill a hook after this long (default 10)")
     p.add_argument("--prometheus", metavar="ADDR", help="serve metrics on PORT or HOST:PORT (default host 127.0.0.1)")
     p.add_argument("--prometheus-processes", action="store_true", help="also export per-process GPU memory")
     p.add_argument("--prometheus-hostname", metavar="NAME",
@@ -315,19 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="gpumon run [OPTIONS] -- CMD [ARG...]")
     p.add_argument("--gpu", default="auto", metavar="SPEC",
                    help="index, UUID, PCI bus id, comma list, or auto[:N] (default auto: least loaded)")
-    p.add_argument("--mem-limit", type=_size, metavar="SIZE", help="GPU memory cap per card: 8G, 512M, 50%%")
+    p.add_argument("--mem-limit", type=size, metavar="SIZE", help="GPU memory cap per card: 8G, 512M, 50%%")
     p.add_argument("--no-numa", action="store_true", help="do not pin to the card's CPUs")
     p.add_argument("--foreground", action="store_true", help="run in this terminal and wait for it")
     p.add_argument("--name", help="a name for the job (default: the program's name)")
     p.add_argument("--wait", action="store_true", help="join the host's queue (every user's, in order) for cards")
-    p.add_argument("--wait-timeout", type=_duration, metavar="DURATION",
+    p.add_argument("--wait-timeout", type=duration, metavar="DURATION",
                    help="with --wait: give up after this long (status 1), and wait here until then")
-    p.add_argument("--min-free", type=_size, metavar="SIZE", help="with auto or --wait: free memory needed")
-    p.add_argument("--max-util", type=_percent, metavar="PCT",
+    p.add_argument("--min-free", type=size, metavar="SIZE", help="with auto or --wait: free memory needed")
+    p.add_argument("--max-util", type=percent, metavar="PCT",
                    help="with auto or --wait: highest utilisation (default 10)")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
-    p.add_argument("--failover", type=_count, default=0, metavar="N",
+    p.add_argument("--failover", type=count, default=0, metavar="N",
                    help="when the job's card fails (lost, fatal XID, fabric failed): stop it and start it "
                         "again on other free cards, up to N times (default 0: never)")
     p.add_argument("--host", metavar="HOST", help="launch there, over ssh (its gpumon pins and supervises the job)")
@@ -339,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(subcommand="run")
 
     from gpumon.cli.parser_sharing import add_sharing_commands as add_sharing
-    add_sharing(sub, _duration, _add_config_option, _add_timeout_option, _add_source_options, _add_fleet_options)
+    add_sharing(sub, duration, _add_config_option, _add_timeout_option, _add_source_options, _add_fleet_options)
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")
     p.add_argument("--json", action="store_true", help="as JSON, oldest first")
@@ -352,10 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(subcommand="jobs")
 
     p = sub.add_parser("signal", help="signal one of your processes, checked by pid and start time")
-    p.add_argument("pid", type=_positive_int, metavar="PID")
-    p.add_argument("--signal", type=_signal_name, default="terminate", metavar="NAME",
+    p.add_argument("pid", type=positive_int, metavar="PID")
+    p.add_argument("--signal", type=signal_name, default="terminate", metavar="NAME",
                    help="TERM (default), KILL or INT")
-    p.add_argument("--started", type=_unix_time, metavar="T",
+    p.add_argument("--started", type=unix_time, metavar="T",
                    help="its start time (unix s, as in the snapshot): a recycled pid is never signalled")
     _add_config_option(p, suppress=True)
     p.set_defaults(subcommand="signal")
@@ -409,14 +323,14 @@ def normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str
             i += 2
             continue
         if arg.startswith("--demo="):
-            out += ["--demo", "--scenario", _scenario(arg.partition("=")[2], usage=True)]
+            out += ["--demo", "--scenario", scenario(arg.partition("=")[2], usage=True)]
             i += 1
             continue
         # `--demo bogus` is not the command `bogus`: name the scenario that does not exist. (In `run`,
         # the word after --demo is the command to run.)
         if arg == "--demo" and not in_run and i + 1 < len(argv) and not argv[i + 1].startswith("-") \
                 and argv[i + 1] not in _subcommands(parser):
-            _scenario(argv[i + 1], usage=True)
+            scenario(argv[i + 1], usage=True)
         out.append(arg)
         i += 1
         if arg in with_values and i < len(argv):
