@@ -11,10 +11,13 @@ is the program's fault, not the card's.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpumon.config import load_config
+from gpumon.errors import GpumonError
 from gpumon.health import rules as health
 from gpumon.health.xid import words
 from gpumon.model import GpuSample, Snapshot
@@ -76,3 +79,14 @@ def xid_trouble(snapshot: Snapshot | None, index: int, code: int, when: float | 
     repeated = f" ({found.count} times within {found.within_s / 60:g} min)" if found.within_s else ""
     return Trouble(index, gpu.uuid if gpu is not None else None,
                    f"XID {found.code} on GPU {index}: {words(found.code)}{repeated}")
+
+
+def configured_xid_policy() -> dict:
+    """The config's [health.xid] (the file `gpumon run` checked: $GPUMON_CONFIG or the default), so
+    failover fails a card for the XIDs the health verdict fails it for."""
+    try:
+        table = load_config().health.get("xid")
+    except GpumonError as exc:
+        print(f"gpumon: {exc}; failover uses the default XID policy", file=sys.stderr)
+        return {}
+    return {"xid": table} if table else {}

@@ -36,23 +36,23 @@ from pathlib import Path
 import psutil
 
 from gpumon.cards.backends import Backend, open_backend
-from gpumon.config import load_config
 from gpumon.errors import GpumonError
 from gpumon.health import rules as health
 from gpumon.jobs import job_events
 from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json
-from gpumon.jobs.claiming import JobSharing, Taken
+from gpumon.jobs.claiming import JobSharing
 from gpumon.jobs.energy import JobEnergy
-from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, xid_trouble
+from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, configured_xid_policy, xid_trouble
 from gpumon.jobs.files import take_environment
 from gpumon.jobs.kept_records import KeptRecords, mark_log, say
 from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
-from gpumon.jobs.placement import free_enough, pin, resolve_spec
+from gpumon.jobs.placement import pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
+from gpumon.jobs.waiting import FreeSet
 from gpumon.model import FailoverEvent, Snapshot
 from gpumon.sanitize import printable
 from gpumon.units import format_duration
@@ -61,7 +61,6 @@ GRACE_S = 5.0
 STUCK_S = 30.0  # a process that outlives SIGKILL this long is stuck in the driver: it never runs again
 SETTLE_S = 1.0  # after an error exit: how long a failing card has to say so (an XID comes a moment late)
 POLL_S = 0.05
-FREE_SAMPLES_IN_A_ROW = 3
 STOPPED = "stopped by the user"
 # How long the watchdog may go without reading the job's memory (the driver fails, a sample raises)
 # before it stops a job with a limit: a limit that is not watched is no limit.
@@ -123,7 +122,7 @@ class Supervisor:
             os.environ.update(saved)
         # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
         # energy is the counter's change from its start to its end.
-        health.configure({"interval": f"{self.spec_interval:g}s", **_xid_policy()})
+        health.configure({"interval": f"{self.spec_interval:g}s", **configured_xid_policy()})
         # The job's claims and queue entry, handed over by its launcher: held until we end.
         self.sharing = JobSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
                                   warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
@@ -157,8 +156,7 @@ class Supervisor:
             return gpus
         gpu_spec = self.spec.gpu_spec if count is None else f"auto:{count}"
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
-        topo = backend.topology()
-        streak: tuple[tuple[str, ...], int] = ((), 0)
+        free = FreeSet(gpu_spec, backend.topology(), min_free, self.spec.max_util, self.sharing)
         give_up = (time.monotonic() + self.spec.wait_timeout
                    if self.spec.wait_timeout is not None and count is None else None)
         while self.stop_requested is None:
@@ -167,22 +165,7 @@ class Supervisor:
                 snapshot = dataclasses.replace(
                     snapshot, gpus=tuple(g for g in snapshot.gpus if g.uuid not in self.failed_cards))
 
-            def pick(taken: Taken, snapshot: Snapshot = snapshot):  # on the queue's turn, cards claimed
-                nonlocal streak
-                try:
-                    gpus = resolve_spec(gpu_spec, snapshot, topo, min_free, self.spec.max_util, None,
-                                        taken.skip, taken.mine)
-                    free = all(free_enough(g, min_free, self.spec.max_util) is None and g.ref not in taken.skip
-                               for g in gpus)
-                    self.sharing.waiting_for = "" if free else "its cards are not free"
-                except GpumonError as exc:
-                    gpus, free = [], False
-                    self.sharing.waiting_for = str(exc).removeprefix(f"--gpu {gpu_spec}: ")
-                uuids = tuple(g.uuid for g in gpus)
-                streak = (uuids, streak[1] + 1 if free and uuids == streak[0] else (1 if free else 0))
-                return gpus if streak[1] >= FREE_SAMPLES_IN_A_ROW else None
-
-            if gpus := self.sharing.try_start(pick, queued=count is None):
+            if gpus := self.sharing.try_start(lambda taken: free.pick(taken, snapshot), queued=count is None):
                 return gpus
             if give_up is not None and time.monotonic() >= give_up:
                 raise GpumonError(f"gave up waiting after {format_duration(self.spec.wait_timeout or 0)} "
@@ -406,17 +389,6 @@ class Supervisor:
         while time.monotonic() < deadline and not self.tree.ended():
             time.sleep(0.05)
         self.tree.signal(signal.SIGKILL)
-
-
-def _xid_policy() -> dict:
-    """The config's [health.xid] (the file `gpumon run` checked: $GPUMON_CONFIG or the default), so
-    failover fails a card for the XIDs the health verdict fails it for."""
-    try:
-        table = load_config().health.get("xid")
-    except GpumonError as exc:
-        print(f"gpumon: {exc}; failover uses the default XID policy", file=sys.stderr)
-        return {}
-    return {"xid": table} if table else {}
 
 
 def main(argv: list[str]) -> int:

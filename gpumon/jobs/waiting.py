@@ -1,0 +1,35 @@
+"""A queued job's turn, or a move's: the cards its spec asks for, once they have been free (and
+nobody else's claim) for a few samples in a row, so a card freed for a moment is not taken."""
+
+from __future__ import annotations
+
+from gpumon.errors import GpumonError
+from gpumon.jobs.claiming import JobSharing, Taken
+from gpumon.jobs.placement import free_enough, resolve_spec
+from gpumon.model import Snapshot, Topology
+
+FREE_SAMPLES_IN_A_ROW = 3
+
+
+class FreeSet:
+    def __init__(self, gpu_spec: str, topo: Topology, min_free: str | None, max_util: float | None,
+                 sharing: JobSharing) -> None:
+        self.gpu_spec, self.topo, self.min_free, self.max_util = gpu_spec, topo, min_free, max_util
+        self.sharing = sharing  # says what the job waits for (`gpumon queue`, J)
+        self.streak: tuple[tuple[str, ...], int] = ((), 0)
+
+    def pick(self, taken: Taken, snapshot: Snapshot):
+        """The cards, on the queue's turn (`taken`: cards claimed by others, and the user's own
+        reserved ones), once free FREE_SAMPLES_IN_A_ROW samples in a row; else None."""
+        try:
+            gpus = resolve_spec(self.gpu_spec, snapshot, self.topo, self.min_free, self.max_util, None,
+                                taken.skip, taken.mine)
+            free = all(free_enough(g, self.min_free, self.max_util) is None and g.ref not in taken.skip for g in gpus)
+            self.sharing.waiting_for = "" if free else "its cards are not free"
+        except GpumonError as exc:
+            gpus, free = [], False
+            self.sharing.waiting_for = str(exc).removeprefix(f"--gpu {self.gpu_spec}: ")
+        uuids = tuple(g.uuid for g in gpus)
+        count = self.streak[1] + 1 if free and uuids == self.streak[0] else (1 if free else 0)
+        self.streak = (uuids, count)
+        return gpus if count >= FREE_SAMPLES_IN_A_ROW else None
