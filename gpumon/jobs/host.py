@@ -210,6 +210,7 @@ class LocalHost(GpumonHost):
         # The environment gpumon was started with (the TUI changes its own: NO_COLOR, ...): the
         # jobs launched here get it, as they would from a shell.
         self.env = None if env is None else dict(env)
+        self._records = records.JobsReader()  # what changed since the last listing, read again
 
     def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
         return child_argv("gpumon", [*self.local_args, *args])
@@ -220,7 +221,7 @@ class LocalHost(GpumonHost):
         Launching, stopping and signalling keep the child: it acts in the environment gpumon was
         started with and applies the command line's own checks."""
         try:
-            return self._listed([job.to_dict() for job in records.list_jobs()])
+            return self._listed([job.to_dict() for job in self._records.read()])
         except OSError as exc:
             raise HostError(f"{self.name}: cannot read the job records: {exc.strerror or exc}") from None
 
