@@ -28,6 +28,8 @@ INLINE_CODE = re.compile(r"(`+).+?\1")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+PROMPT = re.compile(r"^\s*\$ (.*)$")
+EXEC_START = re.compile(r"^ExecStart=-?(.*)$")
 PUNCTUATION = set("();<>|&")  # what shlex's punctuation_chars splits words at
 
 
@@ -80,11 +82,15 @@ def links(path: Path) -> list[str]:
 
 
 def shell_lines(path: Path) -> list[str]:
-    """Each shell line of the page's ```sh blocks: continuations joined, here-document bodies left out."""
+    """Each shell line of the page's ```sh blocks (continuations joined, here-document bodies left out),
+    and the commands its other blocks show."""
     _, fenced = blocks(path.read_text())
     out: list[str] = []
     for info, lines in fenced:
         if info.split()[:1] != ["sh"]:
+            # Beyond sh blocks, the commands other blocks show: a transcript's `$ ` lines, and the
+            # command a systemd unit starts.
+            out += [m.group(1) for line in lines if (m := PROMPT.match(line) or EXEC_START.match(line))]
             continue
         pending = ""
         heredoc_end: str | None = None
