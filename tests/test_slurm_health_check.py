@@ -1,4 +1,4 @@
-"""The README's Slurm health-check script, run as written (only gpumon's path and `scontrol`, a
+"""The Slurm health-check script of docs/health.md, run as written (only gpumon's path and `scontrol`, a
 stand-in that notes its arguments, replaced): it drains a node with a failing card, with a reason
 whose first 20 characters (what `sinfo -R` shows) name the card and the code, and leaves a healthy
 or merely warning node alone."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import Card
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "health.md"
 A100 = "NVIDIA A100-SXM4-80GB"
 REMAPS = dict(remap_cor=0, remap_unc=0, remap_pending=0, remap_failure=0)
 

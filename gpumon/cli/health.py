@@ -2,7 +2,7 @@
 
 Exit status: 0 every card ok, 1 some card warns, 2 some card fails. A usage error is status 2 too:
 it is told apart by its one line on stderr and nothing on stdout (a verdict always prints its
-cards). So it works as Slurm's HealthCheckProgram or a node-problem-detector plugin (README).
+cards). So it works as Slurm's HealthCheckProgram or a node-problem-detector plugin (docs/health.md).
 
 One run sees what the cards say now. What climbs (PCIe replays, correctable row remaps, NVLink
 errors) is measured against the previous run on this host, remembered in the state directory
