@@ -5,7 +5,9 @@ by another user alike; the job from the environment where no Slurm cgroup exists
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import GIB, Card
@@ -18,6 +20,7 @@ from gpumon.owners.holders import HolderTracker
 from gpumon.owners.reader import OwnerReader
 
 FAKE_RELOAD_S = 0.1
+ROOT = Path(__file__).resolve().parent.parent
 
 TWO_STEPS = """#!/bin/sh
 srun --overlap -n1 sleep 600 &
@@ -55,3 +58,41 @@ def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver
                                                                  (f"{job}.batch", "step batch", (0,))]
     # The idle rule fires once for the job (its user's row is not alerted while a job names it).
     assert [h.id for h in alerted(holders)] == [job]
+
+
+ARRAY_TASK = """#!/bin/sh
+sleep 600
+"""
+
+
+def test_an_array_task_is_job_task_for_root_and_for_another_user(slurm):
+    raw = slurm.submit(ARRAY_TASK, "--array=7")
+    pid = slurm.step_pids(raw, "sleep", {"batch"})["batch"][0]
+    named, own = slurm.run("squeue", "-h", "-j", raw, "-o", "%i %A").split()
+    assert (named, own) == (f"{raw}_7", raw)
+    assert f"job_{own}/step_batch" in Path(f"/proc/{pid}/cgroup").read_text()
+    # root reads the process's environment
+    assert OwnerReader().read(pid, USER).id == f"{named}.batch"
+    # another user cannot: the cgroup path says the raw id, and Slurm's tools say the rest
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gpumon.owners.reader import OwnerReader; "
+            f"print(OwnerReader().read({pid}, None).id)")
+    assert slurm.run("/usr/bin/python3", "-c", code, user="nobody").strip() == f"{named}.batch"
+
+
+def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
+    """proctrack/linuxproc and task/affinity make no cgroup: a job's process is told by its
+    environment alone (as slurmstepd sets it: the job, the array task, the step)."""
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "34", "SLURM_ARRAY_JOB_ID": "33", "SLURM_ARRAY_TASK_ID": "7",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "sweep"}
+    batch_env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "35"}
+    step = subprocess.Popen(["sleep", "600"], env=env)
+    batch = subprocess.Popen(["sleep", "600"], env=batch_env)
+    try:
+        reader = OwnerReader()
+        owner = reader.read(step.pid, "root")
+        assert (owner.kind, owner.id, owner.name) == ("slurm", "33_7.0", "sweep")
+        assert (reader.read(batch.pid, "root").kind, reader.read(batch.pid, "root").id) == ("slurm", "35")
+    finally:
+        for p in (step, batch):
+            p.terminate()
+            p.wait(5)
