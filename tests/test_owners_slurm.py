@@ -5,7 +5,9 @@ by another user alike; the job from the environment where no Slurm cgroup exists
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.cards.sampler import Sampler
 from gpumon.owners.holders import HolderTracker
 from gpumon.owners.reader import OwnerReader
+from gpumon.tui.app import create_app
+from gpumon.tui.screens.users import UsersScreen
 
 FAKE_RELOAD_S = 0.1
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,13 +33,9 @@ wait
 """
 
 
-@pytest.fixture
-def slurm(real_slurm):  # noqa: F811 - the fixture imported above
-    yield real_slurm
-    real_slurm.cancel_all()
-
-
-def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver):
+def two_step_job(slurm, fake_driver) -> tuple[str, int, int]:
+    """A job with a sleep in its batch step (card 0, 2 GiB) and one in step 0 (card 1, 3 GiB), both at
+    0 % SM: (job id, batch pid, step 0 pid)."""
     job = slurm.submit(TWO_STEPS)
     pids = slurm.step_pids(job, "sleep", {"batch", "0"})
     batch, step0 = pids["batch"][0], pids["0"][0]
@@ -43,6 +43,17 @@ def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver
     fake_driver.machine.procs = [dict(gpu=0, pid=batch, mem=2 * GIB, sm=0), dict(gpu=1, pid=step0, mem=3 * GIB, sm=0)]
     fake_driver.write()
     time.sleep(FAKE_RELOAD_S)
+    return job, batch, step0
+
+
+@pytest.fixture
+def slurm(real_slurm):  # noqa: F811 - the fixture imported above
+    yield real_slurm
+    real_slurm.cancel_all()
+
+
+def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver):
+    job, batch, step0 = two_step_job(slurm, fake_driver)
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
     try:
         snapshot = Sampler(backend).collect()
@@ -58,6 +69,38 @@ def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver
                                                                  (f"{job}.batch", "step batch", (0,))]
     # The idle rule fires once for the job (its user's row is not alerted while a job names it).
     assert [h.id for h in alerted(holders)] == [job]
+
+
+def test_the_users_view_and_users_list_the_steps_inside_the_job(slurm, fake_driver, tmp_path):
+    job, _, _ = two_step_job(slurm, fake_driver)
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        async with create_app(backend, interval=0.2).run_test(size=(160, 40)) as pilot:
+            app = pilot.app
+            deadline = time.monotonic() + 20
+            while not any(h.kind == "slurm" for h in app.holding) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.press("u")
+            while not (isinstance(app.screen, UsersScreen) and app.screen.table.row_count == 4) \
+                    and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            table = app.screen.table
+            return [table.cell_text(i, "who") for i in range(table.row_count)]
+
+    try:
+        rows = asyncio.run(go())
+    finally:
+        backend.close()
+    # a tree: user -> job -> steps
+    assert rows == [USER, f"└ job {job}", "  ├ step 0", "  └ step batch"]
+    text = subprocess.run([sys.executable, "-m", "gpumon", "users", "--window", "300ms"], capture_output=True,
+                          text=True, timeout=60, env=fake_driver.env)
+    assert text.returncode == 0, text.stderr
+    who = [line.split()[0:2] for line in text.stdout.splitlines()[1:5]]
+    assert who == [[USER, USER], ["job", job], ["step", "0"], ["step", "batch"]]
+    indents = [len(line) - len(line.lstrip()) for line in text.stdout.splitlines()[1:5]]
+    assert indents == [0, 2, 4, 4]
 
 
 ARRAY_TASK = """#!/bin/sh
