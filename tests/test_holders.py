@@ -36,11 +36,11 @@ def test_one_row_per_user_and_per_job_pod_and_container(held):
     pids, sampler = held
     tracker = HolderTracker()
     holders = rows(tracker.update(sampler.collect()))
-    assert set(holders) == {("user", "root"), ("slurm", "77.0"), ("k8s", POD), ("container", CONTAINER[:12])}
+    assert set(holders) == {("user", "root"), ("slurm", "77"), ("k8s", POD), ("container", CONTAINER[:12])}
 
-    job = holders["slurm", "77.0"]
+    job = holders["slurm", "77"]
     assert (job.label, job.user, job.cards, job.processes, job.gpu_memory, job.sm_util) == \
-           ("job 77.0", "root", (0, 1), 2, 20 * GIB, 120)
+           ("job 77", "root", (0, 1), 2, 20 * GIB, 120)
     # Card 0's 300 W split by SM time (60 : 20), card 1's 200 W all the job's.
     assert job.power_w == pytest.approx(225 + 200)
     # Its part of each card (what the usage ledger keeps per card per holder).
@@ -66,18 +66,18 @@ def test_idle_starts_at_zero_sm_grows_and_ends_when_it_computes(held, fake_drive
     first = rows(tracker.update(sampler.collect()))
     # The container shows 0 % from the first look: idle since gpumon first saw it, never longer.
     assert first["container", CONTAINER[:12]].idle_s == 0
-    assert first["slurm", "77.0"].idle_s is None and first["user", "root"].idle_s is None
+    assert first["slurm", "77"].idle_s is None and first["user", "root"].idle_s is None
 
     set_load(fake_driver, pids, job_sm=0, pod_sm=20, box_sm=0)
     time.sleep(0.3)
     stopped = rows(tracker.update(sampler.collect()))
-    assert stopped["slurm", "77.0"].idle_s is not None
+    assert stopped["slurm", "77"].idle_s is not None
     assert stopped["k8s", POD].idle_s is None  # it still computes, so its user does too
     assert stopped["user", "root"].idle_s is None
     time.sleep(0.6)
     later = rows(tracker.update(sampler.collect()))
-    job, box = later["slurm", "77.0"], later["container", CONTAINER[:12]]
-    assert job.idle_s >= stopped["slurm", "77.0"].idle_s + 0.5
+    job, box = later["slurm", "77"], later["container", CONTAINER[:12]]
+    assert job.idle_s >= stopped["slurm", "77"].idle_s + 0.5
     assert box.idle_s >= 0.9 and box.idle_s <= box.watched_s
     assert job.idle_text() == f"idle {format_duration(job.idle_s)} holding 20G on 2 cards"
 
@@ -86,11 +86,11 @@ def test_idle_starts_at_zero_sm_grows_and_ends_when_it_computes(held, fake_drive
     everyone = rows(tracker.update(sampler.collect()))
     # The user is idle since its last busy process (the pod) stopped: the latest of them.
     assert 0 <= everyone["user", "root"].idle_s <= everyone["k8s", POD].idle_s + 0.01
-    assert everyone["user", "root"].idle_s < everyone["slurm", "77.0"].idle_s
+    assert everyone["user", "root"].idle_s < everyone["slurm", "77"].idle_s
 
     set_load(fake_driver, pids, job_sm=5, pod_sm=0, box_sm=0)
     again = rows(tracker.update(sampler.collect()))
-    assert again["slurm", "77.0"].idle_s is None and again["user", "root"].idle_s is None
+    assert again["slurm", "77"].idle_s is None and again["user", "root"].idle_s is None
     assert again["k8s", POD].idle_s is not None
 
 
@@ -102,7 +102,7 @@ def test_energy_is_the_power_share_over_time_and_restarts_for_a_newcomer(held, f
     time.sleep(0.5)
     holders = rows(tracker.update(sampler.collect()))
     elapsed = time.time() - start
-    job = holders["slurm", "77.0"]
+    job = holders["slurm", "77"]
     assert job.energy_j == pytest.approx(425 * elapsed, rel=0.5)
     assert holders["user", "root"].energy_j > job.energy_j
 

@@ -199,6 +199,18 @@ def test_container_names_from_docker_and_podman_state(tmp_path):
     assert ContainerNames(tmp_path / "no", tmp_path / "no").name("docker", CID) is None
 
 
+@pytest.mark.parametrize("driver", ["vfs", "btrfs", "zfs"])
+def test_podman_names_for_every_storage_driver(tmp_path, driver):
+    """containers/storage keeps names in `<driver>-containers/containers.json`; a root may hold
+    overlay's beside another driver's."""
+    podman = tmp_path / "storage"
+    for name, cid, label in (("overlay", CID, "old"), (driver, CID2, f"on-{driver}")):
+        (podman / f"{name}-containers").mkdir(parents=True)
+        (podman / f"{name}-containers" / "containers.json").write_text(json.dumps([{"id": cid, "names": [label]}]))
+    names = ContainerNames(tmp_path / "docker", podman)
+    assert (names.name("podman", CID2), names.name("podman", CID)) == (f"on-{driver}", "old")
+
+
 def test_owner_of_a_pod_and_a_container_by_their_records(tmp_path):
     proc, pods, docker = tmp_path / "proc", tmp_path / "pods", tmp_path / "docker"
     (pods / f"ml_trainer-7f9c_{UID}" / "main").mkdir(parents=True)

@@ -17,7 +17,7 @@ from holders_lab import CONTAINER, POD, place_holders, set_load
 from test_cli import assert_one_line_error
 from test_watch import events_of, start_watch
 
-JOB = ("slurm", "77.0")
+JOB = ("slurm", "77")
 BOX = ("container", CONTAINER[:12])
 
 
@@ -42,7 +42,7 @@ def test_users_json_after_its_window(held, fake_driver):
     assert set(rows) == {("user", "root"), JOB, ("k8s", POD), BOX}
     job = rows[JOB]
     assert (job["label"], job["user"], job["cards"], job["processes"], job["gpu_memory"], job["sm_util"]) == (
-        "job 77.0", "root", [0, 1], 2, 20 * GIB, 120)
+        "job 77", "root", [0, 1], 2, 20 * GIB, 120)
     assert all(u.startswith("GPU-") for u in job["uuids"]) and len(set(job["uuids"])) == 2
     assert job["power_w"] == pytest.approx(425, abs=0.1) and job["idle_s"] is None
     # Energy: its power share over what the window saw.
@@ -66,11 +66,11 @@ def test_users_table(held, fake_driver):
     rows = {line.split()[0] if not line.startswith("  ") else " ".join(line.split()[:2]): line.split()
             for line in lines[1:] if line.strip() and not line.startswith("Watched")}
     assert rows["root"][1:6] == ["root", "0,1,2", "26G", "140", "600W"]
-    assert rows["job 77.0"][2:7] == ["root", "0,1", "20G", "120", "425W"]
-    assert rows["job 77.0"][-1] == "-"  # computing
+    assert rows["job 77"][2:7] == ["root", "0,1", "20G", "120", "425W"]
+    assert rows["job 77"][-1] == "-"  # computing
     docker = next(k for k in rows if k.startswith("docker:"))
     assert rows[docker][-1].endswith("s")  # idle, seconds as gpumon watched
-    assert rows["job 77.0"][7:9] != ["0.00", "Wh"] and rows["job 77.0"][8] == "Wh"
+    assert rows["job 77"][7:9] != ["0.00", "Wh"] and rows["job 77"][8] == "Wh"
     assert result.stdout.splitlines()[-1].startswith("Watched for ")
 
 
@@ -105,13 +105,13 @@ def test_idle_rule_fires_for_the_idle_job_and_resolves_when_it_computes_or_lets_
         assert firing["value"] > 1 and firing["threshold"] == 1
         holder = firing["holder"]
         # The job, not its user as well: one idle job fires once.
-        assert (holder["kind"], holder["id"], holder["label"], holder["user"]) == ("slurm", "77.0", "job 77.0", "root")
+        assert (holder["kind"], holder["id"], holder["label"], holder["user"]) == ("slurm", "77", "job 77", "root")
         assert holder["cards"] == [0, 1] and len(holder["uuids"]) == 2 and holder["gpu_memory"] == 20 * GIB
         assert firing["gpu"] == 0 and firing["uuid"] == holder["uuids"][0] and holder["host"] == firing["host"]
 
         set_load(fake_driver, held, job_sm=50, pod_sm=20, box_sm=5)
         resolved = _next_event(proc)
-        assert (resolved["event"], resolved["holder"]["id"], resolved["holder"]["processes"]) == ("resolved", "77.0", 2)
+        assert (resolved["event"], resolved["holder"]["id"], resolved["holder"]["processes"]) == ("resolved", "77", 2)
 
         # The container stops computing, then lets go of its card.
         set_load(fake_driver, held, job_sm=50, pod_sm=20, box_sm=0)
@@ -130,7 +130,7 @@ def test_idle_rule_fires_for_the_idle_job_and_resolves_when_it_computes_or_lets_
     while time.monotonic() < deadline and len(hook_log.read_text().splitlines() if hook_log.exists() else []) < 4:
         time.sleep(0.1)
     assert hook_log.read_text().splitlines() == [
-        f"firing|job 77.0|root|0,1|{20 * GIB}|slurm", f"resolved|job 77.0|root|0,1|{20 * GIB}|slurm",
+        f"firing|job 77|root|0,1|{20 * GIB}|slurm", f"resolved|job 77|root|0,1|{20 * GIB}|slurm",
         f"firing|docker:{CONTAINER[:12]}|root|2|{2 * GIB}|container",
         f"resolved|docker:{CONTAINER[:12]}|root|2|{2 * GIB}|container"]
 
@@ -148,14 +148,14 @@ def test_idle_rule_with_memory_and_a_replay_gives_the_same_events(held, fake_dri
     events = [first, second, *events_of(out)]
     # The job (20G) for the first rule, the container (2G) for the second; the pod computes.
     assert [(e["event"], e["rule"], e["holder"]["id"]) for e in events] == [
-        ("firing", "idle > 500ms and mem < 4G", CONTAINER[:12]), ("firing", "idle > 1s and mem > 10G", "77.0"),
-        ("resolved", "idle > 1s and mem > 10G", "77.0")]
+        ("firing", "idle > 500ms and mem < 4G", CONTAINER[:12]), ("firing", "idle > 1s and mem > 10G", "77"),
+        ("resolved", "idle > 1s and mem > 10G", "77")]
     replay = fake_driver.run("watch", *rules, "--replay", str(recording))
     assert replay.returncode == 0, replay.stderr
     assert events_of(replay.stdout) == events
     text = fake_driver.run("watch", *rules, "--replay", str(recording), "--format", "text")
-    line = next(t for t in text.stdout.splitlines() if "job 77.0" in t)
-    assert "FIRING" in line and "job 77.0 (root)" in line and "GPU 0,1" in line and "holding 20G on 2 cards" in line
+    line = next(t for t in text.stdout.splitlines() if "job 77" in t)
+    assert "FIRING" in line and "job 77 (root)" in line and "GPU 0,1" in line and "holding 20G on 2 cards" in line
 
 
 def test_idle_rules_are_checked_and_left_out_of_prometheus_rules(fake_driver):
@@ -194,10 +194,10 @@ def test_users_across_hosts_over_ssh(cgroup_lab, idle_processes, ssh_lab):  # no
     assert [(h["host"], h["state"]) for h in doc["hosts"]] == [("a", "ok"), ("b", "ok"), ("down", "unreachable")]
     assert doc["hosts"][2]["error"] == "connection refused" and "snapshot" not in doc["hosts"][2]
     rows = {(h["host"], h["kind"], h["id"]): h for h in doc["holders"]}
-    assert set(rows) == {("a", "user", "root"), ("a", "slurm", "91.0"), ("b", "user", "root")}
-    assert rows["a", "slurm", "91.0"]["cards"] == [0] and rows["a", "slurm", "91.0"]["idle_s"] is None
-    assert rows["a", "slurm", "91.0"]["power_w"] == pytest.approx(250, abs=0.1)
-    assert rows["a", "slurm", "91.0"]["energy_j"] == pytest.approx(250 * doc["window_s"], rel=0.4)
+    assert set(rows) == {("a", "user", "root"), ("a", "slurm", "91"), ("b", "user", "root")}
+    assert rows["a", "slurm", "91"]["cards"] == [0] and rows["a", "slurm", "91"]["idle_s"] is None
+    assert rows["a", "slurm", "91"]["power_w"] == pytest.approx(250, abs=0.1)
+    assert rows["a", "slurm", "91"]["energy_j"] == pytest.approx(250 * doc["window_s"], rel=0.4)
     assert rows["a", "user", "root"]["cards"] == [0, 1] and rows["a", "user", "root"]["idle_s"] is None
     assert rows["b", "user", "root"]["idle_s"] >= 0.8 and rows["b", "user", "root"]["gpu_memory"] == 3 * GIB
 

@@ -94,7 +94,7 @@ def test_u_shows_users_and_their_jobs_a_job_goes_idle_its_time_grows_and_it_comp
             stopped_at = time.time()
             set_load(fake_driver, pids, job_sm=0)
             # The app counts idle time from every reading, before the view is opened.
-            await until(pilot, lambda: any(h.label == "job 77.0" and h.idle for h in app.holding), "the job idle")
+            await until(pilot, lambda: any(h.label == "job 77" and h.idle for h in app.holding), "the job idle")
             await pilot.pause(1.2)
             await pilot.press("u")
             screen = await until(pilot, lambda: isinstance(app.screen, UsersScreen) and app.screen, "the view")
@@ -103,14 +103,14 @@ def test_u_shows_users_and_their_jobs_a_job_goes_idle_its_time_grows_and_it_comp
             assert table.cell_text(0, "who") == "root" and table.holder_at(0).kind == "user"
             # Under the user, its container, pod and job, as a tree.
             assert [table.cell_text(i, "who") for i in range(1, 4)] == \
-                   [f"├ docker:{printable(HOSTILE)}", "├ pod 0a0a0a0a", "└ job 77.0"]
+                   [f"├ docker:{printable(HOSTILE)}", "├ pod 0a0a0a0a", "└ job 77"]
             lines = screen_lines(table)
             assert "WHO" in lines[0] and "IDLE" in lines[0] and "ENERGY" in lines[0] and "HOST" not in lines[0]
             # The hostile name is text: its brackets and escape shown as they are, never styled.
             box_line = next(line for line in lines if "docker:" in line)
             assert f"docker:{printable(HOSTILE)}"[:38] in box_line and "\x1b" not in box_line
 
-            index, job = row(table, "job 77.0")
+            index, job = row(table, "job 77")
             assert job.idle and job.idle_s >= 1.0 and job.idle_s <= time.time() - stopped_at + 1.0  # one sample's slack
             assert table.cell_text(index, "mark") == "!" and table.cell_text(index, "idle")
             assert (table.cell_text(index, "cards"), table.cell_text(index, "mem"), table.cell_text(index, "sm")) \
@@ -118,19 +118,19 @@ def test_u_shows_users_and_their_jobs_a_job_goes_idle_its_time_grows_and_it_comp
             root = table.holder_at(0)
             assert not root.idle and table.cell_text(0, "idle") == "" and table.cell_text(0, "mark") == ""
             summary = screen.line.shown[0].plain
-            assert "1 holder idle: job 77.0 (root) idle " in summary and "holding 20G on 2 cards" in summary
+            assert "1 holder idle: job 77 (root) idle " in summary and "holding 20G on 2 cards" in summary
             first = job.idle_s
-            await until(pilot, lambda: row(table, "job 77.0")[1].idle_s >= first + 1.0, "idle time growing")
+            await until(pilot, lambda: row(table, "job 77")[1].idle_s >= first + 1.0, "idle time growing")
 
             # Sorting by idle time puts the idle job first under its user.
             while table.sort_key != "idle":
                 await pilot.press("s")
             await pilot.pause(0.3)
-            assert table.header_label("idle") == "IDLE▼" and table.cell_text(1, "who") == "├ job 77.0"
+            assert table.header_label("idle") == "IDLE▼" and table.cell_text(1, "who") == "├ job 77"
 
             set_load(fake_driver, pids, job_sm=45)
-            await until(pilot, lambda: not row(table, "job 77.0")[1].idle, "the job computing again")
-            index, job = row(table, "job 77.0")
+            await until(pilot, lambda: not row(table, "job 77")[1].idle, "the job computing again")
+            index, job = row(table, "job 77")
             assert table.cell_text(index, "mark") == "" and table.cell_text(index, "idle") == ""
             assert table.cell_text(index, "sm") == "90"  # 45 % on each of its two cards
             await until(pilot, lambda: "nobody holds a card idle" in screen.line.shown[0].plain, "no one idle")
@@ -150,8 +150,8 @@ def test_u_shows_users_and_their_jobs_a_job_goes_idle_its_time_grows_and_it_comp
 
             # The card panel names the job that holds the whole card, and no one where two share it.
             panels = app.main_screen.query_one(CardList).panels
-            assert "job 77.0" in panels[1].render_line(0).text
-            assert "job 77.0" not in panels[0].render_line(0).text
+            assert "job 77" in panels[1].render_line(0).text
+            assert "job 77" not in panels[0].render_line(0).text
 
     asyncio.run(go())
 
@@ -189,7 +189,7 @@ def test_demo_in_a_real_terminal_shows_an_idle_holder(tmux_session, tmp_path):
     tmux.wait_for(lambda s: "jupyter-kernel" in s, what="the demo's processes")
     tmux.keys("u")
     screen = tmux.wait_for(lambda s: "WHO" in s and "1 holder idle: bob idle" in s, what="the users view")
-    assert "└ job 4242.0" in screen and "docker:vllm-mistral" in screen
+    assert "└ job 4242" in screen and "docker:vllm-mistral" in screen
     bob = next(line for line in screen.splitlines() if " bob " in line and "9.2G" in line and "idle:" not in line)
     assert bob.lstrip("│ ").startswith("!")
     tmux.keys("q")

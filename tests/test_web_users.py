@@ -77,7 +77,7 @@ def test_the_page_shows_the_job_and_its_user_then_the_job_idle_and_names_as_text
             ["", "WHO", "USER", "CARDS", "MEMORY", "SM %", "POWER", "ENERGY", "HELD", "IDLE"]  # no HOST: one machine
         # A row per user, its job and container under it as a tree; the job computes.
         whos = page.locator("#users-table td.who").all_text_contents()
-        assert len(whos) == 3 and whos[0] == "root" and whos[1].startswith("├ docker:") and whos[2] == "└ job 77.0"
+        assert len(whos) == 3 and whos[0] == "root" and whos[1].startswith("├ docker:") and whos[2] == "└ job 77"
         job = cells(page, JOB_ROW)
         assert (job["USER"], job["CARDS"], job["MEMORY"], job["SM %"], job["IDLE"], job[""]) == \
                ("root", "0,1", "20G", "120", "", "")
@@ -101,7 +101,7 @@ def test_the_page_shows_the_job_and_its_user_then_the_job_idle_and_names_as_text
         assert took <= 4 * INTERVAL + 2.0, f"idle on the page {took:.1f} s after the job stopped"
         assert page.locator(f"{JOB_ROW} td.mark").text_content() == "! idle"
         summary = page.locator("#users-summary").text_content()
-        assert "1 holder idle: job 77.0 (root) idle " in summary and "holding 20G on 2 cards" in summary, summary
+        assert "1 holder idle: job 77 (root) idle " in summary and "holding 20G on 2 cards" in summary, summary
         assert "1 holder idle" in page.locator("#summary").text_content()
         assert page.locator('tr[data-kind="user"]').get_attribute("data-idle") == "no"  # the container computes
         first = cells(page, JOB_ROW)["IDLE"]
@@ -164,7 +164,7 @@ def test_a_fleets_users_each_host_by_name(cgroup_lab, idle_processes, ssh_lab, b
             status, _, body = get(served.base + "/api/users")
             doc = json.loads(body) if status == 200 else {}
             jobs = {(h["host"], h["label"]) for h in doc.get("holders", []) if h["kind"] == "slurm"}
-            return doc if jobs == {("nodea", "job 501.0"), ("nodeb", "job 502.0")} else None
+            return doc if jobs == {("nodea", "job 501"), ("nodeb", "job 502")} else None
 
         doc = until(both_hosts_holders, 60, "both hosts' jobs in /api/users")
         assert set(doc) == {"schema", "time", "window_s", "holders", "hosts"}
@@ -176,7 +176,7 @@ def test_a_fleets_users_each_host_by_name(cgroup_lab, idle_processes, ssh_lab, b
         page.goto(served.url)
         page.wait_for_selector('#users-table tr[data-kind="slurm"][data-idle="yes"]', timeout=30_000)
         assert page.locator("#users-table th").all_text_contents()[:3] == ["", "HOST", "WHO"]
-        job_a, job_b = (cells(page, f'tr[data-holder="{key}"]') for key in ("nodea/slurm/501.0", "nodeb/slurm/502.0"))
+        job_a, job_b = (cells(page, f'tr[data-holder="{key}"]') for key in ("nodea/slurm/501", "nodeb/slurm/502"))
         assert (job_a["HOST"], job_a["CARDS"], job_a["MEMORY"], job_a[""]) == ("nodea", "0,1", "6.0G", "! idle")
         assert (job_b["HOST"], job_b["SM %"], job_b[""]) == ("nodeb", "70", "")
         assert "nodea: root idle" in page.locator("#users-summary").text_content()

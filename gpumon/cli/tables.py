@@ -180,17 +180,22 @@ def jobs_text(jobs: list) -> str:
 
 
 def users_text(holders: list[Holder], show_hosts: bool = False) -> str:
-    """`gpumon users`: a row per user, its jobs, pods and containers indented under it. IDLE: how
+    """`gpumon users`: a row per user, its jobs, pods and containers indented under it (a job's
+    steps under the job). IDLE: how
     long every process of it has shown 0 % SM as gpumon saw it; `-` computing, N/A not known."""
     if not holders:
         return "Nobody holds a card.\n"
     rows = [(["HOST"] if show_hosts else []) + ["WHO", "USER", "CARDS", "MEM", "SM%", "POWER", "ENERGY", "HELD",
                                                 "IDLE"]]
-    for h in holders:
+    # A job under its user's row, a job's steps under the job when it has several; one with no
+    # user (a card a cluster's Prometheus names) stands alone.
+    shown = [(h, 0 if h.kind == "user" or h.user is None else 2) for h in holders]
+    shown = [row for h, indent in shown
+             for row in [(h, indent), *((s, indent + 2) for s in (h.steps if len(h.steps) > 1 else ()))]]
+    for h, indent in shown:
         idle = format_duration(h.idle_s) if h.idle_s is not None else ("-" if h.sm_util is not None else NA)
         label = printable(h.label)  # names from other users' cgroups, pods and containers
-        # A job under its user's row; one with no user (a card a cluster's Prometheus names) stands alone.
-        who = fit(label, OWNER_CELLS) if h.kind == "user" or h.user is None else "  " + fit(label, OWNER_CELLS - 2)
+        who = " " * indent + fit(label, OWNER_CELLS - indent)
         rows.append(([fit(printable(h.host), HOST_CELLS)] if show_hosts else []) + [
             who, fit(printable(h.user or "?"), USER_CELLS), ",".join(map(str, h.cards)), format_bytes(h.gpu_memory),
             _fmt(h.sm_util), _fmt(h.power_w, "W"), _energy(h.energy_j),

@@ -50,8 +50,8 @@ class Holder:
 
     host: str
     kind: str  # one of HOLDER_KINDS
-    id: str  # user name, job id (JOBID[.STEP]), pod UID, short container id
-    label: str  # as tables show it: "alice", "job 4242.0", "ml/trainer-7f9c (main)", "docker:llama"
+    id: str  # user name, job id (JOBID, an array task ARRAYJOB_TASK), pod UID, short container id; a step: JOBID.STEP
+    label: str  # as tables show it: "alice", "job 4242", "ml/trainer-7f9c (main)", "docker:llama"; "step 0"
     user: str | None
     cards: tuple[int, ...]  # indices of the cards it holds
     uuids: tuple[str | None, ...]
@@ -73,6 +73,8 @@ class Holder:
         """Its part of each card, in index order."""
         return [CardShare(i, *self.parts[i]) for i in self.cards]
 
+    steps: tuple[Holder, ...] = ()  # a Slurm job's steps that hold cards (kind "step"), by step id
+
     @property
     def idle(self) -> bool:
         return self.idle_s is not None
@@ -92,7 +94,8 @@ class Holder:
                 "held_s": None if self.held_s is None else round(self.held_s, 1),
                 "idle_s": None if self.idle_s is None else round(self.idle_s, 1),
                 "energy_j": None if self.energy_j is None else round(self.energy_j, 1),
-                "watched_s": round(self.watched_s, 1)}
+                "watched_s": round(self.watched_s, 1),
+                **({"steps": [s.to_dict() for s in self.steps]} if self.kind == "slurm" else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +111,17 @@ class CardShare:
 
 def holder_keys(p: ProcessSample) -> list[tuple[str, str, str, str | None]]:
     """(kind, id, label, user) of each row a process counts in: its user's, and its job's, pod's or
-    container's."""
+    container's; a Slurm job's process also its step's (kind "step", kept inside the job's row:
+    the README's rows are per job, so one job is one holder and one idle alert, whatever its steps)."""
     owner = p.owner
     user = p.user or (owner.user if owner is not None else None)
     keys = [("user", user or "?", user or "?", user)]
-    if owner is not None and owner.kind in HOLDER_KINDS and owner.kind != "user":
+    if owner is not None and owner.kind == "slurm":
+        job, _, step = owner.id.partition(".")
+        keys.append(("slurm", job, f"job {job}", user))
+        if step:
+            keys.append(("step", owner.id, f"step {step}", user))
+    elif owner is not None and owner.kind in HOLDER_KINDS and owner.kind != "user":
         keys.append((owner.kind, owner.id, owner.label, user))
     return keys
 
@@ -124,14 +133,14 @@ def card_holder(gpu: GpuSample) -> str | None:
         return gpu.owner
     found = None
     for p in gpu.processes:
-        owner = p.owner
-        if owner is None or owner.kind not in HOLDER_KINDS or owner.kind == "user":
+        keys = holder_keys(p)
+        if len(keys) < 2:
             return None
         if found is None:
-            found = owner
-        elif (owner.kind, owner.id) != (found.kind, found.id):
+            found = keys[1]
+        elif keys[1][:2] != found[:2]:
             return None
-    return found.label if found is not None else None
+    return found[2] if found is not None else None
 
 
 class _Sum:
@@ -209,10 +218,18 @@ class HolderTracker:
         holders = []
         spent = self._energy.get(host, {})
         energies: dict[tuple[str, str], float] = {}  # a holder gone is dropped: back, it starts again
+        steps: dict[str, list[Holder]] = {}
         for (kind, ident), total in sums.items():
             energy = energies[kind, ident] = spent.get((kind, ident), 0.0) + (total.power or 0.0) * gap
-            holders.append(_holder(host, kind, ident, total, now, energy if total.power is not None else None))
+            holder = _holder(host, kind, ident, total, now, energy if total.power is not None else None)
+            if kind == "step":
+                steps.setdefault(ident.partition(".")[0], []).append(holder)
+            else:
+                holders.append(holder)
         self._energy[host] = energies
+        if steps:
+            holders = [dataclasses.replace(h, steps=tuple(sorted(steps[h.id], key=_step_order)))
+                       if h.kind == "slurm" and h.id in steps else h for h in holders]
         result = tuple(sorted(holders, key=_order))
         self._last_time[host] = now
         self._last[host] = (now, result)
@@ -223,7 +240,8 @@ class HolderTracker:
                   cards: dict[tuple[str | int, str], list[float | None]], gpu: GpuSample, now: float) -> None:
         """A card held as a whole by the holder its source names (no processes listed)."""
         owner = gpu.owner or ""
-        kind, ident = ("slurm", owner[4:]) if owner.startswith("job ") else ("k8s", owner.partition(" (")[0])
+        kind, ident = ("slurm", owner[4:].partition(".")[0]) if owner.startswith("job ") \
+            else ("k8s", owner.partition(" (")[0])
         key = (gpu.uuid or gpu.index, owner)
         times = cards.get(key) or known.get(key)
         if times is None:
@@ -293,6 +311,12 @@ def _holder(host: str, kind: str, ident: str, total: _Sum, now: float, energy: f
                   idle_s=idle, energy_j=energy,
                   watched_s=max(0.0, now - total.first_seen) if total.first_seen is not None else 0.0,
                   parts=total.cards)
+
+
+def _step_order(h: Holder) -> tuple:
+    """Numbered steps by number, then batch, extern, interactive."""
+    step = h.id.partition(".")[2]
+    return (not step.isdigit(), int(step) if step.isdigit() else 0, step)
 
 
 def _order(h: Holder) -> tuple:

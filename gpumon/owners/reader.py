@@ -3,7 +3,8 @@ unit, or else its user (model.ProcessOwner, JSON "owner"; docs/design.md).
 
 Read once per process (the enricher keeps it by pid and start time): its cgroup paths
 (owners/cgroups.py) say which job, pod, container or unit it runs in, and the host's own records
-(owners/records.py) give names to the ids. A card that a scheduler's prolog mapped to jobs
+(owners/records.py) give names to the ids. Where no Slurm cgroup exists (proctrack/linuxproc),
+the job is the one `SLURM_JOB_ID` in the process's environment names. A card that a scheduler's prolog mapped to jobs
 (`[owners] job_map_dir`) gives its processes that job when their cgroups name none.
 
 Where the host's records are is configurable, as node_exporter's `--path.procfs` is: gpumon in a
@@ -17,7 +18,15 @@ from pathlib import Path
 
 from gpumon.model import ProcessOwner
 from gpumon.owners.cgroups import parse_cgroup
-from gpumon.owners.records import ContainerNames, JobMap, PodNames, slurm_environment, slurm_job_id
+from gpumon.owners.records import (
+    ContainerNames,
+    JobMap,
+    PodNames,
+    SlurmArrays,
+    slurm_environment,
+    slurm_from_environment,
+    slurm_job_id,
+)
 
 SHORT_ID = 12  # a container's id as its engine shows it
 
@@ -54,6 +63,7 @@ class OwnerReader:
         self.pods = PodNames(self.paths.pods_dir)
         self.containers = ContainerNames(self.paths.docker_dir, self.paths.podman_dir)
         self.job_map = JobMap(self.paths.job_map_dir) if self.paths.job_map_dir is not None else None
+        self.arrays = SlurmArrays()
 
     def read(self, pid: int, user: str | None) -> ProcessOwner:
         """The owner of a live process whose user is `user` (None: not known)."""
@@ -63,13 +73,20 @@ class OwnerReader:
             text = ""
         facts = parse_cgroup(text)
         if facts.slurm_job is not None:
-            job, name = slurm_job_id(facts.slurm_job, facts.slurm_step, slurm_environment(self.paths.procfs, pid))
+            environment = slurm_environment(self.paths.procfs, pid)
+            job, name = slurm_job_id(facts.slurm_job, facts.slurm_step, environment, self.arrays)
             return ProcessOwner("slurm", job, name, user)
         if facts.pod_uid is not None:
             return ProcessOwner("k8s", facts.pod_uid, self.pods.name(facts.pod_uid, facts.container_id), user)
         if facts.container_id is not None and facts.engine is not None:
             name = self.containers.name(facts.engine, facts.container_id)
             return ProcessOwner("container", facts.container_id[:SHORT_ID], name, user, facts.engine)
+        # Without Slurm's cgroup plugins (proctrack/linuxproc) the job is in the environment only.
+        environment = slurm_environment(self.paths.procfs, pid)
+        named = slurm_from_environment(environment)
+        if named is not None:
+            job, name = slurm_job_id(named[0], named[1], environment)
+            return ProcessOwner("slurm", job, name, user)
         if facts.unit is not None:
             return ProcessOwner("unit", facts.unit, None, user)
         return ProcessOwner("user", user or "?", None, user)

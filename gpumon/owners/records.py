@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from gpumon.sanitize import printable
@@ -44,16 +46,67 @@ def slurm_environment(procfs: Path, pid: int) -> dict[str, str]:
     return out
 
 
-def slurm_job_id(job: str, step: str | None, environment: dict[str, str]) -> tuple[str, str | None]:
+def slurm_job_id(job: str, step: str | None, environment: dict[str, str],
+                 arrays: SlurmArrays | None = None) -> tuple[str, str | None]:
     """(`JOBID[.STEP]`, the job's name): an array task as `ARRAYJOB_TASK[.STEP]`, as Slurm writes
-    it, when the process's environment is this job's."""
+    it, when the process's environment is this job's; else as Slurm's own tools name it (`arrays`:
+    another user's process, whose environment only its user and root may read)."""
     name = None
     if environment.get("SLURM_JOB_ID") == job:  # not a variable inherited from some other job
         array, task = environment.get("SLURM_ARRAY_JOB_ID", ""), environment.get("SLURM_ARRAY_TASK_ID", "")
         if array.isdigit() and task.isdigit():
             job = f"{array}_{task}"
         name = _clean(environment["SLURM_JOB_NAME"]) if environment.get("SLURM_JOB_NAME") else None
+    elif arrays is not None and not environment:
+        job = arrays.name(job)
     return (f"{job}.{step}" if step else job), name
+
+
+# Steps whose SLURM_STEP_ID is not a step's number but one of Slurm's markers (0xfffffff0 and up).
+_MAX_STEP = 0xFFFFFFF0
+
+
+def slurm_from_environment(environment: dict[str, str]) -> tuple[str, str | None] | None:
+    """The job a process's environment names, where no Slurm cgroup does (proctrack/linuxproc,
+    task/affinity): (job, step or None); None when it names none."""
+    job = environment.get("SLURM_JOB_ID", "")
+    if not job.isdigit() or len(job) > 12:
+        return None
+    step = environment.get("SLURM_STEP_ID", "")
+    return job, (step if step.isdigit() and int(step) < _MAX_STEP else None)
+
+
+class SlurmArrays:
+    """`ARRAYJOB_TASK` of a raw job id, as `scontrol show job` says it: asked once per job id (an
+    answer, or none, is kept), with a timeout, and only where Slurm's tools are installed. The
+    owner of a process is read once per process, on the sampler's thread, never the UI's."""
+
+    TIMEOUT_S = 2.0
+
+    def __init__(self, scontrol: str | None = None) -> None:
+        self.scontrol = scontrol if scontrol is not None else shutil.which("scontrol")
+        self._names: dict[str, str] = {}
+
+    def name(self, job: str) -> str:
+        known = self._names.get(job)
+        if known is None:
+            known = self._ask(job)
+            _remember(self._names, job, known)
+        return known
+
+    def _ask(self, job: str) -> str:
+        if not self.scontrol or not job.isdigit():
+            return job
+        try:
+            done = subprocess.run([self.scontrol, "-o", "show", "job", job], capture_output=True,
+                                  timeout=self.TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return job
+        fields = dict(item.partition("=")[::2] for item in done.stdout.decode("utf-8", "replace").split())
+        array, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
+        if fields.get("JobId") == job and array.isdigit() and task.isdigit():
+            return f"{array}_{task}"
+        return job
 
 
 class PodNames:
@@ -121,22 +174,31 @@ class PodNames:
         return containers[0] if len(containers) == 1 else None
 
 
+# containers/storage keeps its containers' names in `<root>/<driver>-containers/containers.json`.
+PODMAN_DRIVERS = ("overlay", "vfs", "btrfs", "zfs")
+
+
 class ContainerNames:
     """A Docker or Podman container's name, from the engine's state on disk: Docker's
     `<docker_dir>/containers/<id>/config.v2.json` ("Name": "/llama"), Podman's (containers/storage)
-    `<podman_dir>/overlay-containers/containers.json` ([{"id": …, "names": ["llama"]}, …])."""
+    `<podman_dir>/<driver>-containers/containers.json` ([{"id": …, "names": ["llama"]}, …]) for
+    each storage driver (overlay, vfs, btrfs, zfs): a root may hold several."""
 
     def __init__(self, docker_dir: Path, podman_dir: Path) -> None:
         self.docker_dir = docker_dir
-        self.podman_file = podman_dir / "overlay-containers" / "containers.json"
+        self.podman_files = [podman_dir / f"{driver}-containers" / "containers.json" for driver in PODMAN_DRIVERS]
         self._docker: dict[str, str] = {}
-        self._podman: tuple[tuple[int, int], dict[str, str]] | None = None  # (mtime, size) -> id -> name
+        # file -> ((mtime, size), id -> name): read again only when it changed
+        self._podman: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
 
     def name(self, engine: str, container_id: str) -> str | None:
         if engine == "docker":
             return self._docker_name(container_id)
         if engine == "podman":
-            return self._podman_name(container_id)
+            for path in self.podman_files:
+                name = self._podman_name(path, container_id)
+                if name is not None:
+                    return name
         return None
 
     def _docker_name(self, container_id: str) -> str | None:
@@ -150,15 +212,17 @@ class ContainerNames:
         _remember(self._docker, container_id, _clean(name.lstrip("/")))
         return self._docker[container_id]
 
-    def _podman_name(self, container_id: str) -> str | None:
+    def _podman_name(self, path: Path, container_id: str) -> str | None:
         try:
-            stat = os.stat(self.podman_file)
+            stat = os.stat(path)
         except OSError:
+            self._podman.pop(path, None)
             return None
         version = (stat.st_mtime_ns, stat.st_size)
-        if self._podman is None or self._podman[0] != version:
+        known = self._podman.get(path)
+        if known is None or known[0] != version:
             names = {}
-            state = _read_json(self.podman_file)
+            state = _read_json(path)
             for entry in state if isinstance(state, list) else ():
                 if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) \
                         or not isinstance(entry.get("names"), list):
@@ -166,8 +230,8 @@ class ContainerNames:
                 first = next((n for n in entry["names"] if isinstance(n, str) and n), None)
                 if first is not None:
                     names[entry["id"]] = _clean(first)
-            self._podman = (version, names)
-        return self._podman[1].get(container_id)
+            known = self._podman[path] = (version, names)
+        return known[1].get(container_id)
 
 
 def _read_json(path: Path) -> object:

@@ -1,5 +1,5 @@
-"""The users view's table: one row per user, with its jobs, pods and containers under it
-(owners/holders.py `Holder`), drawn line by line as the process table is.
+"""The users view's table: one row per user, with its jobs, pods and containers under it, and a
+Slurm job's steps under the job (owners/holders.py `Holder`), drawn line by line as the process table is.
 
 Rows keep their keys (host, kind, id) from sample to sample; on each sample only the cells whose
 text changed are repainted (usually the ticking HELD/IDLE and the SM and power cells), and nothing
@@ -66,6 +66,19 @@ def groups(holders: tuple[Holder, ...]) -> list[tuple[Holder, list[Holder]]]:
     return out
 
 
+def tree(user: Holder, children: list[Holder]) -> list[tuple[Holder, str]]:
+    """The rows of a user (tree mark '') and its children, a Slurm job's steps under the job when it
+    has more than one (one step says nothing the job's row does not)."""
+    rows = [(user, "")]
+    for i, h in enumerate(children):
+        last = i == len(children) - 1
+        rows.append((h, "└ " if last else "├ "))
+        if len(h.steps) > 1:
+            stem = "  " if last else "│ "
+            rows.extend((s, stem + ("└ " if j == len(h.steps) - 1 else "├ ")) for j, s in enumerate(h.steps))
+    return rows
+
+
 def matches(h: Holder, needle: str) -> bool:
     return needle in " ".join(x for x in (h.host, h.label, h.id, h.user, h.kind) if x).lower()
 
@@ -107,8 +120,7 @@ class HolderTable(SortableTable):
                     continue
             if self.sort_key != "who":
                 children = sorted(children, key=value, reverse=self.sort_reverse)
-            for i, h in enumerate([user, *children]):
-                child = "" if i == 0 else ("└ " if i == len(children) else "├ ")
+            for h, child in tree(user, children):
                 key = f"{h.host}\0{h.kind}\0{h.id}"
                 by_key[key] = h
                 cells[key] = cells_of(h, child)

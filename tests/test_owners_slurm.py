@@ -1,0 +1,141 @@
+"""Owners on a real Slurm (tests/slurm_lab.py): jobs a real user submits, their processes found
+with `scontrol listpids` and listed on cards by the fake NVIDIA driver, read by the real sampler.
+One holder per job whatever its steps, steps inside it; array tasks named `JOB_TASK` by root and
+by another user alike; the job from the environment where no Slurm cgroup exists."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import GIB, Card
+from slurm_lab import USER, real_slurm  # noqa: F401 - the fixture
+
+from gpumon.alerting.holder_rules import alerted
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.cards.sampler import Sampler
+from gpumon.owners.holders import HolderTracker
+from gpumon.owners.reader import OwnerReader
+from gpumon.tui.app import create_app
+from gpumon.tui.screens.users import UsersScreen
+
+FAKE_RELOAD_S = 0.1
+ROOT = Path(__file__).resolve().parent.parent
+
+TWO_STEPS = """#!/bin/sh
+srun --overlap -n1 sleep 600 &
+sleep 600 &
+wait
+"""
+
+
+def two_step_job(slurm, fake_driver) -> tuple[str, int, int]:
+    """A job with a sleep in its batch step (card 0, 2 GiB) and one in step 0 (card 1, 3 GiB), both at
+    0 % SM: (job id, batch pid, step 0 pid)."""
+    job = slurm.submit(TWO_STEPS)
+    pids = slurm.step_pids(job, "sleep", {"batch", "0"})
+    batch, step0 = pids["batch"][0], pids["0"][0]
+    fake_driver.machine.cards = [Card(), Card()]
+    fake_driver.machine.procs = [dict(gpu=0, pid=batch, mem=2 * GIB, sm=0), dict(gpu=1, pid=step0, mem=3 * GIB, sm=0)]
+    fake_driver.write()
+    time.sleep(FAKE_RELOAD_S)
+    return job, batch, step0
+
+
+@pytest.fixture
+def slurm(real_slurm):  # noqa: F811 - the fixture imported above
+    yield real_slurm
+    real_slurm.cancel_all()
+
+
+def test_a_job_with_a_batch_and_a_numbered_step_is_one_holder(slurm, fake_driver):
+    job, batch, step0 = two_step_job(slurm, fake_driver)
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    try:
+        snapshot = Sampler(backend).collect()
+    finally:
+        backend.close()
+    owners = {p.pid: p.owner for g in snapshot.gpus for p in g.processes}
+    assert (owners[batch].id, owners[step0].id) == (f"{job}.batch", f"{job}.0")
+    holders = HolderTracker().update(snapshot)
+    jobs = [h for h in holders if h.kind == "slurm"]
+    assert [(h.id, h.label, h.user, h.cards, h.processes, h.gpu_memory) for h in jobs] == \
+           [(job, f"job {job}", USER, (0, 1), 2, 5 * GIB)]
+    assert [(s.id, s.label, s.cards) for s in jobs[0].steps] == [(f"{job}.0", "step 0", (1,)),
+                                                                 (f"{job}.batch", "step batch", (0,))]
+    # The idle rule fires once for the job (its user's row is not alerted while a job names it).
+    assert [h.id for h in alerted(holders)] == [job]
+
+
+def test_the_users_view_and_users_list_the_steps_inside_the_job(slurm, fake_driver, tmp_path):
+    job, _, _ = two_step_job(slurm, fake_driver)
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        async with create_app(backend, interval=0.2).run_test(size=(160, 40)) as pilot:
+            app = pilot.app
+            deadline = time.monotonic() + 20
+            while not any(h.kind == "slurm" for h in app.holding) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.press("u")
+            while not (isinstance(app.screen, UsersScreen) and app.screen.table.row_count == 4) \
+                    and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            table = app.screen.table
+            return [table.cell_text(i, "who") for i in range(table.row_count)]
+
+    try:
+        rows = asyncio.run(go())
+    finally:
+        backend.close()
+    # a tree: user -> job -> steps
+    assert rows == [USER, f"└ job {job}", "  ├ step 0", "  └ step batch"]
+    text = subprocess.run([sys.executable, "-m", "gpumon", "users", "--window", "300ms"], capture_output=True,
+                          text=True, timeout=60, env=fake_driver.env)
+    assert text.returncode == 0, text.stderr
+    who = [line.split()[0:2] for line in text.stdout.splitlines()[1:5]]
+    assert who == [[USER, USER], ["job", job], ["step", "0"], ["step", "batch"]]
+    indents = [len(line) - len(line.lstrip()) for line in text.stdout.splitlines()[1:5]]
+    assert indents == [0, 2, 4, 4]
+
+
+ARRAY_TASK = """#!/bin/sh
+sleep 600
+"""
+
+
+def test_an_array_task_is_job_task_for_root_and_for_another_user(slurm):
+    raw = slurm.submit(ARRAY_TASK, "--array=7")
+    pid = slurm.step_pids(raw, "sleep", {"batch"})["batch"][0]
+    named, own = slurm.run("squeue", "-h", "-j", raw, "-o", "%i %A").split()
+    assert (named, own) == (f"{raw}_7", raw)
+    assert f"job_{own}/step_batch" in Path(f"/proc/{pid}/cgroup").read_text()
+    # root reads the process's environment
+    assert OwnerReader().read(pid, USER).id == f"{named}.batch"
+    # another user cannot: the cgroup path says the raw id, and Slurm's tools say the rest
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gpumon.owners.reader import OwnerReader; "
+            f"print(OwnerReader().read({pid}, None).id)")
+    assert slurm.run("/usr/bin/python3", "-c", code, user="nobody").strip() == f"{named}.batch"
+
+
+def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
+    """proctrack/linuxproc and task/affinity make no cgroup: a job's process is told by its
+    environment alone (as slurmstepd sets it: the job, the array task, the step)."""
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "34", "SLURM_ARRAY_JOB_ID": "33", "SLURM_ARRAY_TASK_ID": "7",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "sweep"}
+    batch_env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "35"}
+    step = subprocess.Popen(["sleep", "600"], env=env)
+    batch = subprocess.Popen(["sleep", "600"], env=batch_env)
+    try:
+        reader = OwnerReader()
+        owner = reader.read(step.pid, "root")
+        assert (owner.kind, owner.id, owner.name) == ("slurm", "33_7.0", "sweep")
+        assert (reader.read(batch.pid, "root").kind, reader.read(batch.pid, "root").id) == ("slurm", "35")
+    finally:
+        for p in (step, batch):
+            p.terminate()
+            p.wait(5)
