@@ -184,17 +184,24 @@ def query_range(server: Endpoint | str, promql: str, start: float, end: float, s
         raise ApiError(redact(str(exc), server.password)) from None
 
 
-def _matrix(doc: Any) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+def _result(doc: Any, kind: str) -> list:
+    """The `result` list of an API answer of this `resultType` ("vector", "matrix"); ApiError if the
+    answer is not one (an error, another kind, not Prometheus', too many series)."""
     if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
         raise ApiError("answered with JSON that is not Prometheus' API: is this the Prometheus server's address?")
     if doc["status"] == "error":
         raise ApiError(f"query failed: {printable(str(doc.get('error')))[:200]}")
     data = doc.get("data")
     result = data.get("result") if isinstance(data, dict) else None
-    if not isinstance(result, list) or data.get("resultType") != "matrix":
+    if not isinstance(result, list) or data.get("resultType") != kind:
         raise ApiError("answered with an unexpected kind of result")
     if len(result) > MAX_SERIES:
         raise ApiError(f"answered with over {MAX_SERIES} series")
+    return result
+
+
+def _matrix(doc: Any) -> list[tuple[dict[str, Any], list[tuple[float, float]]]]:
+    result = _result(doc, "matrix")
     out = []
     for item in result:
         try:
@@ -252,16 +259,7 @@ def _http_error(exc: urllib.error.HTTPError, server: Endpoint) -> str:
 
 
 def _vector(doc: Any) -> tuple[float | None, list[Series]]:
-    if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
-        raise ApiError("answered with JSON that is not Prometheus' API: is this the Prometheus server's address?")
-    if doc["status"] == "error":
-        raise ApiError(f"query failed: {printable(str(doc.get('error')))[:200]}")
-    data = doc.get("data")
-    result = data.get("result") if isinstance(data, dict) else None
-    if not isinstance(result, list) or data.get("resultType") != "vector":
-        raise ApiError("answered with an unexpected kind of result")
-    if len(result) > MAX_SERIES:
-        raise ApiError(f"answered with over {MAX_SERIES} series")
+    result = _result(doc, "vector")
     series: list[Series] = []
     when = None
     for item in result:
