@@ -79,6 +79,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
 @dataclass
 class Config:
     path: Path | None = None
+    text: str = ""  # the file as read: where a later check finds a value's line
     interval: float | None = None
     theme: str | None = None
     readonly: bool = False
@@ -117,6 +118,12 @@ def _line_of(text: str, key: str) -> int | None:
     return text.count("\n", 0, match.start()) + 1 if match else None
 
 
+def line_of(text: str, value: str) -> int | None:
+    """The line of the file where a string value is written (its first occurrence)."""
+    at = text.find(value)
+    return text.count("\n", 0, at) + 1 if at >= 0 else None
+
+
 def load_config(path: str | None = None) -> Config:
     """Load the explicit file (which must exist), else $GPUMON_CONFIG, else the default if present."""
     explicit = path or os.environ.get("GPUMON_CONFIG")
@@ -139,7 +146,7 @@ def load_config(path: str | None = None) -> Config:
         where = f"line {line}: " if line else ""
         return UsageError(f"config {file}: {where}{message}")
 
-    config = Config(path=file)
+    config = Config(path=file, text=text)
     for section, schema in SCHEMA.items():
         table = data if section == "" else data.get(section, {})
         if section and not isinstance(table, dict):

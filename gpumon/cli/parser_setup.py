@@ -1,0 +1,19 @@
+"""The commands that set gpumon up rather than watch cards: doctor, completion, config."""
+
+from __future__ import annotations
+
+import argparse
+
+SHELLS = ("bash", "zsh", "fish", "tcsh")
+
+
+def add_setup_commands(sub, add_config_option, parser_class) -> None:
+    p = sub.add_parser("doctor", help="is this machine set up for gpumon? one line per check, with the fix",
+                       description="Checks the driver library and NVML, other users' processes, cgroups, the "
+                                   "config, the claims folder, ssh to each configured host, the exporter's port "
+                                   "and Textual. Exit status: 0 all ok, 1 a warning, 2 a failure.")
+    p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("--nvml-lib", default=argparse.SUPPRESS, metavar="PATH",
+                   help="check this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="doctor")
