@@ -17,3 +17,10 @@ def add_setup_commands(sub, add_config_option, parser_class) -> None:
                    help="check this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
     add_config_option(p, suppress=True)
     p.set_defaults(subcommand="doctor")
+
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh, fish or tcsh",
+                       description="Prints a static completion script made from gpumon's options. bash: "
+                                   "gpumon completion bash > ~/.local/share/bash-completion/completions/gpumon; "
+                                   "fish: gpumon completion fish > ~/.config/fish/completions/gpumon.fish.")
+    p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh, fish or tcsh")
+    p.set_defaults(subcommand="completion")
