@@ -11,12 +11,13 @@ from gpumon.errors import UsageError
 
 def check_config_rules(config: Config) -> None:
     """UsageError, one line naming the file, the line and the rule, for the first rule that does not parse."""
-    for key, rules in (("rules", config.rules), ("rules", config.watch_rules)):
+    for key, rules in (("rules", config.rules), ("watch.rules", config.watch_rules)):
         for rule in rules:
             try:
                 parse_rule(rule)
             except RuleError as exc:
                 message = str(exc).split("\n", 1)[0].removeprefix("alert rule: ")
-                line = line_of(config.text, rule) if config.text else None
+                file, line = config.origins.get(key, (config.path, None))
+                line = line_of(config.texts.get(file, ""), rule) or line
                 where = f"line {line}: " if line else ""
-                raise UsageError(f"config {config.path}: {where}bad alert rule {rule!r}: {message}") from None
+                raise UsageError(f"config {file}: {where}bad alert rule {rule!r}: {message}") from None

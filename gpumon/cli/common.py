@@ -23,7 +23,8 @@ def load_settings(args: argparse.Namespace) -> Config:
 
     config = load_config(getattr(args, "config", None))
     check_config_rules(config)
-    health.configure(config.health, f"config {config.path}" if config.path else "config")
+    source = next((file for key, (file, _) in config.origins.items() if key.startswith("health")), config.path)
+    health.configure(config.health, f"config {source}" if source else "config")
     if not hasattr(args, "interval_given"):  # on the command line (a source may have another default)
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:

@@ -24,3 +24,10 @@ def add_setup_commands(sub, add_config_option, parser_class) -> None:
                                    "fish: gpumon completion fish > ~/.config/fish/completions/gpumon.fish.")
     p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh, fish or tcsh")
     p.set_defaults(subcommand="completion")
+
+    p = sub.add_parser("config", help="show the settings in force and where each came from",
+                       description="Reads /etc/gpumon/config.toml (when present; $GPUMON_SYSTEM_CONFIG for tests "
+                                   "and packagers) and then the user's config; the user's wins per key.")
+    p.add_argument("--show", action="store_true", help="print every setting with its file and line, or default")
+    add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="config")
