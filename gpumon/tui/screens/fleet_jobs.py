@@ -9,6 +9,7 @@ the host). Hosts that cannot answer now (away, or without gpumon) are named, not
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import threading
 
@@ -156,7 +157,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                                         unlisted))
             return
         said = (job["reason"], "bold red") if job["reason"] else (f"log on {job['host']}: {job['log']}", "dim")
-        detail.update(Text.assemble(("$ ", "dim"), " ".join(job["command"]), "\n", said, *moves(job),
+        detail.update(Text.assemble(("$ ", "dim"), shlex.join(job["command"]), "\n", said, *moves(job),
                                     "\n" if self.problems else "", unlisted))
         if self._following != (job["host"], job["id"]):
             self._follow(job["host"], job["id"])
@@ -238,7 +239,7 @@ class FleetJobsScreen(ModalScreen[tuple[str, str] | None]):
                 in_background(self.app, lambda: host_for(self.fleet, job["host"]).stop(job["id"]), stopped,
                               lambda exc: self.notify(str(exc), severity="error"))
 
-        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job['command'])}"), answered)
+        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {shlex.join(job['command'])}"), answered)
 
     def action_processes(self) -> None:
         job = self.selected

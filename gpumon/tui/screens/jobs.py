@@ -7,6 +7,7 @@ in this process, cheap enough for once a second. The log is the job's file here,
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,7 +158,7 @@ class JobsScreen(ModalScreen[str | None]):
                           else "No jobs yet: select a card and press r.")
             return
         said = plain(job["reason"], "bold red") if job["reason"] else plain(f"log: {job['log']}", "dim")
-        detail.update(Text.assemble(("$ ", "dim"), plain(" ".join(job["command"])), "\n", said, *moves(job)))
+        detail.update(Text.assemble(("$ ", "dim"), plain(shlex.join(job["command"])), "\n", said, *moves(job)))
         if self.tail_id != job["id"]:
             self.tail_id, self.tail = job["id"], LogTail(Path(job["log"] or ""))
             log.clear()
@@ -189,7 +190,7 @@ class JobsScreen(ModalScreen[str | None]):
             in_background(self.app, lambda: self.host.stop(job["id"]), self._stopped,
                           lambda exc: self.notify(str(exc), severity="error"))
 
-        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job['command'])}"), answered)
+        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {shlex.join(job['command'])}"), answered)
 
     def _stopped(self, output: str) -> None:
         self.notify(output)

@@ -1,0 +1,33 @@
+"""What the trial hit in the TUI (issue 40)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from test_tui import launch_app, run, started  # noqa: F401 - fixtures used by name
+from test_tui_dialogs import wait_until
+
+from gpumon.jobs import records
+
+
+def test_a_jobs_command_is_shown_with_shell_quoting(launch_app, fake_driver):  # noqa: F811
+    script = "for i in 1 2; do sleep 30; done"
+    done = subprocess.run([sys.executable, "-m", "gpumon", "run", "--gpu", "0", "--", "sh", "-c", script],
+                          env=fake_driver.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    app = launch_app
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("J")
+            await wait_until(pilot, lambda: "sh -c" in str(app.screen.query_one("#jobs-detail").render()),
+                             what="the job's command")
+            shown = str(app.screen.query_one("#jobs-detail").render())
+            assert f"$ sh -c '{script}'" in shown
+            for job in records.list_jobs():
+                subprocess.run([sys.executable, "-m", "gpumon", "jobs", "--stop", job.spec.id], env=fake_driver.env,
+                               capture_output=True, timeout=60)
+
+    run(go())
