@@ -58,6 +58,8 @@ class BaseApp(App[int]):
         # selection takes it first, to copy.
         Binding("ctrl+c", f"quit({EXIT_INTERRUPTED})", "Quit", show=False),
         Binding("question_mark", "help", "Help"),
+        Binding("f1", "help", show=False),  # F1 and F10 as in htop, nvtop, btop
+        Binding("f10", "quit", show=False),
         Binding("c", "next_theme", "Theme", show=False),
         Binding("exclamation_mark", "alerts", "Alerts", show=False),
         Binding("b", "toggle_low_bandwidth", "Low bandwidth", show=False),

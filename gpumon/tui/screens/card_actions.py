@@ -116,6 +116,21 @@ class CardActions:
             return
         confirm_signal(self.app, self.target, p, kind)
 
+    def action_signal_menu(self) -> None:
+        """F9: choose the signal, then the same checks and confirmation as x, X and i."""
+        if self.readonly:
+            self.notify("signals are off: --readonly", severity="warning", timeout=3)
+            return
+        if not self.real_pids:
+            self.action_not_real("nothing to signal")
+            return
+        row = self._selected_process()
+        if row is None:
+            return
+        from gpumon.tui.screens.signal_menu import SignalMenu
+
+        self.app.push_screen(SignalMenu(row.process.pid), lambda kind: self.action_signal(kind) if kind else None)
+
     def action_not_real(self, why: str) -> None:
         """x, X, i or e where the processes are not real ones (demo, a recording): say so."""
         row = self._selected_process()
