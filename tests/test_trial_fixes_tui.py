@@ -31,3 +31,29 @@ def test_a_jobs_command_is_shown_with_shell_quoting(launch_app, fake_driver):  #
                                capture_output=True, timeout=60)
 
     run(go())
+
+
+def test_the_run_dialog_on_a_simulated_amd_card_names_rocm_not_cuda():
+    from gpumon.cards.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+    from gpumon.tui.screens.run_dialog import RunDialog
+
+    app = create_app(DemoBackend("mixed"), interval=0.1, backend_args={"demo": "mixed"})
+
+    async def go():
+        async with app.run_test(size=(140, 50)) as pilot:
+            await started(pilot)
+            notes = {}
+            for _ in range(5):
+                await pilot.press("r")
+                await wait_until(pilot, lambda: isinstance(app.screen, RunDialog), what="the run dialog")
+                dialog = app.screen
+                notes[dialog.gpu.vendor] = str(dialog.query_one("#run-note").render())
+                await pilot.press("escape")
+                await wait_until(pilot, lambda: not isinstance(app.screen, RunDialog), what="the dialog closing")
+                await pilot.press("j")
+            assert "CUDA sees no GPU" in notes["nvidia"]
+            assert "ROCm sees no GPU" in notes["amd"] and "CUDA" not in notes["amd"]
+            assert "Level Zero sees no GPU" in notes["intel"] and "CUDA" not in notes["intel"]
+
+    run(go())

@@ -24,7 +24,7 @@ from gpumon.tui.background import in_background
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
-from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog, simulated_note
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
 
@@ -43,7 +43,7 @@ class CardActions:
             self.notify("select a working card first", severity="warning")
             return
         default = card_limits().get(gpu.ref)
-        note = "" if self.real_pids else SIMULATED_NOTE
+        note = "" if self.real_pids else simulated_note(gpu)
         self.app.push_screen(RunDialog(gpu, command_history.command_history(), default, self.app.launch_cwd, note=note),
                              lambda choice: self._launch(gpu, choice) if choice else None)
 
