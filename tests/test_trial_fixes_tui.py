@@ -57,3 +57,29 @@ def test_the_run_dialog_on_a_simulated_amd_card_names_rocm_not_cuda():
             assert "Level Zero sees no GPU" in notes["intel"] and "CUDA" not in notes["intel"]
 
     run(go())
+
+
+def test_the_users_view_at_80_columns_drops_power_and_energy_before_idle():
+    from gpumon.cards.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+    from gpumon.tui.widgets.holder_table import KEYS, HolderTable
+
+    async def widths_at(size):
+        app = create_app(DemoBackend(), interval=0.1, backend_args={"demo": "default"})
+        async with app.run_test(size=size) as pilot:
+            await started(pilot)
+            await pilot.press("u")
+            await wait_until(pilot, lambda: app.screen.query(HolderTable) and
+                             app.screen.query_one(HolderTable).holder_of, what="the users view")
+            await pilot.pause(0.3)
+            table = app.screen.query_one(HolderTable)
+            return dict(zip(KEYS, table.widths)), table.size.width
+
+    async def go():
+        narrow, room = await widths_at((80, 30))
+        assert narrow["idle"] and narrow["held"] and not narrow["power"]
+        assert 1 + sum(w + 2 for w in narrow.values() if w) <= room + 2
+        wide, _ = await widths_at((160, 40))
+        assert wide["power"] and wide["energy"] and wide["idle"]
+
+    run(go())
