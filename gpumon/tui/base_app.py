@@ -189,7 +189,9 @@ class BaseApp(App[int]):
             self._begin_update()
             try:
                 cursor = self.screen.outer_size.clamp_offset(self.cursor_position)
-                driver.draw(renderable, cursor, self.console._color_system or ColorSystem.TRUECOLOR)
+                # NO_COLOR / --no-color: None, and the output layer sends attributes (bold, reverse) only.
+                colours = None if self.no_color else self.console._color_system or ColorSystem.TRUECOLOR
+                driver.draw(renderable, cursor, colours)
             except Exception as error:  # as Textual does with a frame that fails to render
                 self._handle_exception(error)
             finally:
