@@ -69,6 +69,8 @@ import platformdirs
 
 from gpumon.errors import UsageError
 
+SYSTEM_PATH = "/etc/gpumon/config.toml"
+
 # section -> key -> accepted types
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"interval": (int, float), "theme": (str,), "readonly": (bool,), "rules": (list,)},
@@ -92,6 +94,9 @@ JOBS_KEEP_FOR_S = 30 * 86400.0
 @dataclass
 class Config:
     path: Path | None = None
+    # Where each key in force came from: "section.key" -> (file, line); absent keys are defaults.
+    origins: dict[str, tuple[Path, int | None]] = field(default_factory=dict)
+    texts: dict[Path, str] = field(default_factory=dict)  # each file as read: later checks find a value's line
     interval: float | None = None
     theme: str | None = None
     readonly: bool = False
@@ -131,19 +136,34 @@ def default_path() -> Path:
     return Path(platformdirs.user_config_dir("gpumon")) / "config.toml"
 
 
-def _line_of(text: str, key: str) -> int | None:
-    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
+def system_path() -> Path:
+    """The admin's file, read before the user's ($GPUMON_SYSTEM_CONFIG: for tests and packagers)."""
+    return Path(os.environ.get("GPUMON_SYSTEM_CONFIG") or SYSTEM_PATH)
+
+
+def _line_of(text: str, key: str, section: str | None = None) -> int | None:
+    """The line where `key =` is written; inside [section] when it is given ("" the top, before any table)."""
+    start, stop = 0, len(text)
+    if section is not None:
+        if section:
+            header = re.search(rf"^\s*\[{re.escape(section)}\]", text, re.MULTILINE)
+            if header is None:
+                return _line_of(text, key)
+            start = header.end()
+        following = re.compile(r"^\s*\[", re.MULTILINE).search(text, start)
+        stop = following.start() if following else len(text)
+    match = re.compile(rf"^\s*{re.escape(key)}\s*=", re.MULTILINE).search(text, start, stop)
     return text.count("\n", 0, match.start()) + 1 if match else None
 
 
-def load_config(path: str | None = None) -> Config:
-    """Load the explicit file (which must exist), else $GPUMON_CONFIG, else the default if present."""
-    explicit = path or os.environ.get("GPUMON_CONFIG")
-    file = Path(explicit) if explicit else default_path()
-    if not file.exists():
-        if explicit:
-            raise UsageError(f"config file not found: {file}")
-        return Config()
+def line_of(text: str, value: str) -> int | None:
+    """The line of the file where a string value is written (its first occurrence)."""
+    at = text.find(value)
+    return text.count("\n", 0, at) + 1 if at >= 0 else None
+
+
+def _read(file: Path) -> tuple[str, dict]:
+    """The file's text and its tables, each key checked against SCHEMA (errors name this file)."""
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -158,7 +178,6 @@ def load_config(path: str | None = None) -> Config:
         where = f"line {line}: " if line else ""
         return UsageError(f"config {file}: {where}{message}")
 
-    config = Config(path=file)
     for section, schema in SCHEMA.items():
         table = data if section == "" else data.get(section, {})
         if section and not isinstance(table, dict):
@@ -177,6 +196,42 @@ def load_config(path: str | None = None) -> Config:
             for group, members in (value.items() if key == "groups" else ()):
                 if not isinstance(members, list) or not all(isinstance(h, str) for h in members):
                     raise bad(group, f"group {group!r} of [fleet.groups] must be a list of host names")
+    return text, data
+
+
+def load_config(path: str | None = None) -> Config:
+    """The system file (when present), then the explicit file (which must exist), else $GPUMON_CONFIG,
+    else the user's default if present: each key from the last file that sets it."""
+    explicit = path or os.environ.get("GPUMON_CONFIG")
+    user = Path(explicit) if explicit else default_path()
+    files = [f for f in (system_path(),) if f.exists() and f.resolve() != user.resolve()]
+    if user.exists():
+        files.append(user)
+    elif explicit:
+        raise UsageError(f"config file not found: {user}")
+    if not files:
+        return Config()
+    data: dict = {}
+    config = Config(path=files[-1])
+    for file in files:
+        text, layer = _read(file)
+        config.texts[file] = text
+        for section in SCHEMA:
+            table = layer if section == "" else layer.get(section, {})
+            for key, value in table.items():
+                if section == "" and key in SCHEMA and isinstance(value, dict):
+                    continue
+                (data if section == "" else data.setdefault(section, {}))[key] = value
+                config.origins[f"{section}.{key}" if section else key] = (file, _line_of(text, key, section))
+
+    def bad(key: str, message: str) -> UsageError:
+        file, line = config.origins.get(key, (config.path, None))
+        where = f"line {line}: " if line else ""
+        return UsageError(f"config {file}: {where}{message}")
+
+    def folder(key: str) -> Path:  # paths in a file are relative to its folder
+        return config.origins.get(key, (config.path, None))[0].parent
+
     top, watch = data, data.get("watch", {})
     config.interval = float(top["interval"]) if "interval" in top else None
     if config.interval is not None and not config.interval >= 0.1:
@@ -189,7 +244,7 @@ def load_config(path: str | None = None) -> Config:
     config.hook_timeout = float(watch.get("hook_timeout", 10.0))
     config.format = watch.get("format")
     if config.format not in (None, "jsonl", "text"):
-        raise bad("format", f"'watch.format' must be \"jsonl\" or \"text\", not {config.format!r}")
+        raise bad("watch.format", f"'watch.format' must be \"jsonl\" or \"text\", not {config.format!r}")
     config.prometheus = watch.get("prometheus")
     config.prometheus_processes = watch.get("prometheus_processes", False)
     config.prometheus_hostname = watch.get("prometheus_hostname")
@@ -203,30 +258,31 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
     config.health = dict(data.get("health", {}))
     if fleet.get("prometheus_password_file"):
-        config.fleet_prometheus_password_file = str(file.parent / Path(fleet["prometheus_password_file"]).expanduser())
+        config.fleet_prometheus_password_file = str(folder("fleet.prometheus_password_file")
+                                                    / Path(fleet["prometheus_password_file"]).expanduser())
     config.history = dict(data.get("history", {}))
     if config.history.get("path"):
-        config.history["path"] = str(file.parent / Path(config.history["path"]).expanduser())
+        config.history["path"] = str(folder("history.path") / Path(config.history["path"]).expanduser())
     config.owners = {key: value for key, value in data.get("owners", {}).items() if value}
     paths = data.get("paths", {})
     config.path_sysfs, config.path_procfs = paths.get("sysfs") or None, paths.get("procfs") or None
     serve = data.get("serve", {})
     config.serve_listen = serve.get("listen") or None
     config.serve_token_file, config.serve_tls_cert, config.serve_tls_key = (
-        str(file.parent / Path(serve[key]).expanduser()) if serve.get(key) else None
+        str(folder(f"serve.{key}") / Path(serve[key]).expanduser()) if serve.get(key) else None
         for key in ("token_file", "tls_cert", "tls_key"))
     jobs = data.get("jobs", {})
     config.jobs_keep = jobs.get("keep", JOBS_KEEP)
     if config.jobs_keep < 0:
-        raise bad("keep", f"'jobs.keep' must be 0 or more, got {config.jobs_keep}")
+        raise bad("jobs.keep", f"'jobs.keep' must be 0 or more, got {config.jobs_keep}")
     if "keep_for" in jobs:
         match = re.fullmatch(r"(\d+(?:\.\d+)?)(s|m|h|d)", jobs["keep_for"].strip())
         if match is None:
-            raise bad("keep_for", f"'jobs.keep_for' must be a duration like \"720h\" or \"30d\", "
+            raise bad("jobs.keep_for", f"'jobs.keep_for' must be a duration like \"720h\" or \"30d\", "
                                   f"not {jobs['keep_for']!r}")
         config.jobs_keep_for = float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
     if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
-        raise bad("tls_cert" if config.serve_tls_cert else "tls_key",
+        raise bad("serve.tls_cert" if config.serve_tls_cert else "serve.tls_key",
                   "[serve] needs both tls_cert and tls_key (the certificate and its private key)")
     claims = data.get("claims", {})
     config.claims_dir = claims.get("dir") or None

@@ -44,6 +44,8 @@ def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUMON_NVML_LIB", "NO_COLOR",
                 "GPUMON_PROMETHEUS_PASSWORD"):
         monkeypatch.delenv(var, raising=False)
+    # Never the machine's own /etc/gpumon/config.toml: a test that wants a system config writes one.
+    monkeypatch.setenv("GPUMON_SYSTEM_CONFIG", str(home / "no-system-config.toml"))
     # Clocks on screen are in local time; pin it so screens compare equal anywhere.
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()

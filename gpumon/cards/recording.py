@@ -58,12 +58,19 @@ def read_recording(path: str) -> Iterator[Snapshot]:
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            read = 0
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    yield Snapshot.from_dict(json.loads(line), backend="replay")
+                    snapshot = Snapshot.from_dict(json.loads(line), backend="replay")
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    if not read:  # not a recording at all: one line, not one per line of it
+                        raise UsageError(f"{path} is not a gpumon recording (line {number} is no snapshot: "
+                                         f"{exc})") from None
                     log.warning("%s:%d: skipped unreadable snapshot (%s)", path, number, exc)
+                    continue
+                read += 1
+                yield snapshot
     except (OSError, EOFError) as exc:
         raise UsageError(f"cannot read recording {path}: {exc}") from None

@@ -18,11 +18,14 @@ from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 def load_settings(args: argparse.Namespace) -> Config:
     """The config file (checked by every command), with its interval as the default; its [health]
     rules apply to every card's verdict in this process."""
+    from gpumon.alerting.config_rules import check_config_rules
     from gpumon.health import rules as health
     from gpumon.sharing import place as sharing_place
 
     config = load_config(getattr(args, "config", None))
-    health.configure(config.health, f"config {config.path}" if config.path else "config")
+    check_config_rules(config)
+    source = next((file for key, (file, _) in config.origins.items() if key.startswith("health")), config.path)
+    health.configure(config.health, f"config {source}" if source else "config")
     sharing_place.configure(config.claims_dir, config.claims_idle_release)
     if not hasattr(args, "interval_given"):  # on the command line (a source may have another default)
         args.interval_given = getattr(args, "interval", None) is not None

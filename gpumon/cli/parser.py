@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--alert", action="append", default=[], metavar="RULE", help="rule (adds to the config's)")
     _add_config_option(e, suppress=True)
     e.set_defaults(subcommand="alerts")
+    from gpumon.cli.parser_setup import add_setup_commands
+
+    add_setup_commands(sub, _add_config_option, _Parser)
     return parser
 
 

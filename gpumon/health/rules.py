@@ -109,7 +109,7 @@ RULES: tuple[HealthRule, ...] = (
                "reseat the card and check its slot or riser; run the PCIe diagnostics (dcgmi diag)",
                "DCGM PCIe watch: DCGM_LIMIT_MAX_PCIREPLAY_RATE, 8 a minute"),
     HealthRule("mem_temp", "memory_temperature_margin", "<=", 5, "warn",
-               "memory at {memory_temperature} °C, {value:g} °C from its maximum of {memory_temperature_max} °C",
+               "memory at {memory_temperature} °C, {margin} of {memory_temperature_max} °C",
                "check the card's cooling: airflow, fans, inlet temperature",
                "NVML memory max operating temperature (nvidia-smi -q: Memory Max Operating Temp)"),
     HealthRule("nvlink_errors", "nvlink_errors_new", ">", 0, "warn",
@@ -277,13 +277,21 @@ def _words(settings: HealthSettings) -> str:
     return _span(settings.window_s)
 
 
+def _margin(value: float) -> str:
+    """How far below (or, past it, over) its maximum a temperature is, in words: never "-2 °C from"."""
+    if value > 0:
+        return f"{value:g} °C from its maximum"
+    return f"{-value:g} °C over its maximum" if value < 0 else "at its maximum"
+
+
 def _reason(rule: HealthRule, values: HealthValues, settings: HealthSettings) -> list[HealthReason]:
     value = getattr(values, rule.value)
     if value is None or not rule.holds(float(value)):
         return []
     fill = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
     text, action = rule.words(values.vendor)
-    text = text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings))
+    text = text.format(**fill, value=float(value), threshold=rule.threshold, window=_words(settings),
+                       margin=_margin(float(value)))
     return [HealthReason(rule.code, text, _fill(action, **fill))]
 
 

@@ -58,6 +58,8 @@ class BaseApp(KeysInTurn):
         # selection takes it first, to copy.
         Binding("ctrl+c", f"quit({EXIT_INTERRUPTED})", "Quit", show=False),
         Binding("question_mark", "help", "Help"),
+        Binding("f1", "help", show=False),  # F1 and F10 as in htop, nvtop, btop
+        Binding("f10", "quit", show=False),
         Binding("c", "next_theme", "Theme", show=False),
         Binding("exclamation_mark", "alerts", "Alerts", show=False),
         Binding("b", "toggle_low_bandwidth", "Low bandwidth", show=False),
@@ -187,7 +189,9 @@ class BaseApp(KeysInTurn):
             self._begin_update()
             try:
                 cursor = self.screen.outer_size.clamp_offset(self.cursor_position)
-                driver.draw(renderable, cursor, self.console._color_system or ColorSystem.TRUECOLOR)
+                # NO_COLOR / --no-color: None, and the output layer sends attributes (bold, reverse) only.
+                colours = None if self.no_color else self.console._color_system or ColorSystem.TRUECOLOR
+                driver.draw(renderable, cursor, colours)
             except Exception as error:  # as Textual does with a frame that fails to render
                 self._handle_exception(error)
             finally:

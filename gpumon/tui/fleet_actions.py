@@ -22,7 +22,7 @@ from gpumon.model import GpuSample, HostStatus, ProcessSample
 from gpumon.tui.host_reach import why_not_here
 from gpumon.tui.launching import launch
 from gpumon.tui.screens.card_actions import confirm_signal
-from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, RunDialog
+from gpumon.tui.screens.run_dialog import RunDialog, simulated_note
 
 
 def where(status: HostStatus, gpu: GpuSample) -> str:
@@ -48,7 +48,7 @@ def ask_and_launch(app: App, fleet: Fleet, host: str, gpu: GpuSample, launch_cwd
     simulated = local and not getattr(app, "local_real_pids", True)  # `local` in --demo
     dialog = RunDialog(gpu, command_history.command_history(), card_limits().get(gpu.ref), launch_cwd if local else "",
                        where=card + (f" ({why})" if why else ""), remote=not local,
-                       note=SIMULATED_NOTE if simulated else "")
+                       note=simulated_note(gpu) if simulated else "")
     app.push_screen(dialog, lambda choice: launch(app, host_for(fleet, host), gpu.ref, choice, card,
                                                   launched=launched) if choice else None)
 

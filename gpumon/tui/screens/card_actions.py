@@ -24,7 +24,7 @@ from gpumon.tui.job_lists import HostJobs
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.environment import EnvironmentScreen
 from gpumon.tui.screens.jobs import JobsScreen
-from gpumon.tui.screens.run_dialog import SIMULATED_NOTE, MemLimitDialog, RunChoice, RunDialog
+from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog, simulated_note
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
@@ -44,7 +44,7 @@ class CardActions:
             self.notify("select a working card first", severity="warning")
             return
         default = card_limits().get(gpu.ref)
-        note = "" if self.real_pids else SIMULATED_NOTE
+        note = "" if self.real_pids else simulated_note(gpu)
         # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
         held = Sharing(None, lambda line: None).peek().skip.get(gpu.ref or "")
         held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
@@ -125,6 +125,21 @@ class CardActions:
             self.notify(f"not permitted: process {p.pid} belongs to {p.user}", severity="error")
             return
         confirm_signal(self.app, self.target, p, kind)
+
+    def action_signal_menu(self) -> None:
+        """F9: choose the signal, then the same checks and confirmation as x, X and i."""
+        if self.readonly:
+            self.notify("signals are off: --readonly", severity="warning", timeout=3)
+            return
+        if not self.real_pids:
+            self.action_not_real("nothing to signal")
+            return
+        row = self._selected_process()
+        if row is None:
+            return
+        from gpumon.tui.screens.signal_menu import SignalMenu
+
+        self.app.push_screen(SignalMenu(row.process.pid), lambda kind: self.action_signal(kind) if kind else None)
 
     def action_not_real(self, why: str) -> None:
         """x, X, i or e where the processes are not real ones (demo, a recording): say so."""

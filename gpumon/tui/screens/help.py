@@ -20,11 +20,12 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     ]),
     ("Processes", [
         ("a", "all cards' processes / only the selected card's"),
-        ("s  S", "cycle the sort column (GPU MEM, SM%, CPU%, PID, USER, AGE) / reverse it; or click a header"),
-        ("/", "filter by text (pid, user, command, container); Esc clears"),
+        ("s  S  F6", "cycle the sort column (GPU MEM, SM%, CPU%, PID, USER, AGE) / reverse it; or click a header"),
+        ("/  F3", "filter by text (pid, user, command, container); Esc clears"),
         ("x", "terminate the selected process (SIGTERM), after a confirmation"),
         ("X", "kill it (SIGKILL), after a confirmation"),
         ("i", "interrupt it (SIGINT), after a confirmation"),
+        ("F9", "choose a signal for the selected process (TERM, KILL, INT), then confirm"),
         ("e", "show its environment (CUDA_VISIBLE_DEVICES, …) where readable"),
     ]),
     ("Users (u)", [
@@ -36,8 +37,8 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("!", "alerts firing now and recent alert events"),
         ("c", "next colour theme"),
         ("b", "low bandwidth (slow links): redraw every 5 s; on by itself when the terminal falls behind"),
-        ("?", "this help"),
-        ("q  Ctrl-C", "quit"),
+        ("?  F1", "this help"),
+        ("q  F10  Ctrl-C", "quit"),
     ]),
     ("Replay (--replay FILE)", [
         ("space", "pause / resume"),
@@ -83,7 +84,7 @@ def help_table(readonly: bool) -> Table:
     for group, keys in KEYS:
         table.add_row(Text(group, style="bold underline"), "")
         for key, what in keys:
-            if readonly and key in ("x", "X", "i", "r", "m", "r  R"):
+            if readonly and key in ("x", "X", "i", "F9", "r", "m", "r  R"):
                 what += " (off: --readonly)"
             elif readonly and key == "J":
                 what += " (s is off: --readonly)"
@@ -96,7 +97,7 @@ def help_table(readonly: bool) -> Table:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
 
     def __init__(self, readonly: bool) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ text, never markup, with control characters made visible (tui/plain.py).
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import TYPE_CHECKING
 
@@ -219,7 +220,7 @@ class JobsScreen(ModalScreen[tuple[str, str] | None]):
         where = f" on {job['host']}" if fleet else ""
         said = plain(job["reason"], "bold red") if job["reason"] else plain(f"log{where}: {job['log']}", "dim")
         unlisted = ("\n", self._unlisted()) if fleet and self.problems else ()
-        detail.update(Text.assemble(("$ ", "dim"), plain(" ".join(job["command"])), "\n", said, *moves(job),
+        detail.update(Text.assemble(("$ ", "dim"), plain(shlex.join(job["command"])), "\n", said, *moves(job),
                                     *unlisted))
         if self._following != (job["host"], job["id"]):
             self._follow(job)
@@ -285,7 +286,7 @@ class JobsScreen(ModalScreen[tuple[str, str] | None]):
                 in_background(self.app, lambda: self.listing.host_of(job).stop(job["id"]), stopped,
                               lambda exc: self.notify(plain_lines(str(exc)), severity="error"))
 
-        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {' '.join(job['command'])}"), answered)
+        self.app.push_screen(ConfirmScreen(question, f"{detail}\n$ {shlex.join(job['command'])}"), answered)
 
     def action_processes(self) -> None:
         if self._when_listed("processes"):

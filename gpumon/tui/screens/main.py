@@ -67,6 +67,12 @@ class MainScreen(CardActions, Screen):
         Binding("m", "mem_limit", "Mem limit", show=False),
         Binding("J", "jobs", "Jobs"),
         Binding("u", "users", "Users"),
+        # The process table's sort from anywhere on the screen (its own s and S win when it has focus),
+        # and the function keys htop, nvtop and btop users reach for.
+        Binding("s,f6", "sort_processes", show=False),
+        Binding("S", "sort_processes(True)", show=False),
+        Binding("f3", "filter", show=False),
+        Binding("f9", "signal_menu", show=False),
     ]
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
@@ -315,6 +321,10 @@ class MainScreen(CardActions, Screen):
     def action_users(self) -> None:
         """Who holds the cards: users, jobs, pods, containers, and who holds them idle."""
         self.app.open_users(getattr(self, "host", None))
+
+    def action_sort_processes(self, reverse: bool = False) -> None:
+        table = self.query_one(ProcessTable)
+        table.action_reverse_sort() if reverse else table.action_cycle_sort()
 
     def action_filter(self) -> None:
         self.query_one("#filter", FilterBox).open()

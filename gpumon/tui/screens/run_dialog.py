@@ -60,7 +60,11 @@ class Option(Checkbox, inherit_bindings=False):
 
 
 # What `r` says on demo data: the dialog launches a real command, pinned to a card that is not there.
-SIMULATED_NOTE = "Simulated card (--demo), real job: it runs here and CUDA sees no GPU."
+def simulated_note(gpu) -> str:
+    """The note over a simulated card's dialog, in its vendor's runtime's words (ROCm, oneAPI, CUDA)."""
+    from gpumon.vendors import vendor
+
+    return f"Simulated card (--demo), real job: it runs here and {vendor(gpu.vendor).runtime} sees no GPU."
 FULL_HEIGHT, FULL_WIDTH = 32, 96  # the terminal size from which the dialog has its framed widgets
 
 
@@ -76,7 +80,7 @@ class RunDialog(ModalScreen[RunChoice | None]):
                  where: str | None = None, remote: bool = False, note: str = "") -> None:
         """`where`: the card as people should read it (a fleet's HOST:INDEX); `remote`: the job
         runs on another host, so the working directory is that host's (empty: the home there) and
-        is checked there, not here; `note`: a line above the fields (SIMULATED_NOTE)."""
+        is checked there, not here; `note`: a line above the fields (simulated_note)."""
         super().__init__()
         self.gpu = gpu
         self.cwd = cwd

@@ -15,7 +15,7 @@ from rich.style import Style
 
 from gpumon.owners.holders import Holder, idle_cell
 from gpumon.sanitize import printable
-from gpumon.tui.widgets.sortable_table import PLAIN, Cells, Column, SortableTable
+from gpumon.tui.widgets.sortable_table import GAP, PLAIN, Cells, Column, SortableTable
 from gpumon.units import format_bytes, format_duration, format_energy
 
 # `most`: the most cells a column takes, longer text is cut with …
@@ -26,6 +26,7 @@ COLUMNS = (Column("mark", "", most=1), Column("host", "HOST", most=20), Column("
            Column("held", "HELD", right=True, most=7), Column("idle", "IDLE", right=True, most=7))
 KEYS = [c.key for c in COLUMNS]
 MARK, HOST = KEYS.index("mark"), KEYS.index("host")
+DROPPED_FIRST = (KEYS.index("power"), KEYS.index("energy"))
 IDLE_MARK = "!"  # idle rows stand out without colour too
 SORT_VALUES = {
     "who": lambda h: (h.host, h.label.lower()), "idle": lambda h: -1.0 if h.idle_s is None else h.idle_s,
@@ -129,8 +130,18 @@ class HolderTable(SortableTable):
         widths[MARK] = 1
         if not self.hosts:
             widths[HOST] = 0
+        self._drop_to_fit(widths)
         self.holder_of = by_key
         self._show_cells(order, cells, widths)
+
+    def _drop_to_fit(self, widths: list[int]) -> None:
+        """A narrow view leaves out POWER, then ENERGY, before a line is cut: IDLE, what the view is
+        for, stays at the end of the line (80 columns)."""
+        room = self.size.width
+        for column in DROPPED_FIRST:
+            if not room or 1 + sum(w + GAP for w in widths if w) <= room:
+                return
+            widths[column] = 0
 
     def set_filter(self, text: str) -> None:
         self.filter_text = text

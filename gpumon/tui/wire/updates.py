@@ -11,8 +11,10 @@ around text), which are dropped: gpumon draws none.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from rich.color import ColorSystem
 from rich.style import Style
 from textual.strip import Strip
 
@@ -87,7 +89,15 @@ def _cut_runs(strip: Strip, start: int, stop: int, color_system) -> Iterable[tup
         x = after
 
 
+@lru_cache(maxsize=1024)
+def _colourless(style: Style) -> sgr.State:
+    """NO_COLOR: the style's attributes (bold, reverse, underline) without any colour."""
+    return sgr.apply(sgr.DEFAULT, Strip.render_ansi(style.without_color, ColorSystem.TRUECOLOR))
+
+
 def _state(style: Style, color_system) -> sgr.State:
+    if color_system is None:
+        return _colourless(style)
     ansi = style._ansi
     if ansi is None:
         ansi = Strip.render_ansi(style, color_system)
