@@ -4,6 +4,7 @@ holder's prefers them; they end at their time, or unused, with an event for watc
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -88,6 +89,9 @@ def test_an_unused_reservation_is_released_with_an_event_for_hooks(fake_driver, 
     try:
         assert fake_driver.run("--config", str(config), "reserve", "--gpu", "0", "--for", "1h",
                                "--note", "$(rm -rf /)").returncode == 0
+        # The event's line, within a bound: a watch that never prints it fails the test, never hangs it.
+        ready, _, _ = select.select([watch.stdout], [], [], 60)
+        assert ready, "watch printed no event within 60 s"
         line = json.loads(watch.stdout.readline())
         assert line["event"] == "reservation_released" and line["gpu"] == 0
         assert line["user"] == "root" and line["reason"] == "unused for 1s" and line["note"] == "$(rm -rf /)"

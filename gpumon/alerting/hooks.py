@@ -165,9 +165,11 @@ class HookRunner:
             thread.join(1.0)
 
 
-def _key(event: AlertEvent | FailoverEvent) -> str:
+def _key(event: AlertEvent | FailoverEvent | ReservationEvent) -> str:
     if isinstance(event, FailoverEvent):
         return f"failover {event.host} {event.job}"
+    if isinstance(event, ReservationEvent):
+        return f"reservation {event.host} {event.uuid}"
     holder = event.holder.label if event.holder is not None else ""
     return f"{event.rule} {event.host} {event.gpu} {holder}"
 

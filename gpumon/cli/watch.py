@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         job_events=None if replaying else _job_and_reservation_events(sampler),
         usage=usage.feed if usage is not None else None,
     )
-    if not replaying and hasattr(backend, "wait_xid"):  # what `gpumon health` reads of the XIDs before it
+    if not replaying and backend.xid_events:  # what `gpumon health` reads of the XIDs before it
         watch.xid_state = XidStateWriter(xid_state_file(config))
     server = None
     try:
