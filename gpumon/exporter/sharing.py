@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
+from gpumon.exporter.owners import OWNER_LABELS, card_labels
 from gpumon.model import Snapshot
 from gpumon.sharing.view import host_sharing, of
 
@@ -15,9 +16,12 @@ RESERVED_HELP = ("1 while the card is reserved (gpumon reserve; user: who holds 
 
 def reserved_family(snapshot: Snapshot, hostname: str) -> GaugeMetricFamily:
     shares = host_sharing(snapshot).cards
-    family = GaugeMetricFamily(RESERVED, RESERVED_HELP, labels=["gpu", "UUID", "Hostname", "user", "until"])
+    # Who holds the card now (the owners' labels), as on every card series: a reservation its
+    # holder's job uses reads as that job's.
+    family = GaugeMetricFamily(RESERVED, RESERVED_HELP,
+                               labels=["gpu", "UUID", "Hostname", "user", "until", *OWNER_LABELS])
     for g in snapshot.gpus:
         r = of(g, shares).reservation
-        family.add_metric([str(g.index), g.uuid or "", hostname, r.user if r else "", f"{r.until:.0f}" if r else ""],
-                          1.0 if r else 0.0)
+        family.add_metric([str(g.index), g.uuid or "", hostname, r.user if r else "", f"{r.until:.0f}" if r else "",
+                           *card_labels(g)], 1.0 if r else 0.0)
     return family

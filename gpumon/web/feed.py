@@ -25,6 +25,8 @@ from gpumon.fleet import Fleet
 from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
+from gpumon.sharing import view
+from gpumon.sharing.place import idle_release, where
 from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 
@@ -108,7 +110,8 @@ class LocalCards(_Documents):
         self.holders = HolderTracker()
         self.holding: tuple[Holder, ...] = ()
         self._first: float | None = None  # the first reading's time: how long the server has watched
-        self._snapshot = _Cached(lambda s: s.to_dict())
+        # As `gpumon snapshot --json`: each card with its claims and reservation (gpumon/sharing).
+        self._snapshot = _Cached(lambda s: view.annotate(s.to_dict(), view.per_card(where(), s, idle_release())))
         self._health = _Cached(health_document)
         # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
         self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
