@@ -58,8 +58,8 @@ class XidEvents:
     def close(self, timeout_s: float) -> None:
         """No more waits inside NVML: nvmlShutdown leaves the event set dangling, and a listener
         thread may still be waiting on it (a wait ends within its own timeout)."""
-        waited = self._waiting.acquire(timeout=timeout_s)
-        self._closed = True
+        self._closed = True  # first: a listener that loops straight back would win the lock again
+        waited = self._waiting.acquire(timeout=timeout_s)  # the wait in flight ends
         if waited:
             self._waiting.release()
 
