@@ -10,7 +10,9 @@ still gets them. The user site stays on (not `-I`): a `pip install --user gpumon
 it is the user's own, not the directory's.
 
 A gpumon that was itself imported from the working directory or from PYTHONPATH (a checkout) would not
-be found under `-E -P`: its directory is then handed over, absolute, and put first on the child's path.
+be found under `-E -P`: its directory is then handed over, absolute, and put first on the child's path,
+and so are PYTHONPATH's absolute entries (where a user's gpumon finds its own packages: a system
+Python with a venv's site-packages on PYTHONPATH), never its relative ones nor the working directory.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import gpumon
 
 # The child's own first lines when gpumon's directory is handed over: no file of the working directory
 # is read before `sys.path` holds that directory.
-_BOOT = ("import runpy, sys; root, module = sys.argv[1:3]; del sys.argv[1:3]; sys.path.insert(0, root); "
-         "runpy.run_module(module, run_name='__main__', alter_sys=True)")
+_BOOT = ("import os, runpy, sys; roots, module = sys.argv[1:3]; del sys.argv[1:3]; "
+         "sys.path[0:0] = roots.split(os.pathsep); runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 
 def _root() -> Path:
@@ -33,20 +35,24 @@ def _root() -> Path:
     return Path(gpumon.__file__).resolve().parent.parent
 
 
-def _found_only_through_environment(root: Path) -> bool:
-    """True when -E -P would lose this gpumon: it came from the working directory or PYTHONPATH."""
+def _handed_over(root: Path) -> list[str]:
+    """What -E -P would lose and the child needs: this gpumon's directory when it came from the
+    working directory or PYTHONPATH, and PYTHONPATH's absolute entries other than the working
+    directory (in their order)."""
     try:
         cwd = Path.cwd().resolve()
     except OSError:  # the directory was removed under us: nothing can come from it
         cwd = Path("/")
     entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
     unsafe = {cwd} | {(cwd / e).resolve() for e in entries}
-    return root in unsafe
+    kept = [str(Path(e).resolve()) for e in entries if os.path.isabs(e) and Path(e).resolve() != cwd]
+    first = [str(root)] if root in unsafe else []
+    return list(dict.fromkeys(first + kept))
 
 
 def child_argv(module: str, args: Sequence[str] = ()) -> list[str]:
     """`python -m MODULE ARGS` for this very gpumon, safe from the directory it is started in."""
-    root = _root()
-    if _found_only_through_environment(root):
-        return [sys.executable, "-E", "-P", "-c", _BOOT, str(root), module, *args]
+    roots = _handed_over(_root())
+    if roots:
+        return [sys.executable, "-E", "-P", "-c", _BOOT, os.pathsep.join(roots), module, *args]
     return [sys.executable, "-E", "-P", "-m", module, *args]
