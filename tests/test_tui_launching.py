@@ -31,7 +31,11 @@ def decided(job: dict) -> dict:
 def log_of(host, job_id: str) -> bytes:
     """The job's output as its host keeps it, the time of each start left out."""
     reader = host.follow_log(job_id, follow=False)
-    out, _ = reader.communicate(timeout=30)
+    # Its stdout, as gpumon reads it (a host's login banner and mark taken off: communicate()
+    # would read the pipe underneath).
+    out = reader.stdout.read()
+    reader.stdin.close()
+    reader.wait(30)
     return re.sub(rb"\(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d, ", b"(", out)
 
 
