@@ -52,10 +52,13 @@ DIALOGS = {
 def hidden_parts(screen, size: tuple[int, int]) -> list[str]:
     """What of the dialog is not wholly on screen: its frame past the screen's edge (the screen then
     scrolls), or a field, option, button or label cut off or behind a scrollbar. Text inside a
-    scrolling body (help, environment) may scroll: only the body itself must fit."""
+    scrolling body (help, environment) may scroll: only the body itself must fit. A widget hidden
+    for now (`display` off) is no part of the layout and is left out."""
     whole = Region(0, 0, *size)
     problems = []
     for widget in screen.query("*"):
+        if not all(node.display for node in widget.ancestors_with_self if node is not screen.app):
+            continue  # hidden until it has something to say (J's host queue): not laid out at all
         if any(isinstance(a, ScrollableContainer) for a in widget.ancestors) and not isinstance(
                 widget, (Input, Button, Checkbox, Label)):
             continue

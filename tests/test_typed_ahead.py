@@ -18,6 +18,8 @@ from terminal import Tmux
 from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import control, records
 from gpumon.jobs.launch import card_limits
+from gpumon.sharing import claims
+from gpumon.sharing.place import where
 
 TRIES = 10
 # No letter that is a key of the main screen: were Enter taken early, what follows it must not
@@ -34,7 +36,8 @@ def terminal(tmux_session):
 
 
 def start_gpumon(tmux: Tmux, *args: str) -> None:
-    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "TZ")
+    # GPUMON_CLAIMS_DIR: the test's own place for claims, not the machine's /tmp/gpumon-claims.
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "TZ", "GPUMON_CLAIMS_DIR")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k in keep)
     tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
                f"{shlex.join(args)}; sleep 600")
@@ -49,6 +52,16 @@ def paste_then_enter(tmux: Tmux, text: str) -> None:
     """A bracketed paste (the app asked for them) and Enter right behind it."""
     tmux("set-buffer", "-b", "typed", text, ";", "paste-buffer", "-p", "-d", "-b", "typed", "-t", "t",
          ";", "send-keys", "-t", "t", "Enter")
+
+
+def wait_until_no_card_is_claimed() -> None:
+    """The last job launched holds its card until its supervisor ends; `r` on a claimed card asks
+    first (sharing it), and this test is about the run dialog: the next try waits for a free card."""
+    place = where()
+    deadline = time.monotonic() + 30
+    while claims.read(place):
+        assert time.monotonic() < deadline, f"a card is still claimed: {claims.read(place)}"
+        time.sleep(0.1)
 
 
 def launched_commands(count: int) -> list[str]:
@@ -70,6 +83,7 @@ def test_enter_in_the_run_dialog_launches_everything_typed_before_it(terminal, s
     tmux.wait_for(lambda s: "A100" in s and "python train.py" in s, what="the dashboard")
     typed = [TEXT.format(how=send.__name__, i=i) for i in range(TRIES)]
     for text in typed:
+        wait_until_no_card_is_claimed()
         tmux.keys("r")
         tmux.wait_for(lambda s: "Run on GPU" in s, what="the run dialog")
         send(tmux, text)
