@@ -12,7 +12,8 @@ from gpumon.cards.recording import Recorder
 
 
 def start(tmux, *args: str) -> None:
-    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "TZ")
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "XDG_DATA_HOME", "TZ")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k in keep)
     tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
                f"{shlex.join(args)}; sleep 600")

@@ -19,7 +19,8 @@ TYPED = "zqxw"  # q quits, x terminates the selected process: as filter text bot
 def start(tmux: Tmux, status, *args: str, env: dict[str, str] | None = None) -> None:
     """gpumon ARGS in the terminal; its exit status is written to `status` when it ends."""
     env = os.environ if env is None else env
-    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "TZ", "GPUMON_NVML_LIB",
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "XDG_DATA_HOME", "TZ", "GPUMON_NVML_LIB",
             "FAKE_NVML_CONFIG")
     passed = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k in keep)
     tmux.start(f"env -i {passed} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "

@@ -33,7 +33,8 @@ def machine(fake_driver) -> None:
 
 def start_env(fake_driver, **extra: str) -> dict[str, str]:
     """Exactly the environment gpumon starts with (`env -i`), so a test can tell what it added."""
-    keep = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ")
+    keep = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "TZ")
     # LANG: without a locale, Python itself would add LC_CTYPE (PEP 538) before gpumon runs.
     env = {k: v for k, v in fake_driver.env.items() if k in keep}
     return env | {"TERM": "xterm-256color", "LANG": "C.UTF-8"} | extra

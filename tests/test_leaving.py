@@ -44,7 +44,8 @@ def cursor(tmux: Tmux) -> tuple[int, int]:
 
 def start(tmux: Tmux, tmp_path: Path, program: list[str], *args: str) -> tuple[str, tuple[int, int]]:
     """Some output, then gpumon once the test has read the screen; returns that screen and cursor."""
-    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "TZ")
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "XDG_DATA_HOME", "TZ")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k in keep)
     go, pid, status = (shlex.quote(str(tmp_path / name)) for name in ("go", "pid", "status"))
     gpumon = f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.join(program)} {shlex.join(args)}"

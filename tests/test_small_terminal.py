@@ -100,7 +100,7 @@ def bar_spans(row: str) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("width", [80, 100, 160])
 def test_one_line_card_rows_keep_their_bars_aligned_with_and_without_an_alert_badge(tmux_session, width):
     tmux = tmux_session(width, 24)
-    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ")
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "TZ")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k in keep)
     # The demo's two busy cards run above 70 °C, the other two below: two rows carry the badge.
     tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
@@ -122,7 +122,8 @@ def test_a_long_command_line_with_wide_characters_is_cut_with_an_ellipsis(fake_d
         fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB)]
         fake_driver.machine.procs = [dict(gpu=0, pid=proc.pid, mem=GIB)]
         fake_driver.write()
-        keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ", "GPUMON_NVML_LIB", "FAKE_NVML_CONFIG")
+        keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+                "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "TZ", "GPUMON_NVML_LIB", "FAKE_NVML_CONFIG")
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
         tmux = tmux_session(width, 24)
         tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon "
