@@ -162,7 +162,8 @@ def test_a_hosts_markup_escapes_and_bidi_are_shown_as_text_everywhere(ssh_lab, t
                            timeout=30, what="the job and its log as text")
     line = next(ln for ln in screen.splitlines() if "[b]j1[/b]" in ln)
     assert "[/]job" in line and "running" in line and line.count("[/]") >= 2  # name, exit column
-    assert f"$ {SHOWN_ESCAPES} [@click=app.quit]q[/] {SHOWN_BIDI}" in screen  # its command
+    # its command, as a shell would read it (shlex-quoted), the quoted strings still made visible
+    assert f"$ '{SHOWN_ESCAPES}' '[@click=app.quit]q[/]' '{SHOWN_BIDI}'" in screen
     assert "log on evil: [bold]x[/bold]" in screen
     for piece in MARKUP + (SHOWN_ESCAPES,):
         assert "log: " + piece in screen, piece
