@@ -82,12 +82,15 @@ def test_enter_in_the_run_dialog_launches_everything_typed_before_it(terminal, s
     start_gpumon(tmux, "--demo", "--interval", "0.5")
     tmux.wait_for(lambda s: "A100" in s and "python train.py" in s, what="the dashboard")
     typed = [TEXT.format(how=send.__name__, i=i) for i in range(TRIES)]
-    for text in typed:
-        wait_until_no_card_is_claimed()
+    for count, text in enumerate(typed, 1):
         tmux.keys("r")
         tmux.wait_for(lambda s: "Run on GPU" in s, what="the run dialog")
         send(tmux, text)
         tmux.wait_for(lambda s: "Run on GPU" not in s, what="the dialog to close")
+        # The launch goes on after the dialog closes: once its job is recorded, its claim is taken
+        # (or already let go), and the next `r` waits for the card to be free again.
+        launched_commands(count)
+        wait_until_no_card_is_claimed()
     assert launched_commands(TRIES) == sorted(typed)
 
 
