@@ -118,7 +118,9 @@ class RunDialog(ModalScreen[RunChoice | None]):
                 yield Button("Cancel", id="run-cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#run-command", Input).focus()
+        # At once, not as focus() does (later, through the app's queue): a key typed as the dialog
+        # opens goes into the command, never to the dialog around it.
+        self.set_focus(self.query_one("#run-command", Input))
 
     def on_resize(self, event: events.Resize) -> None:
         # Fields, options and buttons without their frames (a line each) where the full dialog
@@ -204,7 +206,7 @@ class MemLimitDialog(ModalScreen[str | None]):
             yield Static("", id="limit-error")
 
     def on_mount(self) -> None:
-        self.query_one(Input).focus()
+        self.set_focus(self.query_one(Input))  # at once, as the run dialog's
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         value = event.value.strip()
