@@ -76,22 +76,16 @@ def measure(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Pat
     return cost
 
 
-def measure_holders(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path,
-                    lib: Path) -> tuple[float, float, float]:
-    """CPU seconds a sampler pass, and what HolderTracker.update adds to it (who holds the cards:
-    `gpumon users`, the `idle` rule, the users view): on the pass's snapshots as they are (these
-    processes all belong to one user), and with them spread over 64 Slurm jobs of 16 users (more
-    rows to add up). The owner lookup itself is in the pass: read once per process, kept."""
-    import dataclasses
-
+def sampled(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path, lib: Path,
+            name: str) -> tuple[list, float]:
+    """`passes` snapshots of the sampler over the fake driver (these processes on `cards` cards,
+    moving values), and the CPU seconds a pass took."""
     from gpumon.cards.backends.nvml import NvmlBackend
     from gpumon.cards.sampler import Sampler
-    from gpumon.model import ProcessOwner
-    from gpumon.owners.holders import HolderTracker
 
     machine = FakeMachine(cards=[Card(extra=dict(util="10..90", power_mw="100000..300000")) for _ in range(cards)],
                           procs=[dict(gpu=i % cards, pid=p.pid, mem=GIB, sm="0..100") for i, p in enumerate(procs)])
-    config = workdir / f"holders-{cards}-{len(procs)}.conf"
+    config = workdir / f"{name}-{cards}-{len(procs)}.conf"
     machine.write(config)
     os.environ["FAKE_NVML_CONFIG"] = str(config)
     backend = NvmlBackend(lib_path=str(lib))
@@ -101,13 +95,31 @@ def measure_holders(cards: int, procs: list[subprocess.Popen], passes: int, work
     snapshots = [sampler.collect() for _ in range(passes)]
     pass_cost = (time.process_time() - start) / passes
     backend.close()
+    return snapshots, pass_cost
 
-    def in_jobs(snapshot):
-        def owned(p):
-            user = f"user{p.pid % 16}"
-            return dataclasses.replace(p, user=user, owner=ProcessOwner("slurm", f"{1000 + p.pid % 64}.0", None, user))
-        return dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, processes=tuple(map(owned, g.processes)))
-                                                        for g in snapshot.gpus))
+
+def in_jobs(snapshot):
+    """The snapshot with its processes spread over 64 Slurm jobs of 16 users."""
+    import dataclasses
+
+    from gpumon.model import ProcessOwner
+
+    def owned(p):
+        user = f"user{p.pid % 16}"
+        return dataclasses.replace(p, user=user, owner=ProcessOwner("slurm", f"{1000 + p.pid % 64}.0", None, user))
+    return dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, processes=tuple(map(owned, g.processes)))
+                                                    for g in snapshot.gpus))
+
+
+def measure_holders(cards: int, procs: list[subprocess.Popen], passes: int, workdir: Path,
+                    lib: Path) -> tuple[float, float, float]:
+    """CPU seconds a sampler pass, and what HolderTracker.update adds to it (who holds the cards:
+    `gpumon users`, the `idle` rule, the users view): on the pass's snapshots as they are (these
+    processes all belong to one user), and with them spread over 64 Slurm jobs of 16 users (more
+    rows to add up). The owner lookup itself is in the pass: read once per process, kept."""
+    from gpumon.owners.holders import HolderTracker
+
+    snapshots, pass_cost = sampled(cards, procs, passes, workdir, lib, "holders")
 
     costs = []
     for shaped in (snapshots, [in_jobs(s) for s in snapshots]):

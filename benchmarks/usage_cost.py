@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from fakenvml import GIB, Card, FakeMachine, build  # noqa: E402
+from fakenvml import build  # noqa: E402
+from sampler_cost import in_jobs, sampled  # noqa: E402
 
 BEFORE = "16fef6b^"  # the commit before the ledger
 
@@ -50,16 +50,6 @@ def tracker_before(workdir: Path):
     return module.HolderTracker
 
 
-def in_jobs(snapshot):
-    from gpumon.model import ProcessOwner
-
-    def owned(p):
-        user = f"user{p.pid % 16}"
-        return dataclasses.replace(p, user=user, owner=ProcessOwner("slurm", f"{1000 + p.pid % 64}.0", None, user))
-    return dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, processes=tuple(map(owned, g.processes)))
-                                                    for g in snapshot.gpus))
-
-
 def per_pass(fn, items) -> float:
     start = time.process_time()
     for item in items:
@@ -68,24 +58,11 @@ def per_pass(fn, items) -> float:
 
 
 def measure(procs, passes: int, workdir: Path, lib: Path, Before) -> list[tuple]:
-    from gpumon.cards.backends.nvml import NvmlBackend
-    from gpumon.cards.sampler import Sampler
     from gpumon.owners.holders import HolderTracker
     from gpumon.usage.ledger import connect, write_minute
     from gpumon.usage.minutes import MinuteBook
 
-    machine = FakeMachine(cards=[Card(extra=dict(util="10..90", power_mw="100000..300000")) for _ in range(8)],
-                          procs=[dict(gpu=i % 8, pid=p.pid, mem=GIB, sm="0..100") for i, p in enumerate(procs)])
-    config = workdir / f"usage-{len(procs)}.conf"
-    machine.write(config)
-    os.environ["FAKE_NVML_CONFIG"] = str(config)
-    backend = NvmlBackend(lib_path=str(lib))
-    sampler = Sampler(backend)
-    sampler.collect()
-    start = time.process_time()
-    snapshots = [sampler.collect() for _ in range(passes)]
-    pass_cost = (time.process_time() - start) / passes
-    backend.close()
+    snapshots, pass_cost = sampled(8, procs, passes, workdir, lib, "usage")
     out = []
     for shape, shaped in (("one user", snapshots), ("64 jobs", [in_jobs(s) for s in snapshots])):
         # Times step 1 s a sample, so a minute fills and the book hands it over, as at 1 Hz.
