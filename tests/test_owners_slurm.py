@@ -6,11 +6,14 @@ by another user alike; the job from the environment where no Slurm cgroup exists
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import GIB, Card
 from slurm_lab import USER, real_slurm  # noqa: F401 - the fixture
@@ -19,7 +22,7 @@ from gpumon.alerting.holder_rules import alerted
 from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.cards.sampler import Sampler
 from gpumon.owners.holders import HolderTracker
-from gpumon.owners.reader import OwnerReader
+from gpumon.owners.reader import HostPaths, OwnerReader, host_paths, use_host_paths
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.users import UsersScreen
 
@@ -116,10 +119,17 @@ def test_an_array_task_is_job_task_for_root_and_for_another_user(slurm):
     assert f"job_{own}/step_batch" in Path(f"/proc/{pid}/cgroup").read_text()
     # root reads the process's environment
     assert OwnerReader().read(pid, USER).id == f"{named}.batch"
-    # another user cannot: the cgroup path says the raw id, and Slurm's tools say the rest
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gpumon.owners.reader import OwnerReader; "
-            f"print(OwnerReader().read({pid}, None).id)")
-    assert slurm.run("/usr/bin/python3", "-c", code, user="nobody").strip() == f"{named}.batch"
+    # another user cannot: the cgroup path says the raw id, and Slurm's tools say the rest, asked in
+    # the background: the raw id first (no sample waits for scontrol), then the name once it came.
+    # (the system's python: this one's may sit where that user cannot go; psutil from this one's)
+    code = (f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {sysconfig.get_paths()['platlib']!r}]\n"
+            "from gpumon.cards.procinfo import ProcessEnricher\nfrom gpumon.model import ProcessSample\n"
+            "enricher, ids, deadline = ProcessEnricher(), [], time.monotonic() + 30\n"
+            "while time.monotonic() < deadline and len(set(ids)) < 2:\n"
+            f"    ids.append(enricher.enrich((ProcessSample({pid}, 'compute'),))[0].owner.id)\n"
+            "    time.sleep(0.02)\n"
+            "print(ids[0], ids[-1])")
+    assert slurm.run("/usr/bin/python3", "-c", code, user="nobody").split() == [f"{own}.batch", f"{named}.batch"]
 
 
 def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
@@ -139,3 +149,66 @@ def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
         for p in (step, batch):
             p.terminate()
             p.wait(5)
+
+
+# A scontrol that never answers (slurmctld down, a hung network): a stand-in for the hang alone;
+# the real Slurm above answers the real questions.
+HUNG_SCONTROL = """#!/bin/sh
+echo $$ > {pidfile}.new && mv {pidfile}.new {pidfile}
+exec sleep 3600
+"""
+
+
+def _running(pidfile: Path) -> bool:
+    try:
+        return psutil.Process(int(pidfile.read_text())).status() != psutil.STATUS_ZOMBIE
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def test_a_hung_scontrol_delays_no_sample(fake_driver, idle_processes, tmp_path, monkeypatch):
+    """Another user's Slurm process (its environment unreadable: here empty, in a /proc whose
+    cgroup file names job 777) makes gpumon ask scontrol for the array task's name. While scontrol
+    hangs, samples keep coming at the interval, with the job by its raw id."""
+    bin_dir, asked = tmp_path / "bin", tmp_path / "scontrol.pid"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(HUNG_SCONTROL.format(pidfile=asked))
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    task = idle_processes("sleep", "600")
+    procfs = tmp_path / "hostproc"  # the real /proc, but for that process's cgroup and environment
+    procfs.mkdir()
+    for entry in os.listdir("/proc"):
+        if entry != str(task.pid):
+            (procfs / entry).symlink_to(f"/proc/{entry}")
+    (procfs / str(task.pid)).mkdir()
+    for entry in os.listdir(f"/proc/{task.pid}"):
+        if entry not in ("cgroup", "environ"):
+            (procfs / str(task.pid) / entry).symlink_to(f"/proc/{task.pid}/{entry}")
+    (procfs / str(task.pid) / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_777/step_0/user/task_0\n")
+    (procfs / str(task.pid) / "environ").write_bytes(b"")
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.procs = [dict(gpu=0, pid=task.pid, mem=GIB)]
+    fake_driver.write()
+    before = host_paths()
+    use_host_paths(HostPaths(procfs=procfs))
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    try:
+        sampler = Sampler(backend, interval=0.1)
+        while_hung: list[tuple[float, str]] = []
+        deadline = time.monotonic() + 30
+
+        def on_snapshot(snapshot) -> None:
+            owners = [p.owner.id for g in snapshot.gpus for p in g.processes if p.owner is not None]
+            if not snapshot.stale and _running(asked):
+                while_hung.append((snapshot.time, owners))
+            if len(while_hung) >= 5 or time.monotonic() > deadline:
+                sampler.stop()
+
+        sampler.subscribe(on_snapshot)
+        asyncio.run(sampler.run())
+    finally:
+        backend.close()
+        use_host_paths(before)
+    assert len(while_hung) >= 5, while_hung  # before: no sample until scontrol was killed (2 s)
+    assert all(owners == ["777.0"] for _, owners in while_hung), while_hung

@@ -81,6 +81,9 @@ class _Known:
     start_ticks: int  # from the stat file: a different value means the pid was reused
     cpu_s: float  # CPU seconds at the last reading, and when (monotonic)
     cpu_at: float
+    # The owner's reader's `answers` when the owner was read, while a better name of it was being
+    # asked (a Slurm array task's, of scontrol, in the background); None: the owner is settled.
+    owner_answers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +158,22 @@ class ProcessEnricher:
             proc = psutil.Process(pid) if self._procfs == "/proc" else RootProcess(pid, self._procfs)
             with proc.oneshot():
                 user = _user(proc)
+                answers = self.owners.answers
                 owner = self.owners.read(pid, user)
                 return _Known(proc, user, _command_line(proc), proc.create_time(), _uid(proc), owner,
                               container_label(owner), stat.name, self._clock(), stat.start_ticks, stat.cpu_s,
-                              time.monotonic())
+                              time.monotonic(), answers if self.owners.unsettled(owner) else None)
         except psutil.Error:
             return None
+
+    def _settle_owner(self, pid: int, known: _Known) -> None:
+        """The owner read again once a name it was waiting for may have come (no sample waits for it)."""
+        if known.owner_answers is None or known.owner_answers == self.owners.answers:
+            return
+        answers = self.owners.answers
+        known.owner = self.owners.read(pid, known.user)
+        known.container = container_label(known.owner)
+        known.owner_answers = answers if self.owners.unsettled(known.owner) else None
 
     def _read(self, pid: int) -> _Reading | None:
         stat = _read_stat(pid, self._procfs)
@@ -182,6 +195,7 @@ class ProcessEnricher:
         cpu = 100 * (stat.cpu_s - known.cpu_s) / (now - known.cpu_at) if now > known.cpu_at else 0.0
         known.cpu_s, known.cpu_at = stat.cpu_s, now
         self._refresh_command(known, stat.name)
+        self._settle_owner(pid, known)
         return _Reading(known, max(0.0, cpu), stat.rss)
 
     def _refresh_command(self, known: _Known, name: str) -> None:

@@ -1,7 +1,8 @@
 """Who owns a GPU process: a Slurm job, a Kubernetes pod, a Docker or Podman container, a systemd
 unit, or else its user (model.ProcessOwner, JSON "owner"; docs/design.md).
 
-Read once per process (the enricher keeps it by pid and start time): its cgroup paths
+Read once per process (the enricher keeps it by pid and start time; again once a name asked in
+the background has come, `unsettled`): its cgroup paths
 (owners/cgroups.py) say which job, pod, container or unit it runs in, and the host's own records
 (owners/records.py) give names to the ids. Where no Slurm cgroup exists (proctrack/linuxproc),
 the job is the one `SLURM_JOB_ID` in the process's environment names. A card that a scheduler's prolog mapped to jobs
@@ -90,6 +91,16 @@ class OwnerReader:
         if facts.unit is not None:
             return ProcessOwner("unit", facts.unit, None, user)
         return ProcessOwner("user", user or "?", None, user)
+
+    @property
+    def answers(self) -> int:
+        """Grows whenever a name asked in the background arrives (SlurmArrays)."""
+        return self.arrays.answers
+
+    def unsettled(self, owner: ProcessOwner) -> bool:
+        """Whether `owner` may read better once a name asked in the background arrives (an array
+        task's `JOB_TASK`, asked of scontrol): read it again when `answers` has grown."""
+        return owner.kind == "slurm" and self.arrays.asking(owner.id.partition(".")[0])
 
     def card_jobs(self, index: int, uuid: str | None) -> str | None:
         """The jobs a scheduler mapped this card to, if it keeps such a map."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from gpumon.sanitize import printable
@@ -78,25 +80,52 @@ def slurm_from_environment(environment: dict[str, str]) -> tuple[str, str | None
 
 class SlurmArrays:
     """`ARRAYJOB_TASK` of a raw job id, as `scontrol show job` says it: asked once per job id (an
-    answer, or none, is kept), with a timeout, and only where Slurm's tools are installed. The
-    owner of a process is read once per process, on the sampler's thread, never the UI's."""
+    answer, or none, is kept), with a timeout, and only where Slurm's tools are installed. Asked in
+    a thread of its own, one job at a time: `name()` answers at once with what is known (the raw
+    id until the answer comes), so a slow or hung scontrol never delays a sample; `answers` grows
+    with every answer, which tells a reader when a name it was given may have got better."""
 
     TIMEOUT_S = 2.0
 
     def __init__(self, scontrol: str | None = None) -> None:
         self.scontrol = scontrol if scontrol is not None else shutil.which("scontrol")
         self._names: dict[str, str] = {}
+        self._asking: set[str] = set()
+        self._to_ask: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.answers = 0
 
     def name(self, job: str) -> str:
+        """The job's array name if known; else `job`, and the question is asked in the background."""
         known = self._names.get(job)
-        if known is None:
-            known = self._ask(job)
-            _remember(self._names, job, known)
-        return known
-
-    def _ask(self, job: str) -> str:
+        if known is not None:
+            return known
         if not self.scontrol or not job.isdigit():
             return job
+        with self._lock:
+            if job not in self._asking:
+                self._asking.add(job)
+                self._to_ask.put(job)
+                if self._thread is None:  # a daemon: a hung scontrol never holds up gpumon's exit
+                    self._thread = threading.Thread(target=self._answer, name="gpumon-scontrol", daemon=True)
+                    self._thread.start()
+        return job
+
+    def asking(self, job: str) -> bool:
+        """Whether the name of `job` is still being asked."""
+        return job in self._asking
+
+    def _answer(self) -> None:
+        while True:
+            job = self._to_ask.get()
+            name = self._ask(job)
+            with self._lock:
+                _remember(self._names, job, name)
+                self._asking.discard(job)
+                self.answers += 1
+
+    def _ask(self, job: str) -> str:
         try:
             done = subprocess.run([self.scontrol, "-o", "show", "job", job], capture_output=True,
                                   timeout=self.TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
