@@ -65,27 +65,65 @@ def test_exit_status_says_whether_anything_was_read(ssh_lab):
     assert ssh_lab.gpumon("select", "--hosts", "up", "--count", "2").returncode == 1
 
 
-def test_each_host_is_printed_as_it_answers(ssh_lab, tmp_path):
+# Every fleet command that prints per host: a line of the fast host's answer, and what it prints
+# only once the hung host is done with (a command that printed everything at the end would show
+# them together).
+STREAMED = {
+    "snapshot": (["snapshot", "--interval", "0.5"], "NVIDIA A30", "hung"),
+    "jobs": (["jobs"], "quick", "hung"),
+    "users": (["users", "--interval", "0.5"], "fast ", "Watched for"),  # its row: fast, who holds its card
+    "health": (["health", "--interval", "0.5"], "GPU fast:0", "hung"),
+    "queue": (["queue"], "fast: no jobs are waiting", "hung"),
+    "reserve": (["reserve", "--list"], "fast: no cards are reserved", "hung"),
+    "release": (["release"], "fast: you hold no reservation", "hung"),
+}
+# Those that end by themselves once the hung host's settle timeout has passed (the others wait
+# 60 s for its answer), and the exit status they end with: 4 some host unread; health's 2, fail.
+ENDS_WITH = {"snapshot": 4, "users": 4, "health": 2}
+
+
+def test_each_host_is_printed_as_it_answers(ssh_lab, tmp_path, idle_processes):
+    """Each command's lines of the host that answers are read from its pipe while the other host
+    still hangs (the command is still waiting for it); then its status says what was read."""
+    holder = idle_processes("sleep", "600")
     ssh_lab.host("fast").machine.cards = [Card("NVIDIA A30")]
+    ssh_lab.hosts["fast"].machine.procs = [dict(gpu=0, pid=holder.pid, mem=1 << 30)]
     ssh_lab.hosts["fast"].write()
     ssh_lab.host("hung", env={"GPUMON_TEST_HANG": "1"})
     remote = _remote(ssh_lab, tmp_path)
     started = ssh_lab.gpumon("run", "--host", "fast", "--gpu", "0", "--name", "quick", "--", "sleep", "60",
                              remote=remote)
     assert started.returncode == 0, started.stderr
-    for args, wanted in ((["snapshot"], "NVIDIA A30"), (["jobs"], "quick")):
-        proc = subprocess.Popen(ssh_lab.gpumon_argv(*args, "--hosts", "hung,fast", remote=remote),
-                                env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            seen, took = _first_lines(proc, wanted, timeout=30)
-            assert wanted in seen, seen
-            assert took < 8 and proc.poll() is None, (args, took)  # the hung host is still being waited for
-        finally:
+    procs = {name: subprocess.Popen(ssh_lab.gpumon_argv(*args, "--hosts", "hung,fast", remote=remote),
+                                    env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, (args, _, _) in STREAMED.items()}
+    try:
+        seen = {}
+        for name, (_, wanted, not_yet) in STREAMED.items():
+            # (well before the hung host's 60 s: a command that waited for it shows nothing by then)
+            seen[name], _ = _first_lines(procs[name], wanted, timeout=30)
+            assert wanted in seen[name], (name, seen[name], procs[name].poll())
+            assert procs[name].poll() is None, name  # the hung host is still being waited for
+            assert not_yet not in seen[name], (name, seen[name])
+        for name, status in ENDS_WITH.items():
+            rest, errors = procs[name].communicate(timeout=90)
+            out = seen[name] + rest.decode()
+            assert procs[name].returncode == status, (name, out, errors)
+            assert out.index(STREAMED[name][1]) < out.index("hung"), (name, out)
+    finally:
+        for proc in procs.values():
             proc.kill()
             proc.wait(10)
-    slow = ssh_lab.gpumon("snapshot", "--hosts", "hung,fast", remote=remote)
-    assert slow.returncode == 4, slow.stderr
-    assert slow.stdout.index("== fast: live") < slow.stdout.index("== hung:")
+
+
+def test_the_sharing_commands_say_whether_every_host_answered(ssh_lab):
+    ssh_lab.host("up").machine.cards = [Card()]
+    ssh_lab.hosts["up"].write()
+    for args in (["queue"], ["queue", "--json"], ["reserve", "--list"], ["release"]):
+        assert ssh_lab.gpumon(*args, "--hosts", "up").returncode == 0, args
+        some = ssh_lab.gpumon(*args, "--hosts", "up,nowhere.invalid")
+        assert some.returncode == 4 and "nowhere.invalid" in some.stdout + some.stderr, (args, some.stdout, some.stderr)
+        assert ssh_lab.gpumon(*args, "--hosts", "nowhere.invalid").returncode == 5, args
 
 
 def test_select_hosts_takes_the_same_bars_as_select():

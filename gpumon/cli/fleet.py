@@ -81,11 +81,16 @@ def was_read(status: HostStatus) -> bool:
 
 
 def read_status(statuses: Iterable[HostStatus]) -> int:
-    """A fleet command's exit status: whether anything was read (README, "Exit status")."""
-    read = [was_read(s) for s in statuses]
-    if all(read):
+    """A fleet command's exit status: whether anything was read (docs/configuration.md, "Exit status")."""
+    return answered_status([was_read(s) for s in statuses])
+
+
+def answered_status(answered: Iterable[bool]) -> int:
+    """0 when every host answered, 4 when some did not, 5 when none did."""
+    answered = list(answered)
+    if all(answered):
         return EXIT_OK
-    return EXIT_SOME_UNREAD if any(read) else EXIT_NONE_READ
+    return EXIT_SOME_UNREAD if any(answered) else EXIT_NONE_READ
 
 
 def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec],

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from gpumon.cli import fleet
 from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
-from gpumon.errors import EXIT_ALERT, EXIT_NONE_READ, EXIT_OK, EXIT_SOME_UNREAD, UsageError
+from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
 from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topologies_of
 from gpumon.jobs.launch import LaunchRequest
@@ -187,8 +187,7 @@ def jobs_hosts(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif not rows:
         sys.stdout.write("No jobs.\n")
-    read = [h.name in answers for h in hosts]
-    return EXIT_OK if all(read) else EXIT_SOME_UNREAD if any(read) else EXIT_NONE_READ
+    return fleet.answered_status(h.name in answers for h in hosts)
 
 
 def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:

@@ -34,7 +34,7 @@ from gpumon.counters import Health
 from gpumon.health import rules as health_rules
 from gpumon.health.seen_xids import Seen, pci_key, read_kernel_log, read_watch_state
 from gpumon.health.verdicts import card_verdict, fleet_health_document, health_document
-from gpumon.model import FleetSnapshot, GpuSample
+from gpumon.model import GpuSample, HostStatus
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)
@@ -78,23 +78,30 @@ def _line(card: str, gpu: GpuSample, verdict: Health) -> str:
 
 
 def _hosts(args: argparse.Namespace) -> int:
+    """Each host's cards as it answers (a slow host holds up no other); --json, one document."""
     from gpumon.cli import fleet
 
     config = load_settings(args)
-    doc: FleetSnapshot = fleet.collect(args, config, fleet.host_list(args, config))
-    report = fleet_health_document(doc)
+    hosts = fleet.host_list(args, config)
     if args.json:
+        report = fleet_health_document(fleet.collect(args, config, hosts))
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")
     else:
-        lines = []
-        for status, entry in zip(doc.hosts, report["hosts"], strict=True):
-            if status.snapshot is None or entry["state"] not in ("ok", "stale"):
-                lines.append(printable(f"HOST {status.host}  FAIL  {entry['state']}: {entry['error'] or '?'}") + "\n")
-            else:
-                lines += [_line(f"{status.host}:{g.index}", g, card_verdict(g)) for g in status.snapshot.gpus]
-        sys.stdout.write("".join(lines))
+        def show(status: HostStatus) -> None:
+            sys.stdout.write(_host_lines(status))
+            sys.stdout.flush()
+
+        report = fleet_health_document(fleet.collect(args, config, hosts, on_answer=show))
     return EXIT[report["verdict"]]
+
+
+def _host_lines(status: HostStatus) -> str:
+    """One host's cards; a host that could not be asked is one FAIL line: it cannot vouch for them."""
+    entry = status.to_dict()
+    if status.snapshot is None or entry["state"] not in ("ok", "stale"):
+        return printable(f"HOST {status.host}  FAIL  {entry['state']}: {entry['error'] or '?'}") + "\n"
+    return "".join(_line(f"{status.host}:{g.index}", g, card_verdict(g)) for g in status.snapshot.gpus)
 
 
 # -- the XIDs that came before this run --

@@ -10,7 +10,7 @@ import sys
 import time
 
 from gpumon.cli.common import fleet_requested, load_settings
-from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.errors import EXIT_OK
 from gpumon.sanitize import printable
 from gpumon.sharing import queue
 from gpumon.sharing.place import where
@@ -35,20 +35,15 @@ def queue_text(document: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if fleet_requested(args):  # each host's own queue
-        from gpumon.cli.sharing_hosts import documents, on_each_host
+    if fleet_requested(args):  # each host's own queue, each as it answers
+        from gpumon.cli.sharing_hosts import as_they_answer, documents, on_each_host, print_as_they_answer
 
-        answers = on_each_host(args, ["queue", "--json"])
-        doc = documents(answers, "queue")
-        if args.json:
-            json.dump(doc, sys.stdout)
-            sys.stdout.write("\n")
-        else:
-            for host in doc["hosts"]:
-                sys.stdout.write(f"{printable(host['host'])}: "
-                                 + (printable(host["error"]) + "\n" if host["error"] else
-                                    queue_text({"queue": host["queue"]})))
-        return EXIT_ALERT if any(h["error"] for h in doc["hosts"]) else EXIT_OK
+        if not args.json:
+            return print_as_they_answer(as_they_answer(args, ["queue"]))
+        doc, status = documents(on_each_host(args, ["queue", "--json"]), "queue")
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return status
     load_settings(args)
     document = queue_document()
     if args.json:

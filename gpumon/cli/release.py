@@ -13,9 +13,9 @@ from gpumon.sharing.place import idle_release, where
 
 def run(args: argparse.Namespace) -> int:
     if fleet_requested(args):  # each host's own reservations of yours
-        from gpumon.cli.sharing_hosts import on_each_host, print_lines
+        from gpumon.cli.sharing_hosts import as_they_answer, print_as_they_answer
 
-        return print_lines(on_each_host(args, ["release", *(["--gpu", args.gpu] if args.gpu else [])]))
+        return print_as_they_answer(as_they_answer(args, ["release", *(["--gpu", args.gpu] if args.gpu else [])]))
     load_settings(args)
     cards = {g.ref for g in cards_named(args, args.gpu)} if args.gpu else None
     directory = where()

@@ -81,20 +81,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _on_hosts(args: argparse.Namespace) -> int:
-    from gpumon.cli.sharing_hosts import documents, on_each_host, print_lines
+    from gpumon.cli.sharing_hosts import as_they_answer, documents, on_each_host, print_as_they_answer
 
     if args.list:
-        answers = on_each_host(args, ["reserve", "--list", "--json"])
         if args.json:
-            doc = documents(answers, "reservations")
+            doc, status = documents(on_each_host(args, ["reserve", "--list", "--json"]), "reservations")
             json.dump(doc, sys.stdout)
             sys.stdout.write("\n")
-            return 1 if any(h["error"] for h in doc["hosts"]) else EXIT_OK
-        return print_lines(on_each_host(args, ["reserve", "--list"]))
+            return status
+        return print_as_they_answer(as_they_answer(args, ["reserve", "--list"]))
     if not args.gpu or args.duration is None:
         raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
     argv = ["reserve", "--gpu", args.gpu, "--for", f"{args.duration:g}s"]
-    return print_lines(on_each_host(args, argv + (["--note", args.note] if args.note else [])))
+    return print_as_they_answer(as_they_answer(args, argv + (["--note", args.note] if args.note else [])))
 
 
 def _list(as_json: bool) -> int:

@@ -1,26 +1,29 @@
 """`queue`, `reserve` and `release` with `--hosts`: the same command run by each host's own gpumon
-(over ssh; `local` as a child), at once, each answer under its host's name. A host's claims,
-queue and reservations are its own: nothing is shared across hosts."""
+(over ssh; `local` as a child), at once, each answer under its host's name as it comes (a slow
+host holds up no other). A host's claims, queue and reservations are its own: nothing is shared
+across hosts. Exit status as every fleet command's: 0 every host answered, 4 some did not, 5 none."""
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from gpumon.cli import fleet
 from gpumon.cli.common import load_settings
-from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
+from gpumon.errors import UsageError
 from gpumon.jobs.host import HostError, host_at
+from gpumon.remote.children import end_all
 from gpumon.sanitize import printable
 
 AT_ONCE = 32
+Answer = tuple[str, "str | None", "str | None"]  # (host, its gpumon's stdout or None, why not or None)
 
 
-def on_each_host(args: argparse.Namespace, argv: Sequence[str]) -> list[tuple[str, str | None, str | None]]:
-    """(host, its gpumon's stdout or None, why not or None) for every host listed, in order."""
+def as_they_answer(args: argparse.Namespace, argv: Sequence[str]) -> Iterator[Answer]:
+    """Every host listed, each as soon as it has answered (or failed)."""
     config = load_settings(args)
     if getattr(args, "prometheus_url", None):
         raise UsageError("--prometheus-url reads hosts through Prometheus: there is no way to reach them (--hosts)")
@@ -29,32 +32,48 @@ def on_each_host(args: argparse.Namespace, argv: Sequence[str]) -> list[tuple[st
     reads_cards = hasattr(args, "demo")
     local = fleet.local_args(args) if reads_cards else []
 
-    def ask(spec) -> tuple[str, str | None, str | None]:
+    def ask(spec) -> Answer:
         host = host_at(spec, None if spec.is_local else transport, local)
         try:
             return spec.name, host.call(list(argv)), None
         except HostError as exc:
             return spec.name, None, str(exc)
 
-    with concurrent.futures.ThreadPoolExecutor(min(AT_ONCE, max(1, len(hosts)))) as pool:
-        return list(pool.map(ask, hosts))
+    pool = ThreadPoolExecutor(min(AT_ONCE, max(1, len(hosts))))
+    try:
+        for future in as_completed([pool.submit(ask, spec) for spec in hosts]):
+            yield future.result()
+    except BaseException:  # Ctrl-C: no host still asked holds up the exit
+        end_all()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
-def print_lines(answers: list[tuple[str, str | None, str | None]]) -> int:
-    """Each host's lines, `HOST: line`; a host that failed on stderr. Exit 1 when one did."""
-    failed = False
+def on_each_host(args: argparse.Namespace, argv: Sequence[str]) -> list[Answer]:
+    """Every host's answer, in the order listed (for one document)."""
+    config = load_settings(args)
+    order = {spec.name: i for i, spec in enumerate(fleet.host_list(args, config))}
+    return sorted(as_they_answer(args, argv), key=lambda answer: order[answer[0]])
+
+
+def print_as_they_answer(answers: Iterator[Answer]) -> int:
+    """Each host's lines as it answers, `HOST: line` (made printable: they come from the host); a
+    host that failed, on stderr. The fleet's exit status (0, 4, 5)."""
+    answered = []
     for host, out, error in answers:
+        answered.append(error is None)
         if error is not None:
-            failed = True
-            print(f"gpumon: {printable(error)}", file=sys.stderr)
+            print(f"gpumon: {printable(error)}", file=sys.stderr, flush=True)
             continue
-        for line in (out or "").splitlines():
-            print(f"{printable(host)}: {line}")
-    return EXIT_ALERT if failed else EXIT_OK
+        sys.stdout.write("".join(f"{printable(host)}: {printable(line)}\n" for line in (out or "").splitlines()))
+        sys.stdout.flush()
+    return fleet.answered_status(answered)
 
 
-def documents(answers: list[tuple[str, str | None, str | None]], key: str) -> dict:
-    """{"schema": 1, "hosts": [{"host", "error", KEY: [...]}]} from each host's JSON answer."""
+def documents(answers: list[Answer], key: str) -> tuple[dict, int]:
+    """({"schema": 1, "hosts": [{"host", "error", KEY: [...]}]} from each host's JSON answer, the
+    fleet's exit status)."""
     hosts = []
     for host, out, error in answers:
         entries = []
@@ -64,4 +83,4 @@ def documents(answers: list[tuple[str, str | None, str | None]], key: str) -> di
             except (ValueError, AttributeError):
                 error = f"{host}: did not answer with JSON"
         hosts.append({"host": host, "error": error, key: entries})
-    return {"schema": 1, "hosts": hosts}
+    return {"schema": 1, "hosts": hosts}, fleet.answered_status(h["error"] is None for h in hosts)

@@ -179,19 +179,31 @@ def jobs_text(jobs: list) -> str:
     return "\n".join(out) + "\n"
 
 
+USERS_HEADER = ["WHO", "USER", "CARDS", "MEM", "SM%", "POWER", "ENERGY", "HELD", "IDLE"]
+USERS_RIGHT = {3, 4, 5, 6, 7, 8}  # numbers (without a HOST column)
+# `users --hosts` prints each host's rows as it answers, before the others are known: fixed widths.
+USERS_WIDTHS = [OWNER_CELLS, USER_CELLS, 7, 6, 5, 6, 9, 7, 6]
+
+
 def users_text(holders: list[Holder], show_hosts: bool = False) -> str:
     """`gpumon users`: a row per user, its jobs, pods and containers indented under it (a job's
     steps under the job). IDLE: how
     long every process of it has shown 0 % SM as gpumon saw it; `-` computing, N/A not known."""
     if not holders:
         return "Nobody holds a card.\n"
-    rows = [(["HOST"] if show_hosts else []) + ["WHO", "USER", "CARDS", "MEM", "SM%", "POWER", "ENERGY", "HELD",
-                                                "IDLE"]]
+    rows = [(["HOST"] if show_hosts else []) + USERS_HEADER, *users_rows(holders, show_hosts)]
+    first = 1 if show_hosts else 0
+    return table(rows, right={first + i for i in USERS_RIGHT}) + "\n"
+
+
+def users_rows(holders: list[Holder] | tuple[Holder, ...], show_hosts: bool) -> list[list[str]]:
+    """The cells of each row of users_text (no header)."""
     # A job under its user's row, a job's steps under the job when it has several; one with no
     # user (a card a cluster's Prometheus names) stands alone.
     shown = [(h, 0 if h.kind == "user" or h.user is None else 2) for h in holders]
     shown = [row for h, indent in shown
              for row in [(h, indent), *((s, indent + 2) for s in (h.steps if len(h.steps) > 1 else ()))]]
+    rows = []
     for h, indent in shown:
         idle = format_duration(h.idle_s) if h.idle_s is not None else ("-" if h.sm_util is not None else NA)
         label = printable(h.label)  # names from other users' cgroups, pods and containers
@@ -201,8 +213,17 @@ def users_text(holders: list[Holder], show_hosts: bool = False) -> str:
             _fmt(h.sm_util), _fmt(h.power_w, "W"), _energy(h.energy_j),
             format_duration(h.held_s) if h.held_s is not None else NA, idle,
         ])
-    first = 1 if show_hosts else 0
-    return table(rows, right={first + 3, first + 4, first + 5, first + 6, first + 7, first + 8}) + "\n"
+    return rows
+
+
+def fixed_lines(rows: list[list[str]], widths: list[int], right: set[int] = frozenset()) -> str:
+    """Rows in columns of the widths given (a longer cell pushes its line's next ones along): rows
+    printed a few at a time line up with the ones printed before."""
+    def cell(i: int, text: str) -> str:
+        pad = " " * max(0, widths[i] - cell_len(text))
+        return pad + text if i in right else text + pad
+
+    return "".join("  ".join(cell(i, text) for i, text in enumerate(row)).rstrip() + "\n" for row in rows)
 
 
 def _energy(joules: float | None) -> str:

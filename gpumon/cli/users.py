@@ -13,11 +13,12 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source
-from gpumon.cli.tables import users_text
+from gpumon.cli.tables import HOST_CELLS, USERS_HEADER, USERS_RIGHT, USERS_WIDTHS, fixed_lines, users_rows, users_text
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
@@ -31,17 +32,7 @@ DEFAULT_SAMPLES = 3
 def run(args: argparse.Namespace) -> int:
     config = load_settings(args)
     if fleet_requested(args):
-        from gpumon.cli import fleet
-
-        if getattr(args, "replay", None):
-            raise UsageError("--replay reads one machine: not with --hosts")
-        runner = fleet.build(args, config, fleet.host_list(args, config))
-        window = _window(args, runner.interval)
-        holders, statuses, watched = asyncio.run(_watch_fleet(runner, window))
-        if problems := runner.problems():  # the Prometheus server could not be read, or knows no GPU
-            raise UsageError("; ".join(problems))
-        _print(args, holders, watched, statuses)
-        return fleet.read_status(statuses)
+        return _fleet(args, config)
     window = _window(args, args.interval)
     backend = open_source(args)
     try:
@@ -79,38 +70,105 @@ async def _watch_host(args: argparse.Namespace, backend: Any, window: float) -> 
     return seen["holders"], seen["last"] - seen["first"], seen["last"]
 
 
-async def _watch_fleet(runner: Any, window: float) -> tuple[list[Holder], tuple[HostStatus, ...], float]:
-    """Every host's holders after each host that answers has been watched for `window`."""
-    from gpumon.cli.fleet import settle_timeout
+Answer = tuple[HostStatus, tuple[Holder, ...]]  # a host's status when it was done with, its holders then
+
+
+def _fleet(args: argparse.Namespace, config: Any) -> int:
+    """Every host's holders, each host printed once it has been watched for the window (or has
+    failed), as it comes: a slow host holds up no other. --json: one document at the end."""
+    from gpumon.cli import fleet
+
+    if getattr(args, "replay", None):
+        raise UsageError("--replay reads one machine: not with --hosts")
+    hosts = fleet.host_list(args, config)
+    runner = fleet.build(args, config, hosts)
+    text = None if args.json else _HostsText(min(HOST_CELLS, max((len(h.name) for h in hosts), default=HOST_CELLS)))
+    answers, watched = asyncio.run(_watch_fleet(runner, _window(args, runner.interval),
+                                                text.host if text is not None else None))
+    if problems := runner.problems():  # the Prometheus server could not be read, or knows no GPU
+        raise UsageError("; ".join(problems))
+    order = [name for name in runner.names if name in answers]
+    statuses = tuple(answers[name][0] for name in order)
+    if text is not None:
+        text.end(watched)
+    else:
+        _print(args, [h for name in order for h in answers[name][1]], watched, statuses)
+    return fleet.read_status(statuses)
+
+
+class _HostsText:
+    """`users --hosts` for people: each host's rows as it is done with, in fixed columns under one
+    header; a host that could not be read, one line; the window watched at the end."""
+
+    def __init__(self, host_cells: int) -> None:
+        self.widths = [host_cells, *USERS_WIDTHS]
+        self.rows = 0
+
+    def host(self, name: str, status: HostStatus, holders: tuple[Holder, ...]) -> None:
+        from gpumon.cli.fleet import was_read
+
+        if not was_read(status):
+            entry = status.to_dict()
+            out = printable(f"{name}: {entry['state']}: {entry['error'] or '?'} (not read)") + "\n"
+        else:
+            rows = users_rows(holders, show_hosts=True)
+            out = fixed_lines(([["HOST", *USERS_HEADER]] if rows and not self.rows else []) + rows, self.widths,
+                              {1 + i for i in USERS_RIGHT})
+            self.rows += len(rows)
+        sys.stdout.write(out)
+        sys.stdout.flush()
+
+    def end(self, watched: float) -> None:
+        sys.stdout.write(("" if self.rows else "Nobody holds a card.\n") + _watched_line(watched))
+
+
+async def _watch_fleet(runner: Any, window: float,
+                       on_answer: Callable[[str, HostStatus, tuple[Holder, ...]], None] | None
+                       ) -> tuple[dict[str, Answer], float]:
+    """Each host's holders once its own samples span `window` (hosts run on their own clocks and
+    intervals), or why it could not be read; `on_answer` hears each host as it is done with. A
+    host still short of the window a few intervals after it should have been is taken as it is."""
+    from gpumon.cli.fleet import settle_timeout, was_read
 
     tracker = HolderTracker()
     held: dict[str, tuple[Holder, ...]] = {}
     span: dict[str, list[float]] = {}  # host -> [first sample's time, last sample's time]
+    answers: dict[str, Answer] = {}
+
+    def done(status: HostStatus, holders: tuple[Holder, ...]) -> None:
+        answers[status.host] = (status, holders)
+        if on_answer is not None:
+            on_answer(status.host, status, holders)
 
     def on_host(status: HostStatus) -> None:
-        if status.state == "live" and status.snapshot is not None:
-            held[status.host] = tracker.update(status.snapshot, status.host)
-            times = span.setdefault(status.host, [status.snapshot.time, status.snapshot.time])
-            times[1] = status.snapshot.time
+        if status.state != "live" or status.snapshot is None or status.host in answers:
+            return
+        held[status.host] = tracker.update(status.snapshot, status.host)
+        times = span.setdefault(status.host, [status.snapshot.time, status.snapshot.time])
+        times[1] = status.snapshot.time
+        if times[1] - times[0] >= window - runner.interval / 2:  # sampling times jitter
+            done(status, held[status.host])
 
-    def watched() -> float:
-        return min((last - first for first, last in span.values()), default=0.0)
+    def on_first(status: HostStatus) -> None:
+        if not was_read(status) and status.host not in answers:
+            done(status, ())
 
     runner.subscribe(on_host)
+    runner.on_first_answer(on_first)
     task = asyncio.create_task(runner.run())
     try:
         await runner.settle(settle_timeout(runner.interval))
-        # Hosts run on their own clocks and intervals: each is watched until its own samples span
-        # the window, or gives up a few intervals after it should have.
         deadline = time.monotonic() + window + 3 * runner.interval
-        while watched() < window - runner.interval / 2 and time.monotonic() < deadline:
+        while len(answers) < len(runner.names) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
     finally:
         runner.stop()
         await task
-    statuses = runner.statuses()
-    answering = {s.host for s in statuses if s.state in ("live", "stale") and s.snapshot is not None}
-    return [h for s in statuses if s.host in answering for h in held.get(s.host, ())], statuses, watched()
+    for name in runner.names:  # short of the window, or away by now
+        if name not in answers:
+            done(runner.status(name), held.get(name, ()) if was_read(runner.status(name)) else ())
+    read = [last - first for name, (first, last) in span.items() if was_read(answers[name][0])]
+    return answers, min(read, default=0.0)
 
 
 def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tuple[HostStatus, ...] | None,
@@ -129,8 +187,10 @@ def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tup
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):
             out += printable(f"{status.host}: {entry['state']}: {entry['error'] or '?'} (not read)") + "\n"
-    span = format_duration(watched) if watched >= 60 else f"{watched:.1f}s"
-    out += (f"Watched for {span}: idle time counts from the first sample "
-            "(a longer --window sees longer idleness).\n")
-    sys.stdout.write(out)
+    sys.stdout.write(out + _watched_line(watched))
     return EXIT_OK
+
+
+def _watched_line(watched: float) -> str:
+    span = format_duration(watched) if watched >= 60 else f"{watched:.1f}s"
+    return f"Watched for {span}: idle time counts from the first sample (a longer --window sees longer idleness).\n"
