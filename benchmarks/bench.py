@@ -150,8 +150,12 @@ class PtyRun:
     def stop(self) -> None:
         self._stop = True
         try:
+            if self.proc.poll() is not None:  # (it has left by itself: `q`)
+                raise ProcessLookupError
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(5)
+        except ProcessLookupError:
+            pass
         except (OSError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()

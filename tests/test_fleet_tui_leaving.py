@@ -15,10 +15,29 @@ HANGS_ON_JOBS = """#!/bin/sh
 exec {real} "$@"
 """
 
-LEAVE_S = 1.0
-# tmux's round trip, the interpreter's teardown and the shell writing the status, on a loaded
-# 2-core machine (gpumon's own way out, key to exit, measured 0.3-0.75 s there); before, 60 s.
+LEAVE_S = 1.0  # the promise: from the key until gpumon has exited
+# What this measures beyond it: tmux passing the key on, the interpreter's teardown and the shell
+# writing the status file, polled every 20 ms. gpumon waits for nothing on the way out (the ssh
+# children are signalled, not awaited: children.end_all): here 0.33-0.40 s in all, 0.21 s of it
+# from the key to the end of Textual's shutdown (benchmarks/fleet_tui.py: "quit ms"). On a loaded
+# 2-core machine running tests in parallel, a start-up-sized slice of CPU (a second) can go to
+# others before the process is scheduled again: 1.5 s more holds there. Without end_all the
+# hung host's `jobs` would hold the exit for its 60 s timeout; before streams were signalled
+# rather than awaited, 0.65 s.
 SLACK_S = 1.5
+
+
+def _left_within(tmux, status, key: str) -> float:
+    """Seconds from the key until the shell has written gpumon's exit status (gpumon is gone)."""
+    started = time.monotonic()
+    tmux.keys(key)
+    while not status.exists() and time.monotonic() - started < 30:
+        time.sleep(0.02)
+    took = time.monotonic() - started
+    assert status.exists(), tmux.screen()
+    assert took < LEAVE_S + SLACK_S, f"took {took:.1f} s to leave"
+    assert status.read_text().strip() in ("0", "130")
+    return took
 
 
 @pytest.mark.parametrize("key", ["q", "C-c"])
@@ -37,11 +56,4 @@ def test_leaving_with_a_host_that_never_answers_takes_under_a_second(ssh_lab, tm
     tmux.wait_for(lambda s: "HOST" in s and "PEAK MEM" in s, timeout=30, what="the jobs screen")
     tmux.keys("q")  # the jobs screen closes; the hung host's listing is still under way
     tmux.wait_for(lambda s: "PEAK MEM" not in s, timeout=10, what="back on the overview")
-    started = time.monotonic()
-    tmux.keys(key)
-    while not status.exists() and time.monotonic() - started < 30:
-        time.sleep(0.02)
-    took = time.monotonic() - started
-    assert status.exists(), tmux.screen()
-    assert took < LEAVE_S + SLACK_S, f"took {took:.1f} s to leave"
-    assert status.read_text().strip() in ("0", "130")
+    _left_within(tmux, status, key)

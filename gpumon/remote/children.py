@@ -113,10 +113,16 @@ _wake_r, _wake_w = os.pipe()
 os.set_blocking(_wake_w, False)
 
 
+_async_children: set[AsyncChild] = set()  # spawn_async's, until ended
+
+
 def end_all() -> None:
     """gpumon is leaving: every command a thread still waits for (run_capped) is killed now, and
     none is started after, so no thread holds up the exit for as long as a host takes to answer
-    (Python waits for pool threads when it exits). Call it on the way out (the TUI's `q`, Ctrl-C)."""
+    (Python waits for pool threads when it exits); every asyncio child (a host's stream) is sent
+    SIGTERM, and ending one from then on waits for nothing (AsyncChild.end): nothing on the way
+    out waits on a child. Call it on the way out (the TUI's `q`, Ctrl-C). What has not ended by
+    the time gpumon exits gets the parent-death SIGKILL."""
     _leaving.set()
     try:
         os.write(_wake_w, b"x")
@@ -129,6 +135,12 @@ def end_all() -> None:
             proc.kill()
         except OSError:
             pass
+    for child in list(_async_children):
+        if child.returncode is None:
+            try:
+                os.kill(child.pid, signal.SIGTERM)
+            except OSError:  # (gone already)
+                pass
 
 
 def run_capped(argv: Sequence[str], timeout: float, limit: int,
@@ -192,6 +204,7 @@ class AsyncChild(asyncio.subprocess.Process):
         self.transport = transport
         self._tail = bytearray()
         self._draining = loop.create_task(self._drain_stderr())
+        _async_children.add(self)
 
     async def _drain_stderr(self) -> None:
         while chunk := await self.stderr.read(_CHUNK):  # type: ignore[union-attr]
@@ -211,9 +224,15 @@ class AsyncChild(asyncio.subprocess.Process):
         end by itself), then SIGTERM, then SIGKILL, `grace` seconds apart, reading (and dropping)
         what it still sends meanwhile; give its pipes `grace` seconds to reach their end, then
         close them, also when a shared connection's master still holds their other ends. Its exit
-        status."""
+        status. Once gpumon is leaving (end_all), at once: killed if still there, its pipes closed,
+        nothing waited for (its exit status then None if it had not ended)."""
+        _async_children.discard(self)
         if self.stdin is not None and not self.stdin.is_closing():
             self.stdin.close()
+        if _leaving.is_set():
+            self.transport.close()  # (kills it if it is still there)
+            self._draining.cancel()
+            return self.returncode
         readers = [asyncio.ensure_future(self._drop_output()), self._draining]
         for sig in (None, signal.SIGTERM, signal.SIGKILL) if polite else (signal.SIGTERM, signal.SIGKILL):
             if sig is not None and self.returncode is None:

@@ -11,7 +11,6 @@ it reports to the overview (which repaints that one row) and, when that host's v
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -34,8 +33,6 @@ from gpumon.tui.screens.host import HostScreen
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.users import UsersScreen
 
-QUIT_WAIT_S = 0.8  # for the hosts' streams to close (each ends its remote side): leaving takes under a second
-
 
 class FleetApp(BaseApp):
     def __init__(self, fleet: Fleet, *, readonly: bool = False, theme: str | None = None,
@@ -51,7 +48,6 @@ class FleetApp(BaseApp):
         # Each host's selected card while gpumon runs: `r` after reopening a host targets the card
         # picked a moment ago, not card 0.
         self.card_choice: dict[str, int] = {}
-        self._runner = None
         # Who holds the cards of every host, fed by each host's readings as they come, one host at
         # a time: O(1) hosts a report.
         self.holders = HolderTracker()
@@ -64,7 +60,7 @@ class FleetApp(BaseApp):
 
     def start_source(self) -> None:
         self.fleet.subscribe(self._on_host)
-        self._runner = self.run_worker(self.fleet.run(), name="fleet", group="fleet")
+        self.run_worker(self.fleet.run(), name="fleet", group="fleet")
 
     def _on_host(self, status: HostStatus) -> None:
         if status.snapshot is not None and status.state in ("live", "stale"):
@@ -162,14 +158,11 @@ class FleetApp(BaseApp):
     # -- ending --
 
     async def action_quit(self, status: int = EXIT_OK) -> None:
+        # Nothing is waited for on the way out: the hosts' ssh are sent SIGTERM here (each remote
+        # stream ends with its channel), a command still awaited is killed, and the streams'
+        # tasks, cancelled as the app ends, end at once (children.end_all).
         end_all()
         self.fleet.stop()
-        if self._runner is not None:
-            try:
-                async with asyncio.timeout(QUIT_WAIT_S):
-                    await self._runner.wait()
-            except Exception:  # noqa: BLE001 - leaving anyway; the streams end with their ssh
-                pass
         self.exit(status)
 
     def on_unmount(self) -> None:
