@@ -8,6 +8,14 @@ EXIT_SOME_UNREAD = 4  # a fleet command read some hosts, not all (it printed wha
 EXIT_NONE_READ = 5  # a fleet command could read no host at all
 
 
+def answered_status(answered) -> int:
+    """A fleet command's exit status from whether each host answered: 0 all, 4 some, 5 none."""
+    answered = list(answered)
+    if all(answered):
+        return EXIT_OK
+    return EXIT_SOME_UNREAD if any(answered) else EXIT_NONE_READ
+
+
 class GpumonError(Exception):
     """A problem the user can act on; `cli.main` prints it as one line."""
 

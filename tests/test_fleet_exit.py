@@ -148,3 +148,16 @@ def test_exit_statuses_are_documented():
     readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()  # "Exit status"
     assert (EXIT_SOME_UNREAD, EXIT_NONE_READ) == (4, 5)
     assert "4 a fleet command could not read some hosts" in readme and "5 it could read none" in readme
+
+
+def test_watch_hosts_ending_by_itself_says_whether_every_host_was_read(ssh_lab):
+    """`watch --hosts … --count N`: the fleet's exit status (a SIGTERM or a closed stdout is 0)."""
+    ssh_lab.host("up").machine.cards = [Card()]
+    ssh_lab.hosts["up"].write()
+    watch = ("watch", "--alert", "unreachable", "--interval", "0.3", "--count", "8")
+    every = ssh_lab.gpumon(*watch, "--hosts", "up")
+    assert every.returncode == 0, every.stderr
+    some = ssh_lab.gpumon(*watch, "--hosts", "up,nowhere.invalid")
+    assert some.returncode == 4, some.stderr
+    assert '"host": "nowhere.invalid"' in some.stdout and "name not resolved" in some.stdout  # it fired
+    assert ssh_lab.gpumon(*watch, "--hosts", "nowhere.invalid").returncode == 5

@@ -6,8 +6,10 @@ host cannot be read (no connection, or it answers with something unusable: `"err
 the rule's duration, and resolves when it is back. One host's trouble never delays another's
 events. Hosts a source finds as it goes (Prometheus) get their engine when they first report. A
 source that cannot read its hosts (Prometheus down) says so once on stderr, and again when it
-changes. `--count N` ends the watch after N intervals. SIGTERM and SIGINT end it cleanly with 0, and
-so does stdout's reader going away (queued hooks still run).
+changes. `--count N` ends the watch after N intervals, with the fleet commands' exit status: 0
+every host was read at least once meanwhile, 4 some never was, 5 none was (1 instead where
+`--exit-on-alert` saw an alert). SIGTERM and SIGINT end it cleanly with 0, and so does stdout's
+reader going away (queued hooks still run).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule, missing_cards
-from gpumon.errors import EXIT_ALERT, EXIT_OK
+from gpumon.errors import EXIT_ALERT, EXIT_NONE_READ, EXIT_OK, answered_status
 from gpumon.exporter.collector import FleetCollector, Reading
 from gpumon.exporter.serving import serve
 from gpumon.exporter.web_config import WebConfig
@@ -49,6 +51,7 @@ class FleetWatch:
         self._seen: dict[str, Snapshot] = {}
         self._problems: tuple[str, ...] = ()
         self._cards_checked: set[str] = set()
+        self._read: set[str] = set()  # hosts that sent a reading during the watch
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -96,10 +99,16 @@ class FleetWatch:
             await runner
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+        if not self._stop.is_set() and self.status == EXIT_OK:  # it ended by itself (--count)
+            if self.fleet.names:
+                return answered_status(name in self._read for name in self.fleet.names)
+            return EXIT_NONE_READ if self._problems else EXIT_OK  # (Prometheus, which found no host)
         return self.status
 
     def _on_host(self, status: HostStatus) -> None:
         snapshot = status.snapshot
+        if status.state in ANSWERS and snapshot is not None:
+            self._read.add(status.host)
         if status.state == "live" and snapshot is not None and snapshot is not self._seen.get(status.host):
             self._seen[status.host] = snapshot
             if self.metrics:

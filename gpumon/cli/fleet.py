@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 from gpumon.cli.common import backend_args, open_source
 from gpumon.config import Config
-from gpumon.errors import EXIT_NONE_READ, EXIT_OK, EXIT_SOME_UNREAD, UsageError
+from gpumon.errors import UsageError, answered_status
 from gpumon.fleet import Fleet, open_fleet
 from gpumon.fleet.prometheus.source import DEFAULT_INTERVAL_S, PrometheusSource, parse_url
 from gpumon.jobs.host import local_args as host_local_args
@@ -85,12 +85,6 @@ def read_status(statuses: Iterable[HostStatus]) -> int:
     return answered_status([was_read(s) for s in statuses])
 
 
-def answered_status(answered: Iterable[bool]) -> int:
-    """0 when every host answered, 4 when some did not, 5 when none did."""
-    answered = list(answered)
-    if all(answered):
-        return EXIT_OK
-    return EXIT_SOME_UNREAD if any(answered) else EXIT_NONE_READ
 
 
 def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec],
