@@ -62,14 +62,19 @@ def test_watch_judges_xids_by_the_sites_policy(fake_driver, tmp_path):
     assert fired[3]["value"] == 2 and [r["code"] for r in fired[3]["reasons"]] == ["xid_13"]
 
 
-def test_failover_reads_the_same_policy(fake_driver, tmp_path, monkeypatch):
-    """XID 13, a program's own fault by default, fails the card when the site says so: the job moves."""
+@pytest.mark.parametrize("given", ["$GPUMON_CONFIG", "--config"])
+def test_failover_reads_the_same_policy(fake_driver, tmp_path, monkeypatch, given):
+    """XID 13, a program's own fault by default, fails the card when the site says so: the job moves.
+    The policy is the file `gpumon run` read, however it was named (the supervisor is a gpumon of
+    its own: --config is handed to it)."""
     config = tmp_path / "policy.toml"
     config.write_text(POLICY)
-    monkeypatch.setenv("GPUMON_CONFIG", str(config))
+    if given == "$GPUMON_CONFIG":
+        monkeypatch.setenv("GPUMON_CONFIG", str(config))
+    named = ["--config", str(config)] if given == "--config" else []
     uuids = three_cards(fake_driver, busy=(2,))
     starts = tmp_path / "starts"
-    run_job(fake_driver, "--gpu", "0", "--failover", "1", "--", *starts_script(starts))
+    run_job(fake_driver, *named, "--gpu", "0", "--failover", "1", "--", *starts_script(starts))
     started_runs(starts, 1)
     fake_driver.machine.xids = [dict(gpu=0, at=0, code=13)]
     fake_driver.write()

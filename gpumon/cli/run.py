@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     backend = open_source(args)
     try:
         code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout,
-                      as_json=args.json, claims_dir=config.claims_dir)
+                      as_json=args.json, claims_dir=config.claims_dir,
+                      config_file=getattr(args, "config", None))
     finally:
         backend.close()
     if not request.foreground and (note := logout_note(request.systemd)):

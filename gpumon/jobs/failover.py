@@ -81,11 +81,12 @@ def xid_trouble(snapshot: Snapshot | None, index: int, code: int, when: float | 
                    f"XID {found.code} on GPU {index}: {words(found.code)}{repeated}")
 
 
-def configured_xid_policy() -> dict:
-    """The config's [health.xid] (the file `gpumon run` checked: $GPUMON_CONFIG or the default), so
-    failover fails a card for the XIDs the health verdict fails it for."""
+def configured_xid_policy(path: str | None = None) -> dict:
+    """The config's [health.xid] (the file `gpumon run` checked: `path`, its --config; else
+    $GPUMON_CONFIG or the default), so failover fails a card for the XIDs the health verdict fails
+    it for."""
     try:
-        table = load_config().health.get("xid")
+        table = load_config(path).health.get("xid")
     except GpumonError as exc:
         print(f"gpumon: {exc}; failover uses the default XID policy", file=sys.stderr)
         return {}

@@ -220,9 +220,10 @@ def how_it_ended(directory: Path, code: int) -> str:
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
            out: IO[str], as_json: bool = False,
-           claims_dir: str | None = None) -> int:
+           claims_dir: str | None = None, config_file: str | None = None) -> int:
     """`gpumon run`: what it started, for people, or (`as_json`, what a host's `run` answers to the
-    gpumon that asked, jobs/host.py) `{"job": <its jobs --json entry>, "summary": [those lines]}`."""
+    gpumon that asked, jobs/host.py) `{"job": <its jobs --json entry>, "summary": [those lines]}`.
+    `config_file`: the one given with --config, handed to the supervisor."""
     snapshot = sample_once(backend)
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     topo = backend.topology() if needs_topo else None
@@ -232,6 +233,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
         taken = sharing.taken(place)
         spec = prepare(request, snapshot, topo, backend_args, interval, taken)
         spec.claims_dir = str(sharing.directory)
+        spec.config = os.path.abspath(config_file) if config_file else None
         hold = sharing.claim(place, spec.gpus, spec.id, spec.name)
         if request.wait:
             hold.items += sharing.enqueue(place, spec.id, spec.name, spec.gpu_spec).items

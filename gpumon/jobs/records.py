@@ -95,6 +95,9 @@ class JobSpec:
         """One limit for the tables and `mem_limit`: the job's own, else the strictest card's."""
         return self.mem_limit or min(self.limits.values(), default=None)
     claims_dir: str | None = None  # the host's shared place for claims and the queue (gpumon/sharing)
+    # The config file `gpumon run --config` read, which the supervisor reads too (its [health.xid]
+    # policy); None: the one the supervisor finds itself ($GPUMON_CONFIG, else the default).
+    config: str | None = None
     wait_timeout: float | None = None  # --wait-timeout: seconds a queued job waits before giving up
 
     @classmethod

@@ -122,7 +122,7 @@ class Supervisor:
             os.environ.update(saved)
         # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
         # energy is the counter's change from its start to its end.
-        health.configure({"interval": f"{self.spec_interval:g}s", **configured_xid_policy()})
+        health.configure({"interval": f"{self.spec_interval:g}s", **configured_xid_policy(self.spec.config)})
         # The job's claims and queue entry, handed over by its launcher: held until we end.
         self.sharing = JobSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
                                   warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
