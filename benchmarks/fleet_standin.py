@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpumon.fleet import Fleet  # noqa: E402
+from gpumon.fleet import Fleet, Source  # noqa: E402
 from gpumon.fleet.schema import snapshot_from_remote  # noqa: E402
 from gpumon.model import SCHEMA_VERSION  # noqa: E402
 from gpumon.remote.hosts import HostSpec  # noqa: E402
@@ -78,7 +78,7 @@ def document(host: str, cards: int, rng: random.Random, now: float, processes: i
             "cuda_driver_version": "12.8", "gpus": gpus}
 
 
-class StandinSource:
+class StandinSource(Source):
     """One host, as SshSource reads it, minus ssh: a checked document every interval."""
 
     kind = "gpumon"

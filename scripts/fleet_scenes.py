@@ -12,14 +12,14 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from gpumon.counters import Health, HealthReason
-from gpumon.fleet import Fleet
+from gpumon.fleet import Fleet, Source
 from gpumon.model import GpuSample, MigSample, Snapshot
 from gpumon.remote.hosts import parse_hosts
 
 GIB = 1 << 30
 
 
-class SceneSource:
+class SceneSource(Source):
     kind = "gpumon"
 
     def __init__(self, names: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ import time
 import pytest
 from fleet_scenes import card, machine, scene_fleet
 
+from gpumon.fleet import Source
 from gpumon.tui.fleet_app import FleetApp
 from gpumon.tui.screens.fleet import FleetScreen, FleetStatusLine
 from gpumon.tui.screens.host import HostScreen
@@ -491,7 +492,7 @@ def test_hosts_a_source_finds_later_join_the_overview_and_cannot_launch():
     the hosts listed), and `r` says why nothing can be launched there."""
     fleet = scene_fleet(["gpu01"])
 
-    class Finder:
+    class Finder(Source):
         kind, hosts = "prometheus", ()
 
         async def run(self, fleet):

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from gpumon.cards.sampler import History
 from gpumon.model import FleetSnapshot, HostStatus
@@ -41,20 +42,21 @@ SETTLED = ("live", "stale", "unreachable", "error")  # a first answer, good or b
 _KEEP: Any = object()
 
 
-class Source(Protocol):
-    kind: str  # "gpumon" | "nvidia-smi" | "prometheus" | "local": what it reads hosts through
-    hosts: Sequence[str]  # the names of the hosts it reports (so far, for a source that finds them)
+class Source(ABC):
+    """What reads hosts for the fleet (subclass it): SshSource, LocalSource, PrometheusSource.
 
+    A source that finds its hosts as it reads (Prometheus) sets `finds_hosts`: it calls
+    `fleet.add_host` before a host's first report, and `fleet.source_read(self, problem)` after
+    every read of all of them; its `label` names it for people in what goes wrong."""
+
+    kind: str = "gpumon"  # "gpumon" | "nvidia-smi" | "prometheus" | "local": what it reads hosts through
+    hosts: Sequence[str] = ()  # the names of the hosts it reports (so far, for a source that finds them)
+    finds_hosts: bool = False
+    label: str = ""  # for people: "Prometheus at http://prom:9090" ("": its kind)
+
+    @abstractmethod
     async def run(self, fleet: Fleet) -> None:
         """Report the hosts' statuses until cancelled; never raises for a host's trouble."""
-
-
-class FindingSource(Source, Protocol):
-    """A source that finds its hosts as it reads (Prometheus): it calls `fleet.add_host` before a
-    host's first report, and `fleet.source_read(self, problem)` after every read of all of them."""
-
-    finds_hosts: bool  # True
-    label: str  # for people: "Prometheus at http://prom:9090"
 
 
 class Fleet:
@@ -79,7 +81,7 @@ class Fleet:
         self._listeners: list[Listener] = []
         self._histories: dict[str, History] = {}
         self._unsettled = set(self.names)
-        self._unread = {id(s) for s in self.sources if getattr(s, "finds_hosts", False)}  # no first read yet
+        self._unread = {id(s) for s in self.sources if s.finds_hosts}  # no first read yet
         self._problems: dict[str, str] = {}  # a finding source's label -> why it cannot read its hosts
         self._first: dict[str, HostStatus] = {}  # each host's first answer (or failure)
         self._answer_listeners: list[Listener] = []
@@ -157,7 +159,7 @@ class Fleet:
 
     def source_read(self, source: Source, problem: str | None) -> None:
         """A finding source read all its hosts (problem None), or could not (why, in words)."""
-        label = getattr(source, "label", source.kind)
+        label = source.label or source.kind
         if problem is None:
             changed = self._problems.pop(label, None) is not None
         else:
@@ -213,7 +215,7 @@ class Fleet:
             why = f"internal error: {type(exc).__name__}: {exc}"
             for name in list(source.hosts):
                 self.report(name, "error", error=why)
-            if getattr(source, "finds_hosts", False):
+            if source.finds_hosts:
                 self.source_read(source, why)
 
     async def run(self) -> None:

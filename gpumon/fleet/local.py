@@ -9,13 +9,14 @@ from gpumon.cards.backends import Backend
 from gpumon.cards.sampler import Sampler
 from gpumon.cards.sampler import run_in_daemon_thread as in_daemon_thread  # a hung driver init blocks nothing
 from gpumon.errors import GpumonError
+from gpumon.fleet.fleet import Source
 from gpumon.model import Snapshot
 from gpumon.remote.hosts import LOCAL
 
 RETRY_S = 30.0
 
 
-class LocalSource:
+class LocalSource(Source):
     kind = "local"
     hosts = (LOCAL,)
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from gpumon.fleet import nvidia_smi
+from gpumon.fleet.fleet import Source
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.remote.hosts import HostSpec
 from gpumon.remote.login import MAX_BANNER, after_mark, is_mark, marked, new_mark
@@ -127,7 +128,7 @@ async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
     return bytes(data)
 
 
-class SshSource:
+class SshSource(Source):
     """Reads one host through ssh. `kind` is what it is first tried with."""
 
     kind = "gpumon"

@@ -26,6 +26,7 @@ import time
 from functools import partial
 
 from gpumon.cards.sampler import run_in_daemon_thread as in_daemon_thread
+from gpumon.fleet.fleet import Source
 from gpumon.fleet.prometheus.api import REQUEST_TIMEOUT_S, ApiError, parse_url, query
 from gpumon.fleet.prometheus.dcgm import Cluster, queries, read_cluster
 from gpumon.fleet.prometheus.login import login
@@ -41,7 +42,7 @@ BACKOFF_MAX_S = 30.0
 NOTE = "read through Prometheus: no way to reach the node"
 
 
-class PrometheusSource:
+class PrometheusSource(Source):
     """Every host a Prometheus server has GPU series of (dcgm-exporter's or gpumon's), read-only."""
 
     kind = "prometheus"
