@@ -116,6 +116,7 @@ class GpumonApp(BaseApp):
                 self.exit(self.failure.exit_status)
                 return
         if not snapshot.stale:
+            self.main_screen.process_history.add(snapshot)
             if self.usage is not None:  # records only where no watch does; the writing is its thread's
                 self.usage.feed(snapshot)
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):

@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from gpumon.cards.cuda_order import cuda_ordinals
+from gpumon.cards.process_history import ProcessHistory
 from gpumon.cards.sampler import History
 from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
@@ -51,6 +52,7 @@ class MainScreen(CardActions, Screen):
     local_sharing = True  # this machine's reservations on its cards (a fleet host's view: False)
     BINDINGS = [
         Binding("a", "toggle_scope", "All/one card"),
+        Binding("enter", "open_process", "Process"),
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("x", "signal('terminate')", "Terminate"),
@@ -92,6 +94,9 @@ class MainScreen(CardActions, Screen):
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
+        # Each process's recent past, for its screen (Enter); fed every fresh reading by the app.
+        self.process_history = ProcessHistory(seconds=max(WINDOWS))
+        self.process_screen = None  # the process screen while it is open (screens/process.py)
         self.alerts: dict[int, tuple[str, ...]] = {}
         self.job_of_pid: dict[int, tuple[str, str]] = {}  # pid -> (job name, job id)
         self._ordinals_for: tuple | None = None
@@ -148,7 +153,9 @@ class MainScreen(CardActions, Screen):
 
     def show_snapshot(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        if self.app.screen is self:
+        if self.process_screen is not None and self.app.screen is self.process_screen:
+            self.process_screen.show(snapshot)
+        elif self.app.screen is self:
             self._apply()
         elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
@@ -288,6 +295,19 @@ class MainScreen(CardActions, Screen):
         if self.snapshot is not None:
             self._update_table()
 
+    def action_open_process(self) -> None:
+        """Enter: the selected process on a screen of its own; back (Esc) to this one as it was."""
+        row = self._selected_process()
+        if row is None:
+            return
+        from gpumon.tui.screens.process import ProcessScreen  # imported when first used: not at start
+
+        def closed(_: None) -> None:
+            self.process_screen = None
+
+        self.process_screen = ProcessScreen(self, row)
+        self.app.push_screen(self.process_screen, closed)
+
     def action_cycle_window(self) -> None:
         self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
         self.notify(f"charts show the last {self.window // 60} min", timeout=2)
@@ -349,6 +369,8 @@ class MainScreen(CardActions, Screen):
             return self.real_pids
         if action == "not_real":
             return not self.real_pids
+        if action == "open_process":
+            return self.focused is self.table
         if action in ("run", "mem_limit"):
             return not self.readonly and self.app.can_launch
         return True

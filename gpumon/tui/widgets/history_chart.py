@@ -11,7 +11,9 @@ from textual.widget import Widget
 
 WINDOWS = (60, 300, 600)  # seconds; the `w` key cycles them
 UNITS = {"util": ("GPU utilisation", "%", 100.0), "mem": ("Memory used", "%", 100.0),
-         "temp": ("Temperature", "°C", None), "power": ("Power", "W", None)}
+         "temp": ("Temperature", "°C", None), "power": ("Power", "W", None),
+         # One process's (the process screen's charts)
+         "proc_mem": ("GPU memory", " MiB", None), "proc_sm": ("SM", "%", 100.0), "proc_cpu": ("CPU", "%", None)}
 
 
 def _window_label(seconds: float) -> str:
@@ -44,6 +46,8 @@ def render_chart(values: list[float | None], slots: int, width: int, height: int
     slots = max(slots, len(values), 2)
     import plotext  # 90 ms to import: only once a chart is actually drawn, not before the first frame
 
+    # The widget gives the size: never cut to the size of the terminal gpumon runs in (or of none, 80x24).
+    plotext.terminal.limit(False, False)
     fig = plotext.figure
     fig.clear()
     fig.plot_size(width, height)
