@@ -28,6 +28,7 @@ from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.plain import plain
+from gpumon.tui.preferences import Preferences
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.health import HealthScreen
 from gpumon.tui.screens.topology import TopologyScreen
@@ -112,6 +113,7 @@ class MainScreen(CardActions, Screen):
         self.cards = CardList(id="cards")
         self.charts = [HistoryChart(metric, id=f"chart-{metric}") for metric in CHART_METRICS]
         self.table = ProcessTable(invisible_reason(), id="processes")
+        self._restore(self.app.preferences.saved)
         self.table_frame = TableFrame(id="process-frame")
         self.table_frame.border_subtitle = "a: all/one card  s: sort  /: filter"
         yield self.status_bar
@@ -123,6 +125,17 @@ class MainScreen(CardActions, Screen):
         with self.table_frame:
             yield self.table
         yield Footer()
+
+    def _restore(self, saved: Preferences) -> None:
+        """The choices kept from the last time (tui/preferences.py); values this gpumon does not know are left."""
+        table = self.table
+        if saved.sort in table.SORTS:
+            table.sort_key = saved.sort
+            table.sort_reverse = table.SORTS[saved.sort] if saved.sort_reverse is None else saved.sort_reverse
+        if saved.window in WINDOWS:
+            self.window = saved.window
+        if saved.all_cards is not None:
+            self.only_selected = not saved.all_cards
 
     def on_mount(self) -> None:
         if self.identity is not None and self.snapshot is None:
@@ -287,11 +300,13 @@ class MainScreen(CardActions, Screen):
             self._apply()
 
     def on_process_table_sort_changed(self, message: ProcessTable.SortChanged) -> None:
+        self.app.preferences.change(sort=self.table.sort_key, sort_reverse=self.table.sort_reverse)
         if self.snapshot is not None:
             self._update_table()
 
     def action_toggle_scope(self) -> None:
         self.only_selected = not self.only_selected
+        self.app.preferences.change(all_cards=not self.only_selected)
         if self.snapshot is not None:
             self._update_table()
 
@@ -310,6 +325,7 @@ class MainScreen(CardActions, Screen):
 
     def action_cycle_window(self) -> None:
         self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
+        self.app.preferences.change(window=self.window)
         self.notify(f"charts show the last {self.window // 60} min", timeout=2)
         if self.snapshot is not None:
             self._update_charts()
