@@ -87,3 +87,14 @@ def test_memory_stays_flat_with_many_processes():
     assert points <= 128 * history.capacity
     size = sum(sys.getsizeof(track._points) for track in history._tracks.values())
     assert size < 128 * history.capacity * 5 * 8 * 1.2  # doubles in arrays, not Python objects
+
+
+def test_a_newcomer_waits_for_room_while_every_tracked_process_runs():
+    history = ProcessHistory(most=2)
+    history.add(snapshot(1.0, (0, 1, 1.0, 10), (0, 2, 1.0, 20)))
+    history.add(snapshot(2.0, (0, 1, 1.0, 11), (0, 2, 1.0, 21), (0, 3, 2.0, 30)))
+    assert history.track(ProcessSample(3, "compute", started=2.0)) is None, "no track made to be dropped"
+    assert history.track(ProcessSample(1, "compute", started=1.0)).series("sm_util")[1] == [10, 11]
+    history.add(snapshot(3.0, (0, 2, 1.0, 22), (0, 3, 2.0, 31)))  # pid 1 has exited: its place goes to 3
+    assert history.track(ProcessSample(3, "compute", started=2.0)).series("sm_util")[1] == [31]
+    assert history.track(ProcessSample(1, "compute", started=1.0)) is None

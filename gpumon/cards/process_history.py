@@ -6,7 +6,9 @@ A process is known by its pid *and* its start time, so a pid the kernel hands to
 starts with no past. The cost stays flat however many processes come and go: at most one point
 a second is kept, for `seconds` (the longest chart window), in flat arrays of doubles (40 bytes a
 point, not a Python object per value); at most `most` processes are tracked, and a process not
-seen for `seconds` is dropped, the longest unseen first.
+seen for `seconds` is dropped. A process first seen while every tracked one is still running gets
+no track (the process screen keeps its own points for it while it is shown): with hundreds of
+processes the same ones stay tracked, and no track is made and dropped every sample.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def key_of(process: ProcessSample) -> ProcessKey:
 class Track:
     """One process's points: time and each metric, oldest first, at most `capacity` of them."""
 
-    __slots__ = ("capacity", "_points", "_head", "seen_at")
+    __slots__ = ("capacity", "_points", "_head", "seen_at", "sighted")
 
     WIDTH = 1 + len(METRICS)
 
@@ -40,7 +42,8 @@ class Track:
         self.capacity = capacity
         self._points = array("d")  # row-major: time, then each metric; a ring once full
         self._head = 0  # the oldest row, once the ring is full
-        self.seen_at = NAN
+        self.seen_at = NAN  # the time of the newest point
+        self.sighted = NAN  # the time of the newest snapshot that listed the process (a point or not)
 
     def __len__(self) -> int:
         return len(self._points) // self.WIDTH
@@ -97,17 +100,27 @@ class ProcessHistory:
         for gpu in snapshot.gpus:
             for process in gpu.processes:
                 found.setdefault(key_of(process), []).append(process)
-        tracks = self._tracks
+        tracks, now = self._tracks, snapshot.time
+        new = []
         for key, samples in found.items():
             track = tracks.get(key)
             if track is None:
-                track = tracks[key] = Track(self.capacity)
-            else:
-                tracks.move_to_end(key)
-            track.add(snapshot.time, point_of(samples))
-        cutoff = snapshot.time - self.seconds
-        while tracks and (len(tracks) > self.most or next(iter(tracks.values())).seen_at < cutoff):
+                new.append((key, samples))
+                continue
+            tracks.move_to_end(key)
+            track.sighted = now
+            track.add(now, point_of(samples))
+        cutoff = now - self.seconds
+        while tracks and next(iter(tracks.values())).sighted < cutoff:
             tracks.popitem(last=False)
+        for key, samples in new:
+            if len(tracks) >= self.most:
+                if next(iter(tracks.values())).sighted >= now:  # every tracked one is running: no room
+                    break
+                tracks.popitem(last=False)  # the one unseen longest
+            track = tracks[key] = Track(self.capacity)
+            track.sighted = now
+            track.add(now, point_of(samples))
 
     def track(self, process: ProcessSample) -> Track | None:
         """The process's points (the object itself: it keeps them after the process is dropped here)."""

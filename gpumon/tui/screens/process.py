@@ -93,8 +93,9 @@ class ProcessScreen(Screen[None]):
         self.gone_at: float | None = None  # when a fresh snapshot no longer listed it
         self.now = main.snapshot.time if main.snapshot is not None else time.time()
         # The main screen's history, or this screen's own points for a process it does not track.
-        self.track = main.process_history.track(row.process) or Track(main.process_history.capacity)
-        self._own_track = main.process_history.track(row.process) is None
+        kept = main.process_history.track(row.process)
+        self._own_track = kept is None
+        self.track = Track(main.process_history.capacity) if kept is None else kept
 
     def compose(self) -> ComposeResult:
         self.facts = Static(id="process-facts")
