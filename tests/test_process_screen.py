@@ -194,3 +194,56 @@ def test_the_process_screen_in_a_real_terminal(fake_driver, idle_processes, tmux
     assert sleeper.poll() is None
     tmux.keys("Escape")
     tmux.wait_for(lambda s: "GPU MEM" in s and "sleep 600" in s, what="the main screen again")
+
+
+def test_a_fleet_hosts_process_has_its_screen_too():
+    """In a host's view (a stand-in fleet: the host's news is reported by the test), Enter opens the
+    host's process; its charts fill from the host's readings; `e` says it is this machine's only;
+    a host that is away is no news, a reading without the process says it exited."""
+    import dataclasses
+
+    from fleet_scenes import card, machine, scene_fleet
+
+    from gpumon.model import ProcessSample
+    from gpumon.tui.fleet_app import FleetApp
+    from gpumon.tui.screens.host import HostScreen
+
+    fleet = scene_fleet(["gpu01"])
+    now = 1_767_225_600.0
+
+    def report(when: float, sm: int | None, state: str = "live") -> None:
+        process = ProcessSample(4242, "compute", gpu_memory=8 * GIB, sm_util=sm, user="alice", started=now - 3600,
+                                command="python train.py [red]x[/red]")
+        gpu = dataclasses.replace(card(0, util=90, host="gpu01"), processes=() if sm is None else (process,))
+        fleet.report("gpu01", state, snapshot=machine("gpu01", [gpu], time=when))
+
+    notes = []
+
+    async def go():
+        app = FleetApp(fleet)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.1)
+            report(now, 40)
+            await pilot.pause(0.4)
+            await pilot.press("enter")
+            assert isinstance(app.screen, HostScreen)
+            host_view = app.screen
+            await pilot.pause(0.3)
+            await pilot.press("tab", "enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, ProcessScreen), what="the process screen")
+            screen = app.screen
+            assert "python train.py [red]x[/red]" in app.export_screenshot().replace("&#160;", " ")
+            report(now + 1, 55)
+            await wait_until(pilot, lambda: screen.charts[1].values[-2:] == [40, 55], what="the host's readings")
+            app.notify = lambda message, **kw: notes.append(message)
+            await pilot.press("e")
+            report(now + 2, None, state="stale")  # away: no news of the process (not that it exited)
+            await pilot.pause(0.3)
+            assert not screen.gone
+            report(now + 3, None)  # a fresh reading without it
+            await wait_until(pilot, lambda: screen.gone, what="the screen to say it exited")
+            await pilot.press("escape")
+            assert app.screen is host_view
+
+    run(go())
+    assert any("this machine's processes only" in n for n in notes), notes
