@@ -146,7 +146,7 @@ class ProcessScreen(Screen[None]):
             times, values = self.track.series(CHART_METRIC[chart.metric], window)
             if chart.metric == "proc_mem":
                 values = [None if v is None else v / MIB for v in values]
-            chart.show(values, max(2, int(window / interval)), window, f"pid {self.process.pid}")
+            chart.show(values, max(2, int(window / interval)), window, "")  # the screen's title names the process
 
     def _title(self) -> Text:
         p = self.process

@@ -80,7 +80,8 @@ class HistoryChart(Widget):
         self._text = Text("")
 
     def show(self, values: list[float | None], slots: int, window: float, card_label: str) -> None:
-        """`values`: the last `window` seconds of samples; `slots`: how many samples fill it."""
+        """`values`: the last `window` seconds of samples; `slots`: how many samples fill it;
+        `card_label`: whose values they are, in the title ("": the screen says whose)."""
         self.values, self.slots, self.window, self.card_label = values, slots, window, card_label
         if self.display and self.size.width > 0:
             self.refresh()
@@ -95,6 +96,6 @@ class HistoryChart(Widget):
             latest = next((v for v in reversed(self.values) if v is not None), None)
             now = f" {latest:.0f}{unit}" if latest is not None else " N/A"
             text = render_chart(self.values, self.slots, width, height, self.window, upper,
-                                f"{name} ({self.card_label}){now}")
+                                f"{name} ({self.card_label}){now}" if self.card_label else f"{name}{now}")
             self._text = Text(text, style=self.get_component_rich_style("history-chart--line"), no_wrap=True)
         return self._text
