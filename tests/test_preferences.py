@@ -188,3 +188,29 @@ def test_a_folder_that_cannot_be_written_is_said_once(tmp_path):
     time.sleep(0.3)  # the second write has had its chance to say it again
     assert len(said) == 1 and "preferences not saved" in said[0]
     assert store.saved.sort == "cpu", "kept in memory"
+
+
+def test_the_fleet_overviews_sort_is_kept(tmp_path):
+    """The fleet TUI (a stand-in fleet) keeps its overview's sort in the same file."""
+    import asyncio
+
+    from fleet_scenes import card, machine, scene_fleet
+
+    from gpumon.tui.fleet_app import FleetApp
+
+    path = tmp_path / "state" / "tui.json"
+
+    async def session(keys: tuple[str, ...]) -> str:
+        fleet = scene_fleet(["gpu01", "gpu02"])
+        app = FleetApp(fleet, preferences=PreferenceStore.load(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.1)
+            for host in ("gpu01", "gpu02"):
+                fleet.report(host, "live", snapshot=machine(host, [card(0, host=host)]))
+            await pilot.press(*keys)
+            await pilot.pause(0.2)
+            return f"{app.overview.table.sort_key} {app.overview.table.sort_reverse}"
+
+    assert asyncio.run(session(("o", "o", "O"))) == "load True"
+    wait_for_file(path, lambda d: d.get("hosts_sort") == "load" and d.get("hosts_sort_reverse") is True, "the sort")
+    assert asyncio.run(session(())) == "load True"

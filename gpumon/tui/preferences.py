@@ -1,6 +1,6 @@
 """What the user chose in the TUI, kept for the next start (as nvtop keeps its setup): the process
-table's sort column and direction, the theme, the chart window, and whether the process table
-shows every card's processes or the selected card's.
+table's sort column and direction, the theme, the chart window, whether the process table
+shows every card's processes or the selected card's, and the fleet overview's sort.
 
 Kept in the state folder (`~/.local/state/gpumon/tui.json`, platformdirs' user_state_dir), one
 JSON object; deleting it resets them. Each change is written at once (atomically: a kill leaves
@@ -39,9 +39,12 @@ class Preferences:
     theme: str | None = None
     window: int | None = None  # seconds of history the charts show
     all_cards: bool | None = None  # the process table shows every card's processes
+    hosts_sort: str | None = None  # the fleet overview's sort (`o`): listed, free, load, name, health
+    hosts_sort_reverse: bool | None = None
 
 
-_TYPES: dict[str, type] = {"sort": str, "sort_reverse": bool, "theme": str, "window": int, "all_cards": bool}
+_TYPES: dict[str, type] = {"sort": str, "sort_reverse": bool, "theme": str, "window": int, "all_cards": bool,
+                           "hosts_sort": str, "hosts_sort_reverse": bool}
 
 
 def preferences_path() -> Path:
