@@ -99,3 +99,39 @@ def test_the_text_form_is_one_line_per_check(fake_driver):
     lines = done.stdout.splitlines()
     assert lines and all(line.split()[0] in ("ok", "warn", "fail") for line in lines)
     assert any(line.split()[1] == "driver.library" for line in lines)
+
+
+def test_the_claims_folder_checked_is_the_one_the_config_names(fake_driver, tmp_path):
+    fake_driver.write()
+    env = {k: v for k, v in fake_driver.env.items() if k != "GPUMON_CLAIMS_DIR"}
+    team = tmp_path / "team-claims"
+    team.mkdir(mode=0o755)  # not sticky: anyone who may write there could remove another's claim
+    config = tmp_path / "config.toml"
+    config.write_text(f'[claims]\ndir = "{team}"\n')
+    _, checks = _doctor(env, "--config", str(config))
+    claims = checks["claims.dir"]
+    assert claims["status"] == "warn" and f"{team} is not sticky" in claims["summary"], claims
+    assert "[claims] dir" in claims["summary"] and claims["fix"] == f"chmod 1777 {team}"
+
+    team.chmod(0o1777)
+    _, checks = _doctor(env, "--config", str(config))
+    assert checks["claims.dir"]["status"] == "ok" and str(team) in checks["claims.dir"]["summary"]
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    config.write_text(f'[claims]\ndir = "{blocked}/claims"\n')  # a folder that cannot be made there
+    _, checks = _doctor(env, "--config", str(config))
+    assert checks["claims.dir"]["status"] == "fail" and f"{blocked}/claims" in checks["claims.dir"]["summary"]
+
+    # $GPUMON_CLAIMS_DIR (as everything that uses the folder reads it) wins over the config.
+    _, checks = _doctor(dict(env, GPUMON_CLAIMS_DIR=str(team)), "--config", str(config))
+    assert str(team) in checks["claims.dir"]["summary"] and "$GPUMON_CLAIMS_DIR" in checks["claims.dir"]["summary"]
+
+
+def test_without_a_claims_setting_the_default_folder_is_checked(fake_driver, tmp_path):
+    fake_driver.write()
+    env = {k: v for k, v in fake_driver.env.items() if k != "GPUMON_CLAIMS_DIR"}
+    config = tmp_path / "config.toml"
+    config.write_text("interval = 1.0\n")
+    _, checks = _doctor(env, "--config", str(config))
+    assert "/tmp/gpumon-claims" in checks["claims.dir"]["summary"]

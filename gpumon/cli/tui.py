@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         rules = parse_rules(config.rules + config.watch_rules + args.alert)
         if identity is not None and (problem := missing_cards(rules, identity)):  # else the first sample says
             raise UsageError(problem)
+        args.theme_given = args.theme is not None  # --theme: it wins over the theme chosen in the TUI last time
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
         opened = backend_args(args)
@@ -79,6 +80,7 @@ def _fleet(args: argparse.Namespace, take_down):
             return None
         from gpumon.cli.fleet import build, host_list, prometheus_url
 
+        args.theme_given = args.theme is not None
         args.theme = args.theme or config.theme
         args.readonly = args.readonly or config.readonly
         return build(args, config, host_list(args, config, use_config=True),

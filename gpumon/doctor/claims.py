@@ -1,20 +1,27 @@
-"""The claims folder, checked as `[claims] dir` would name it.
-
-Kept apart from the other checks on purpose: the claims feature lands from another branch, and at
-merge this module reads the folder from its config instead of the default below."""
+"""The claims folder that claims, the queue and reservations would use with the config in force:
+$GPUMON_CLAIMS_DIR, else the config's `[claims] dir`, else /tmp/gpumon-claims (sharing/place.py)."""
 
 from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
+from gpumon.config import Config
 from gpumon.doctor.check import FAIL, OK, WARN, Check
+from gpumon.sharing.place import ENV, where
 
-DEFAULT_DIR = Path("/tmp/gpumon-claims")  # sticky and world-writable, like /tmp itself
+
+def claims_folder(config: Config) -> Check:
+    """The folder checked, and said where it comes from (a folder the admin named is looked for there)."""
+    folder = where(config.claims_dir)
+    check = _folder_check(folder)
+    source = f" (${ENV})" if os.environ.get(ENV) else " ([claims] dir)" if config.claims_dir else ""
+    return replace(check, summary=check.summary + source)
 
 
-def claims_folder(folder: Path = DEFAULT_DIR) -> Check:
+def _folder_check(folder: Path) -> Check:
     try:
         mode = folder.stat().st_mode
     except FileNotFoundError:

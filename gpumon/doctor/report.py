@@ -27,7 +27,7 @@ def config_check(path: str | None) -> tuple[Check, Config]:
 def all_checks(config_path: str | None, nvml_lib: str | None) -> list[Check]:
     checked, config = config_check(config_path)
     checks = driver_checks(nvml_lib)
-    checks += [other_processes(), cgroup_layout(), checked, claims_folder()]
+    checks += [other_processes(), cgroup_layout(), checked, claims_folder(config)]
     checks += host_checks(config)
     checks += [exporter_port(config.prometheus), textual_range()]
     return checks

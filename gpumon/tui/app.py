@@ -28,6 +28,7 @@ from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
+from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.users import UsersScreen
 
@@ -48,13 +49,15 @@ class GpumonApp(BaseApp):
                  env: Mapping[str, str] | None = None, sample_count: int | None = None,
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
                  backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None,
-                 low_bandwidth: bool = False) -> None:
+                 low_bandwidth: bool = False, preferences: PreferenceStore | None = None,
+                 theme_given: bool = False) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
         sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
         # Who holds the cards, fed every reading from the start: idle time counts before `u` is
         # pressed. `idle` rules read the same tracker.
         holders = HolderTracker()
-        super().__init__(readonly=readonly, theme=theme, rules=rules, low_bandwidth=low_bandwidth, holders=holders)
+        super().__init__(readonly=readonly, theme=theme, rules=rules, low_bandwidth=low_bandwidth, holders=holders,
+                         preferences=preferences, theme_given=theme_given)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.sampler = sampler
@@ -116,6 +119,7 @@ class GpumonApp(BaseApp):
                 self.exit(self.failure.exit_status)
                 return
         if not snapshot.stale:
+            self.main_screen.process_history.add(snapshot)
             if self.usage is not None:  # records only where no watch does; the writing is its thread's
                 self.usage.feed(snapshot)
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
@@ -207,12 +211,14 @@ def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool
                env: Mapping[str, str] | None = None, sample_count: int | None = None,
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
                backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
-               identity: Snapshot | None = None, low_bandwidth: bool = False) -> GpumonApp:
+               identity: Snapshot | None = None, low_bandwidth: bool = False,
+               preferences: PreferenceStore | None = None, theme_given: bool = False) -> GpumonApp:
     """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
-    once the first frame is up. An opener's backend lists real processes (NVML)."""
+    once the first frame is up. An opener's backend lists real processes (NVML). `preferences`:
+    the choices kept from the last run (None: none kept); `theme_given`: `theme` wins over them."""
     return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
                      sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args,
-                     identity=identity, low_bandwidth=low_bandwidth)
+                     identity=identity, low_bandwidth=low_bandwidth, preferences=preferences, theme_given=theme_given)
 
 
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
@@ -228,7 +234,8 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
     recorder = Recorder(args.record) if args.record else None
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
-                     identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False))
+                     identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False),
+                     preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False))
     app.on_alternate_screen = on_alternate_screen
     if usage is not None:
         usage.tracker = app.holders  # the users view's: a sample's shares are worked out once

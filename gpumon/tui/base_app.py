@@ -32,6 +32,7 @@ from gpumon.health.xid import RecentXids
 from gpumon.owners.holders import HolderTracker
 from gpumon.tui.key_turns import KeysInTurn
 from gpumon.tui.plain import plain_lines
+from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.alerts import AlertsScreen
 from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
@@ -45,6 +46,7 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 # frames of a slow link take seconds on their own: that is no reason yet.)
 AUTO_LOW_BANDWIDTH_S = 3
 AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
+NOTE_S = 20.0  # how long the status line says the preferences could not be read or saved
 LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth mode
 
 
@@ -66,8 +68,11 @@ class BaseApp(KeysInTurn):
     ]
 
     def __init__(self, *, readonly: bool = False, theme: str | None = None, rules: list[Rule] | None = None,
-                 low_bandwidth: bool = False, holders: HolderTracker | None = None) -> None:
-        """`holders`: the app's HolderTracker, which `idle` rules then read too (one tracker per app)."""
+                 low_bandwidth: bool = False, holders: HolderTracker | None = None,
+                 preferences: PreferenceStore | None = None, theme_given: bool = False) -> None:
+        """`holders`: the app's HolderTracker, which `idle` rules then read too (one tracker per app);
+        `preferences`: the user's saved choices (None: none, and none kept); `theme_given`: `theme`
+        came from the command line, and wins over the saved one."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
         # Textual's own driver, and way of drawing, where this Textual is not the one they were written for.
         super().__init__(driver_class=WireDriver if usable("output layer") else None)
@@ -76,6 +81,10 @@ class BaseApp(KeysInTurn):
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
         self.readonly = readonly
         self.requested_theme = theme
+        self.theme_given = theme_given
+        self.preferences = preferences or PreferenceStore()
+        self._note = ""  # said in the status line for a while (preferences not read or not saved)
+        self._note_until = 0.0
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
         self.engine = AlertEngine(rules or [], tracker=holders)
@@ -111,6 +120,9 @@ class BaseApp(KeysInTurn):
 
     def on_mount(self) -> None:
         self._quit_on_sigterm()
+        self.preferences.on_problem = lambda problem: self.call_later(self.preferences_problem, problem)
+        if self.preferences.problem:
+            self.preferences_problem(self.preferences.problem)
         self._install_themes()
         self.push_screen(self.first_screen())
         self.start_source()
@@ -169,6 +181,9 @@ class BaseApp(KeysInTurn):
     def _initial_theme(self) -> str:
         if self.no_color:
             return MONOCHROME
+        saved = self.preferences.saved.theme
+        if not self.theme_given and saved in self.available_themes:  # a theme file since removed: not that one
+            return saved
         if self.requested_theme is None:
             return DEFAULT
         if self.requested_theme not in self.available_themes:
@@ -238,6 +253,8 @@ class BaseApp(KeysInTurn):
     def status_note(self) -> str:
         """What the status line says beyond the reading: a slow link."""
         notes = []
+        if self._note and time.monotonic() < self._note_until:
+            notes.append(self._note)
         if self.low_bandwidth:
             notes.append(f"low bandwidth: every {LOW_BANDWIDTH_REDRAW_S:g} s (b)")
         if self.link_behind >= 1:
@@ -259,6 +276,12 @@ class BaseApp(KeysInTurn):
         current = names.index(self.theme) if self.theme in names else -1
         self.theme = names[(current + 1) % len(names)]
         self.notify(f"theme: {self.theme}", timeout=2)
+        self.preferences.change(theme=self.theme)
+
+    def preferences_problem(self, problem: str) -> None:
+        """The saved choices could not be read or written: said in the status line for a while."""
+        self._note, self._note_until = problem, time.monotonic() + NOTE_S
+        self._refresh_status()
 
     async def action_quit(self, status: int = EXIT_OK) -> None:
         self.exit(status)

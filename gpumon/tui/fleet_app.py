@@ -28,6 +28,7 @@ from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet_actions import ask_and_launch
 from gpumon.tui.fleet_jobs import FleetJobs
 from gpumon.tui.host_reach import why_not_here
+from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.fleet import FleetScreen
 from gpumon.tui.screens.host import HostScreen
 from gpumon.tui.screens.jobs import JobsScreen
@@ -37,9 +38,12 @@ from gpumon.tui.screens.users import UsersScreen
 class FleetApp(BaseApp):
     def __init__(self, fleet: Fleet, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.time,
-                 local_real_pids: bool = True) -> None:
-        """`local_real_pids`: whether the host `local` lists real processes (not --demo)."""
-        super().__init__(readonly=readonly, theme=theme)
+                 local_real_pids: bool = True, preferences: PreferenceStore | None = None,
+                 theme_given: bool = False) -> None:
+        """`local_real_pids`: whether the host `local` lists real processes (not --demo);
+        `preferences`, `theme_given`: as GpumonApp's (the theme, and a host's view's process
+        table and charts, share the single-machine TUI's saved choices)."""
+        super().__init__(readonly=readonly, theme=theme, preferences=preferences, theme_given=theme_given)
         self.fleet = fleet
         self.env = dict(os.environ if env is None else env)
         self.local_real_pids = local_real_pids
@@ -57,6 +61,11 @@ class FleetApp(BaseApp):
 
     def first_screen(self) -> Screen:
         return self.overview
+
+    def preferences_problem(self, problem: str) -> None:
+        """The overview's top line has no room for notes: a notification says it (a host's view also shows it)."""
+        super().preferences_problem(problem)
+        self.notify(problem, severity="warning", timeout=8)
 
     def start_source(self) -> None:
         self.fleet.subscribe(self._on_host)
@@ -175,7 +184,8 @@ def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[],
     env = dict(os.environ if env is None else env)
     prepare_terminal(args, on_error)
     demo = bool(args.demo or args.scenario is not None)
-    app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo)
+    app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo,
+                   preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False))
     app.on_alternate_screen = on_alternate_screen
     try:
         return app.outcome(app.run())

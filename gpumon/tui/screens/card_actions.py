@@ -115,9 +115,11 @@ class CardActions:
 
     def action_signal(self, kind: str) -> None:
         row = self._selected_process()
-        if row is None:
-            return
-        p = row.process
+        if row is not None:
+            self.signal_process(row.process, kind)
+
+    def signal_process(self, p, kind: str) -> None:
+        """x, X, i on this process (the selected one, or the process screen's)."""
         if p.user is None and p.command is None:
             self.notify(f"process {p.pid}: {invisible_reason()}", severity="warning")
             return
@@ -128,39 +130,55 @@ class CardActions:
 
     def action_signal_menu(self) -> None:
         """F9: choose the signal, then the same checks and confirmation as x, X and i."""
-        if self.readonly:
-            self.notify("signals are off: --readonly", severity="warning", timeout=3)
-            return
-        if not self.real_pids:
-            self.action_not_real("nothing to signal")
+        if self._signals_off():
             return
         row = self._selected_process()
-        if row is None:
+        if row is not None:
+            self.signal_menu_for(row.process)
+
+    def signal_menu_for(self, process) -> None:
+        if self._signals_off(process):
             return
         from gpumon.tui.screens.signal_menu import SignalMenu
 
-        self.app.push_screen(SignalMenu(row.process.pid), lambda kind: self.action_signal(kind) if kind else None)
+        self.app.push_screen(SignalMenu(process.pid), lambda kind: self.signal_process(process, kind) if kind else None)
+
+    def _signals_off(self, process=None) -> bool:
+        """Whether signals cannot be sent here (read-only, or processes that are not real), said so."""
+        if self.readonly:
+            self.notify("signals are off: --readonly", severity="warning", timeout=3)
+            return True
+        if not self.real_pids:
+            if process is None:
+                self.action_not_real("nothing to signal")
+            else:
+                self.say_not_real(process, "nothing to signal")
+            return True
+        return False
 
     def action_not_real(self, why: str) -> None:
         """x, X, i or e where the processes are not real ones (demo, a recording): say so."""
         row = self._selected_process()
-        if row is None:
-            return
+        if row is not None:
+            self.say_not_real(row.process, why)
+
+    def say_not_real(self, process, why: str) -> None:
         source = "--replay: process {} was recorded" if self.app.replay is not None else \
             "--demo: process {} is simulated"
-        self.notify(f"{source.format(row.process.pid)}, {why}", severity="warning", timeout=4)
+        self.notify(f"{source.format(process.pid)}, {why}", severity="warning", timeout=4)
 
     def action_environment(self) -> None:
         row = self._selected_process()
-        if row is None:
-            return
+        if row is not None:
+            self.show_environment(row.process)
+
+    def show_environment(self, process) -> None:
         try:
-            env = actions.environment(row.process.pid, row.process.started)
+            env = actions.environment(process.pid, process.started)
         except actions.ActionError as exc:
             self.notify(str(exc), severity="error")
             return
-        self.app.push_screen(EnvironmentScreen(f"Environment of {row.process.pid}", env))
-
+        self.app.push_screen(EnvironmentScreen(f"Environment of {process.pid}", env))
 
 def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:
     """Confirm, then signal the process through its host (`x`/`X`/`i` here and in a fleet host's

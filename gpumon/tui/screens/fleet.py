@@ -79,6 +79,9 @@ class FleetScreen(Screen):
         self.table = HostTable(self.fleet.names, clock=self.clock, reserved=RESERVED, id="hosts")
 
     def compose(self) -> ComposeResult:
+        saved = self.app.preferences.saved  # the sort chosen last time (tui/preferences.py)
+        if saved.hosts_sort in SORTS:
+            self.table.sort_key, self.table.sort_reverse = saved.hosts_sort, bool(saved.hosts_sort_reverse)
         yield FleetStatusLine(id="fleet-status")
         with TableFrame(id="host-frame") as frame:
             frame.border_title = f"Hosts · {len(self.fleet.names)}"
@@ -199,13 +202,14 @@ class FleetScreen(Screen):
 
     def action_cycle_sort(self) -> None:
         table = self.table
-        key = SORTS[(SORTS.index(table.sort_key) + 1) % len(SORTS)]
-        table.set_sort(key, False)
-        self._show_status()
+        self._sort(SORTS[(SORTS.index(table.sort_key) + 1) % len(SORTS)], False)
 
     def action_reverse_sort(self) -> None:
-        table = self.table
-        table.set_sort(table.sort_key, not table.sort_reverse)
+        self._sort(self.table.sort_key, not self.table.sort_reverse)
+
+    def _sort(self, key: str, reverse: bool) -> None:
+        self.table.set_sort(key, reverse)
+        self.app.preferences.change(hosts_sort=key, hosts_sort_reverse=reverse)
         self._show_status()
 
     def action_filter(self) -> None:

@@ -27,6 +27,8 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         ("i", "interrupt it (SIGINT), after a confirmation"),
         ("F9", "choose a signal for the selected process (TERM, KILL, INT), then confirm"),
         ("e", "show its environment (CUDA_VISIBLE_DEVICES, …) where readable"),
+        ("Enter", "the selected process on a screen of its own: whole command line, owner, start time, charts "
+                  "of its GPU memory, SM% and CPU%; x X i F9 e act on it there; Esc or q back"),
     ]),
     ("Users (u)", [
         ("u", "who holds the cards: each user with its Slurm jobs, pods and containers; cards, memory, SM%, "

@@ -79,6 +79,8 @@ class HostScreen(MainScreen):
         if snapshot is None:
             return
         label = self.host if snapshot.host in ("", self.host) else f"{self.host} ({snapshot.host})"
+        if status.state == "live":
+            self.process_history.add(snapshot)
         # Values of a host that is late or away are its last reading: the panels say "no new data".
         self.show_snapshot(dataclasses.replace(snapshot, host=label, stale=status.state != "live"))
 
@@ -158,22 +160,18 @@ class HostScreen(MainScreen):
     def action_jobs(self) -> None:
         self.app.open_jobs()
 
-    def action_signal(self, kind: str) -> None:
-        row = self._selected_process()
-        if row is None:
-            return
-        process = row.process
+    def signal_process(self, process, kind: str) -> None:
         if self.local and process.user is None and process.command is None:
             self.notify(f"process {process.pid}: {invisible_reason()}", severity="warning")
             return
         ask_and_signal(self.app, self.fleet, self.host, process, kind)
 
-    def action_environment(self) -> None:
+    def show_environment(self, process) -> None:
         if not self.local:
             self.notify(f"{self.host}: the environment of a process is shown for this machine's processes only",
                         severity="warning")
             return
-        super().action_environment()
+        super().show_environment(process)
 
     def action_topology(self) -> None:
         problem = why_not_here(self.status, "reading the topology")

@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from gpumon.cards.cuda_order import cuda_ordinals
+from gpumon.cards.process_history import ProcessHistory
 from gpumon.cards.sampler import History
 from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
@@ -27,6 +28,7 @@ from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.plain import plain
+from gpumon.tui.preferences import Preferences
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.screens.health import HealthScreen
 from gpumon.tui.screens.topology import TopologyScreen
@@ -51,6 +53,7 @@ class MainScreen(CardActions, Screen):
     local_sharing = True  # this machine's reservations on its cards (a fleet host's view: False)
     BINDINGS = [
         Binding("a", "toggle_scope", "All/one card"),
+        Binding("enter", "open_process", "Process"),
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("x", "signal('terminate')", "Terminate"),
@@ -92,6 +95,9 @@ class MainScreen(CardActions, Screen):
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
+        # Each process's recent past, for its screen (Enter); fed every fresh reading by the app.
+        self.process_history = ProcessHistory(seconds=max(WINDOWS))
+        self.process_screen = None  # the process screen while it is open (screens/process.py)
         self.alerts: dict[int, tuple[str, ...]] = {}
         self.job_of_pid: dict[int, tuple[str, str]] = {}  # pid -> (job name, job id)
         self._ordinals_for: tuple | None = None
@@ -107,6 +113,7 @@ class MainScreen(CardActions, Screen):
         self.cards = CardList(id="cards")
         self.charts = [HistoryChart(metric, id=f"chart-{metric}") for metric in CHART_METRICS]
         self.table = ProcessTable(invisible_reason(), id="processes")
+        self._restore(self.app.preferences.saved)
         self.table_frame = TableFrame(id="process-frame")
         self.table_frame.border_subtitle = "a: all/one card  s: sort  /: filter"
         yield self.status_bar
@@ -118,6 +125,17 @@ class MainScreen(CardActions, Screen):
         with self.table_frame:
             yield self.table
         yield Footer()
+
+    def _restore(self, saved: Preferences) -> None:
+        """The choices kept from the last time (tui/preferences.py); values this gpumon does not know are left."""
+        table = self.table
+        if saved.sort in table.SORTS:
+            table.sort_key = saved.sort
+            table.sort_reverse = table.SORTS[saved.sort] if saved.sort_reverse is None else saved.sort_reverse
+        if saved.window in WINDOWS:
+            self.window = saved.window
+        if saved.all_cards is not None:
+            self.only_selected = not saved.all_cards
 
     def on_mount(self) -> None:
         if self.identity is not None and self.snapshot is None:
@@ -148,7 +166,9 @@ class MainScreen(CardActions, Screen):
 
     def show_snapshot(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        if self.app.screen is self:
+        if self.process_screen is not None and self.app.screen is self.process_screen:
+            self.process_screen.show(snapshot)
+        elif self.app.screen is self:
             self._apply()
         elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:
             self._apply()  # visible behind an overlay
@@ -280,16 +300,32 @@ class MainScreen(CardActions, Screen):
             self._apply()
 
     def on_process_table_sort_changed(self, message: ProcessTable.SortChanged) -> None:
+        self.app.preferences.change(sort=self.table.sort_key, sort_reverse=self.table.sort_reverse)
         if self.snapshot is not None:
             self._update_table()
 
     def action_toggle_scope(self) -> None:
         self.only_selected = not self.only_selected
+        self.app.preferences.change(all_cards=not self.only_selected)
         if self.snapshot is not None:
             self._update_table()
 
+    def action_open_process(self) -> None:
+        """Enter: the selected process on a screen of its own; back (Esc) to this one as it was."""
+        row = self._selected_process()
+        if row is None:
+            return
+        from gpumon.tui.screens.process import ProcessScreen  # imported when first used: not at start
+
+        def closed(_: None) -> None:
+            self.process_screen = None
+
+        self.process_screen = ProcessScreen(self, row)
+        self.app.push_screen(self.process_screen, closed)
+
     def action_cycle_window(self) -> None:
         self.window = WINDOWS[(WINDOWS.index(self.window) + 1) % len(WINDOWS)]
+        self.app.preferences.change(window=self.window)
         self.notify(f"charts show the last {self.window // 60} min", timeout=2)
         if self.snapshot is not None:
             self._update_charts()
@@ -349,6 +385,8 @@ class MainScreen(CardActions, Screen):
             return self.real_pids
         if action == "not_real":
             return not self.real_pids
+        if action == "open_process":
+            return self.focused is self.table
         if action in ("run", "mem_limit"):
             return not self.readonly and self.app.can_launch
         return True

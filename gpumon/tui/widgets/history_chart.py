@@ -11,7 +11,9 @@ from textual.widget import Widget
 
 WINDOWS = (60, 300, 600)  # seconds; the `w` key cycles them
 UNITS = {"util": ("GPU utilisation", "%", 100.0), "mem": ("Memory used", "%", 100.0),
-         "temp": ("Temperature", "°C", None), "power": ("Power", "W", None)}
+         "temp": ("Temperature", "°C", None), "power": ("Power", "W", None),
+         # One process's (the process screen's charts)
+         "proc_mem": ("GPU memory", " MiB", None), "proc_sm": ("SM", "%", 100.0), "proc_cpu": ("CPU", "%", None)}
 
 
 def _window_label(seconds: float) -> str:
@@ -44,6 +46,8 @@ def render_chart(values: list[float | None], slots: int, width: int, height: int
     slots = max(slots, len(values), 2)
     import plotext  # 90 ms to import: only once a chart is actually drawn, not before the first frame
 
+    # The widget gives the size: never cut to the size of the terminal gpumon runs in (or of none, 80x24).
+    plotext.terminal.limit(False, False)
     fig = plotext.figure
     fig.clear()
     fig.plot_size(width, height)
@@ -76,7 +80,8 @@ class HistoryChart(Widget):
         self._text = Text("")
 
     def show(self, values: list[float | None], slots: int, window: float, card_label: str) -> None:
-        """`values`: the last `window` seconds of samples; `slots`: how many samples fill it."""
+        """`values`: the last `window` seconds of samples; `slots`: how many samples fill it;
+        `card_label`: whose values they are, in the title ("": the screen says whose)."""
         self.values, self.slots, self.window, self.card_label = values, slots, window, card_label
         if self.display and self.size.width > 0:
             self.refresh()
@@ -91,6 +96,6 @@ class HistoryChart(Widget):
             latest = next((v for v in reversed(self.values) if v is not None), None)
             now = f" {latest:.0f}{unit}" if latest is not None else " N/A"
             text = render_chart(self.values, self.slots, width, height, self.window, upper,
-                                f"{name} ({self.card_label}){now}")
+                                f"{name} ({self.card_label}){now}" if self.card_label else f"{name}{now}")
             self._text = Text(text, style=self.get_component_rich_style("history-chart--line"), no_wrap=True)
         return self._text
