@@ -28,6 +28,12 @@ pays), and nvitop when it is installed (`pip install nvitop`). Results are print
 
     python benchmarks/bench.py                 # 8 cards; 64 and 512 processes; 60 s each
     python benchmarks/bench.py --seconds 20 --processes 64
+    python benchmarks/bench.py --rounds 5 --steady-only   # tools alternated, medians and ratios
+
+With --rounds N each tool runs N times, the tools taking turns (each round in a rotated order), so
+that the machine's drift hits them alike; the table gives each figure's median, and the TUI/floor
+and watch/floor ratios are taken within each round (the floor run beside the tool) and their
+median printed with their range.
 """
 
 from __future__ import annotations
@@ -208,6 +214,53 @@ def key_latency(argv: list[str], env: dict[str, str], presses: int = 5) -> list[
     return latencies
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def rounds_of(chosen: dict[str, list[str]], env: dict[str, str], seconds: float,
+              rounds: int) -> list[dict[str, Result]]:
+    """Each tool `rounds` times, taking turns: round i starts i tools further along."""
+    names = list(chosen)
+    done: list[dict[str, Result]] = []
+    for i in range(rounds):
+        order = names[i % len(names):] + names[:i % len(names)]
+        done.append({name: measure(name, chosen[name], env, seconds) for name in order})
+    return done
+
+
+def medians(done: list[dict[str, Result]]) -> list[Result]:
+    """One Result per tool, each figure the median over the rounds."""
+    out = []
+    for name in done[0]:
+        runs = [r[name] for r in done]
+        firsts = [r.first_frame_s for r in runs if r.first_frame_s is not None]
+        anys = [r.first_any_s for r in runs if r.first_any_s is not None]
+        out.append(Result(name, median([r.cpu_percent for r in runs]), median([r.bytes_per_s for r in runs]),
+                          median([r.peak_mib for r in runs]), median(firsts) if firsts else None,
+                          median(anys) if anys else None))
+    return out
+
+
+def print_ratios(done: list[dict[str, Result]]) -> None:
+    """CPU of each tool over the floor's in the same round, and the cards' first frame against nvitop's."""
+    floor = "plain loop"
+    for name in ("gpumon", "gpumon watch", "nvitop"):
+        pairs = [(r[name].cpu_percent, r[floor].cpu_percent) for r in done if name in r and floor in r]
+        if pairs:
+            ratios = [a / b if b else float("inf") for a, b in pairs]
+            print(f"  {name} / floor, cpu: median {median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}x, "
+                  f"{len(ratios)} rounds; cpu-s/min {median([a * 0.6 for a, _ in pairs]):.2f} vs "
+                  f"{median([b * 0.6 for _, b in pairs]):.2f})")
+    cards = [(r["gpumon"].first_frame_s, r["nvitop"].first_frame_s) for r in done
+             if "gpumon" in r and "nvitop" in r and r["gpumon"].first_frame_s and r["nvitop"].first_frame_s]
+    if cards:
+        print(f"  cards s, gpumon / nvitop: median {median([g for g, _ in cards]):.2f} / "
+              f"{median([n for _, n in cards]):.2f} s (gpumon first in {sum(g <= n for g, n in cards)}/{len(cards)})")
+
+
 def print_table(cards: int, processes: int, results: list[Result]) -> None:
     print(f"\n{cards} cards, {processes} processes, {SIZE[0]}x{SIZE[1]} terminal")
     print(f"{'tool':<14}{'cpu %':>8}{'KB/s':>9}{'peak MiB':>10}{'frame s':>9}{'cards s':>9}"
@@ -290,6 +343,9 @@ def main() -> None:
     parser.add_argument("--slow-link", type=float, default=2048, metavar="RATE",
                         help="bytes/s of the slow link (0: skip; needs tmux)")
     parser.add_argument("--slow-link-seconds", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tool, taking turns (medians)")
+    parser.add_argument("--steady-only", action="store_true",
+                        help="only the steady state and first frames (no key latency, sizes, link, slow card, web)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpumon-bench-"))
@@ -307,13 +363,19 @@ def main() -> None:
             config = work / f"fake-{processes}.conf"
             machine(args.cards, [p.pid for p in pool[:processes]]).write(config)
             env = env_for(lib.parent, config)
-            results = [measure(name, argv, env, args.seconds) for name, argv in chosen.items()]
+            done = rounds_of(chosen, env, args.seconds, max(1, args.rounds))
+            results = medians(done)
+            if args.steady_only:
+                print_table(args.cards, processes, results)
+                print_ratios(done)
+                continue
             slow = work / f"slow-{processes}.conf"
             machine(args.cards, [p.pid for p in pool[:processes]], slow_ms=1500).write(slow)
             for r in results:
                 if r.tool in ("gpumon", "nvitop"):
                     r.key_ms = key_latency(chosen[r.tool], env_for(lib.parent, slow))
             print_table(args.cards, processes, results)
+            print_ratios(done)
             tuis = {k: v for k, v in chosen.items() if k in ("gpumon", "nvitop")}
             for size in [tuple(int(n) for n in s.split("x")) for s in args.sizes]:
                 rates = {name: measure(name, argv, env, min(args.seconds, 30), size).bytes_per_s
@@ -330,6 +392,8 @@ def main() -> None:
                     print(f"  {name} behind a {args.slow_link:g} B/s link at 120x40: lag median "
                           f"{sorted(settled)[len(settled) // 2]:.1f} s, max {max(lags):.1f} s (first {lags[0]:.1f} s); "
                           + quit_text)
+        if args.steady_only:
+            return
         slow_card(work, lib, args.python, args.cards)
         if not args.tools or "gpumon serve" in args.tools:
             from web_viewers import web_cost  # the web page's server with 1 and 50 pages open

@@ -147,3 +147,34 @@ def test_collect_enriches_real_processes(fake_driver, idle_processes, cards):
         backend.close()
     assert [g.processes[0].pid for g in snap.gpus] == [p.pid for p in procs]
     assert all(g.processes[0].command for g in snap.gpus)
+
+
+def test_passes_run_on_one_thread_that_ends_with_the_sampler(fake_driver):
+    """Issue 38: a thread started for every pass cost the event loop its start-up each second; the
+    passes (never overlapping anyway) share one daemon thread, which ends when sampling stops."""
+    fake_driver.machine.cards = [Card(extra=dict(util=10))]
+    fake_driver.machine.delays = {"nvmlDeviceGetUtilizationRates": 40}  # each pass is seen running
+    fake_driver.write()
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    sampler = Sampler(backend, interval=0.05)
+    seen: set[threading.Thread] = set()  # the threads themselves: an ident is reused once a thread ends
+    samples: list[float] = []
+    sampler.subscribe(lambda snap: samples.append(snap.time))
+
+    async def run() -> None:
+        task = asyncio.create_task(sampler.run(count=12))
+        while not task.done():
+            seen.update(t for t in threading.enumerate() if t.name == "gpumon-sample")
+            await asyncio.sleep(0.005)
+        await task
+
+    try:
+        asyncio.run(run())
+    finally:
+        backend.close()
+    assert len(samples) == 12
+    assert len(seen) == 1, f"{len(seen)} threads ran the passes"
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in seen) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.is_alive() for t in seen), "the pass thread outlived the sampler"

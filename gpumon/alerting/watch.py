@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.hooks import HookRunner
@@ -28,10 +28,11 @@ from gpumon.alerting.rules import AlertEngine, AlertEvent, missing_cards
 from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.exporter.collector import XID_COUNT_WINDOW_S, GpumonCollector
-from gpumon.exporter.serving import serve
-from gpumon.exporter.web_config import WebConfig
+from gpumon.exporter.fields import XID_COUNT_WINDOW_S
 from gpumon.model import FailoverEvent, GpuSample, Snapshot
+
+if TYPE_CHECKING:
+    from gpumon.exporter.web_config import WebConfig
 
 log = logging.getLogger(__name__)
 XID_POLL_S = 0.5
@@ -65,6 +66,11 @@ class Watch:
 
     def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None,
                          web: WebConfig | None = None):
+        # The exporter (prometheus_client, a WSGI server) only with --prometheus: a watch that only
+        # alerts never loads it (tests/test_lazy_imports.py).
+        from gpumon.exporter.collector import GpumonCollector
+        from gpumon.exporter.serving import serve
+
         collector = GpumonCollector(lambda: self.sampler.latest, self.engine.firing, lambda: self.xid_seen, processes,
                                     hostname, lambda: self.xid_recent)
         return serve(address, collector, web)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -92,26 +93,68 @@ def run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
     def target() -> None:
         try:
             result, error = fn(), None
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
             result, error = None, exc
         try:
-            loop.call_soon_threadsafe(settle, result, error)
+            loop.call_soon_threadsafe(_settle, future, result, error)
         except RuntimeError:  # the loop closed while the driver call hung
             pass
 
     threading.Thread(target=target, name="gpumon-sample", daemon=True).start()
     return future
+
+
+class PassThread:
+    """One daemon thread that runs a sampler's passes, one after another, for as long as it lives.
+
+    The sampler waits for each pass before it starts the next, so passes never overlapped even when
+    each had a thread of its own; starting one every second cost the event loop ~1 ms of waiting for
+    the thread to come up (Thread.start) and the thread's creation. A pass that hangs forever holds
+    only this daemon thread, as it held its own before; `close` ends the thread once it is idle."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] | None] \
+            = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="gpumon-sample", daemon=True)
+            self._thread.start()
+        self._work.put((loop, future, fn))
+        return future
+
+    def close(self) -> None:
+        """The thread ends after the pass it is running, if any (the next submit starts another)."""
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread = None
+
+    def _serve(self) -> None:
+        while (work := self._work.get()) is not None:
+            loop, future, fn = work
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop closed while the driver call hung
+                pass
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class Sampler:
@@ -135,6 +178,7 @@ class Sampler:
         self.latest: Snapshot | None = None
         self._subscribers: list[Subscriber] = []
         self._stop = asyncio.Event()
+        self._passes = PassThread()
 
     async def open(self) -> Backend:
         """The backend, opened in a daemon thread the first time (the driver may be slow to start)."""
@@ -179,22 +223,25 @@ class Sampler:
         loop = asyncio.get_running_loop()
         await self.open()
         taken = 0
-        while not self._stop.is_set() and (count is None or taken < count):
-            started = loop.time()
-            pass_ = run_in_daemon_thread(self.collect)
-            snapshot = await self._await_pass(pass_, started)
-            if snapshot is not None and snapshot is not self.latest:  # a paused replay repeats itself
-                self.latest = snapshot
-                self.history.add(snapshot)
-                self._publish(snapshot)
-            taken += 1
-            if count is not None and taken >= count:
-                break
-            delay = max(0.0, started + self.interval - loop.time())
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
+        try:
+            while not self._stop.is_set() and (count is None or taken < count):
+                started = loop.time()
+                pass_ = self._passes.submit(self.collect)
+                snapshot = await self._await_pass(pass_, started)
+                if snapshot is not None and snapshot is not self.latest:  # a paused replay repeats itself
+                    self.latest = snapshot
+                    self.history.add(snapshot)
+                    self._publish(snapshot)
+                taken += 1
+                if count is not None and taken >= count:
+                    break
+                delay = max(0.0, started + self.interval - loop.time())
+                try:
+                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+        finally:
+            self._passes.close()
 
     async def _await_pass(self, pass_: asyncio.Future[Any], started: float) -> Snapshot | None:
         loop = asyncio.get_running_loop()

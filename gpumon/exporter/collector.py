@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpumon.errors import UsageError
 from gpumon.exporter.amd import DRM_FIELDS
-from gpumon.exporter.fields import CARD_FIELDS, LOST
+from gpumon.exporter.fields import CARD_FIELDS, LOST, XID_COUNT_WINDOW_S
 from gpumon.exporter.health import HEALTH, HEALTH_FIELDS, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
 from gpumon.exporter.sharing import reserved_family
@@ -39,7 +39,6 @@ GAUGES = [f for f in CARD_FIELDS + HEALTH_FIELDS + DRM_FIELDS if f.exported]
 # is "amd4", "intel5" where NVIDIA's is "nvidia0"). Then who holds the card (prometheus_owners).
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "vendor", *OWNER_LABELS]
 # dcgm-exporter's dcgmFabricManagerStatus_t: 1 not started, 2 in progress, 3 success, 4 failure.
-XID_COUNT_WINDOW_S = 300.0  # as dcgm-exporter's default --xid-count-window-size (300000 ms)
 FABRIC_STATUS = {"not_started": 1, "in_progress": 2, "ready": 3, "degraded": 3, "failed": 4}
 
 

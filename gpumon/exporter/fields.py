@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from gpumon.model import THROTTLE_REASONS, GpuSample
 
+XID_COUNT_WINDOW_S = 300.0  # as dcgm-exporter's default --xid-count-window-size (300000 ms)
+
 MIB = 1 << 20
 THROTTLE_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from textual.binding import Binding
 from textual.screen import Screen
@@ -30,7 +31,9 @@ from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.main import MainScreen
-from gpumon.tui.screens.users import UsersScreen
+
+if TYPE_CHECKING:
+    from gpumon.tui.screens.users import UsersScreen
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,8 @@ class GpumonApp(BaseApp):
     def open_users(self, host: str | None = None) -> None:
         """`u`: who holds the cards (one screen, kept: its sort and filter stay for the next time)."""
         if self.users_screen is None:
+            from gpumon.tui.screens.users import UsersScreen  # on first use: a start does not load it
+
             self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}",
                                             reservations=ReservationsSeen())
             self.install_screen(self.users_screen, "users")

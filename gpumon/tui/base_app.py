@@ -33,8 +33,6 @@ from gpumon.owners.holders import HolderTracker
 from gpumon.tui.key_turns import KeysInTurn
 from gpumon.tui.plain import plain_lines
 from gpumon.tui.preferences import PreferenceStore
-from gpumon.tui.screens.alerts import AlertsScreen
-from gpumon.tui.screens.help import HelpScreen
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire import updates
 from gpumon.tui.wire.driver import LinkLag, WireDriver
@@ -262,10 +260,14 @@ class BaseApp(KeysInTurn):
         return "  ".join(notes)
 
     def action_alerts(self) -> None:
+        from gpumon.tui.screens.alerts import AlertsScreen  # on first use: a start does not load it
+
         if not isinstance(self.screen, AlertsScreen):
             self.push_screen(AlertsScreen(self.engine, self.alert_log))
 
     def action_help(self) -> None:
+        from gpumon.tui.screens.help import HelpScreen  # on first use: a start does not load it
+
         if not isinstance(self.screen, HelpScreen):
             if not self.is_screen_installed("help"):  # built once: opening it again costs no compose
                 self.install_screen(HelpScreen(self.readonly), "help")

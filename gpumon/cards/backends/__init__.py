@@ -37,8 +37,12 @@ def unregister_backend(name: str) -> None:
     _BACKENDS.pop(name, None)
 
 
+def _module(name: str):
+    return importlib.import_module(_BACKENDS.get(name, f"{__name__}.{name}"))
+
+
 def backend_class(name: str) -> type[Backend]:
-    return importlib.import_module(_BACKENDS.get(name, f"{__name__}.{name}")).BACKEND
+    return _module(name).BACKEND
 
 
 def machine_backends() -> list[str]:
@@ -69,8 +73,15 @@ def open_machine(machine: Machine, names: list[str] | None = None) -> Backend:
     opened: list[Backend] = []
     missing: list[str] = []
     for name in machine_backends() if names is None else names:
+        module = _module(name)
+        # A backend module may say cheaply that this machine has none of its cards (drm: one
+        # listing of /sys/class/drm), so that a start does not import its readers for nothing.
+        absent = getattr(module, "absent_here", None)
+        if absent is not None and (why := absent(machine)) is not None:
+            missing.append(why)
+            continue
         try:
-            part = backend_class(name).open_here(machine, first_index=sum(p.index_count() for p in opened))
+            part = module.BACKEND.open_here(machine, first_index=sum(p.index_count() for p in opened))
         except NoDriverError as exc:
             missing.append(str(exc).removesuffix(f"; {NO_CARDS_HINT}"))
             continue

@@ -13,24 +13,17 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from gpumon.jobs import command_history
-from gpumon.jobs import processes as actions
-from gpumon.jobs.claiming import Sharing
-from gpumon.jobs.launch import card_limits
-from gpumon.jobs.logout import logout_note
 from gpumon.owners.containers import invisible_reason
-from gpumon.tui.background import in_background
-from gpumon.tui.job_lists import HostJobs
-from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.environment import EnvironmentScreen
-from gpumon.tui.screens.jobs import JobsScreen
-from gpumon.tui.screens.run_dialog import MemLimitDialog, RunChoice, RunDialog, simulated_note
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.process_table import ProcessTable
 from gpumon.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from gpumon.jobs.host import Host
+    from gpumon.tui.screens.run_dialog import RunChoice
+
+# The jobs' modules and the dialogs are imported when their key is first pressed: a start that
+# only watches the cards never loads them (tests/test_lazy_imports.py).
 
 
 class CardActions:
@@ -39,6 +32,12 @@ class CardActions:
     # -- jobs --
 
     def action_run(self) -> None:
+        from gpumon.jobs import command_history
+        from gpumon.jobs.claiming import Sharing
+        from gpumon.jobs.launch import card_limits
+        from gpumon.tui.screens.confirm import ConfirmScreen
+        from gpumon.tui.screens.run_dialog import RunDialog, simulated_note
+
         gpu = self.selected_gpu
         if gpu is None or gpu.state != "ok":
             self.notify("select a working card first", severity="warning")
@@ -72,6 +71,7 @@ class CardActions:
     def _launch(self, gpu, choice: RunChoice) -> None:
         """The same launch as a fleet host's (tui/launching.py), on this machine, with this TUI's
         --interval for the job's own sampling."""
+        from gpumon.jobs.logout import logout_note
         from gpumon.tui.launching import launch
 
         launch(self.app, self.target, gpu.ref, choice, self.card_label(gpu), interval=self.interval,
@@ -84,6 +84,9 @@ class CardActions:
     def action_mem_limit(self) -> None:
         """The card's default limit, kept here by its UUID: `r` fills it in (and a fleet host's
         view passes it to the host's gpumon as --mem-limit)."""
+        from gpumon.jobs.launch import card_limits
+        from gpumon.tui.screens.run_dialog import MemLimitDialog
+
         gpu = self.selected_gpu
         if gpu is None or gpu.ref is None:
             return
@@ -100,6 +103,9 @@ class CardActions:
         self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.ref), where=card), chosen)
 
     def action_jobs(self) -> None:
+        from gpumon.tui.job_lists import HostJobs
+        from gpumon.tui.screens.jobs import JobsScreen
+
         def closed(picked: tuple[str, str] | None) -> None:
             if picked:  # show that job's processes, on every card
                 self.only_selected = False
@@ -114,6 +120,8 @@ class CardActions:
         return row
 
     def action_signal(self, kind: str) -> None:
+        from gpumon.jobs import processes as actions
+
         row = self._selected_process()
         if row is not None:
             self.signal_process(row.process, kind)
@@ -168,6 +176,9 @@ class CardActions:
         self.notify(f"{source.format(process.pid)}, {why}", severity="warning", timeout=4)
 
     def action_environment(self) -> None:
+        from gpumon.jobs import processes as actions
+        from gpumon.tui.screens.environment import EnvironmentScreen
+
         row = self._selected_process()
         if row is not None:
             self.show_environment(row.process)
@@ -184,6 +195,10 @@ def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:
     """Confirm, then signal the process through its host (`x`/`X`/`i` here and in a fleet host's
     view), whose gpumon checks it is the user's and still the same process. `on`: the host's
     name, said in the question and the answer, where there are many."""
+    from gpumon.jobs import processes as actions
+    from gpumon.tui.background import in_background
+    from gpumon.tui.screens.confirm import ConfirmScreen
+
     where, prefix = (f" on {on}", f"{on}: ") if on else ("", "")
 
     def answered(yes: bool | None) -> None:

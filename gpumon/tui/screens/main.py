@@ -30,8 +30,6 @@ from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.plain import plain
 from gpumon.tui.preferences import Preferences
 from gpumon.tui.screens.card_actions import CardActions
-from gpumon.tui.screens.health import HealthScreen
-from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.gpu_panel import has_verdict
@@ -332,13 +330,15 @@ class MainScreen(CardActions, Screen):
 
     def action_topology(self) -> None:
         """Open the view at once with what the snapshot knows; links fill in as each card answers."""
+        from gpumon.tui.screens.topology import TopologyScreen  # on first use: a start does not load it
+
         gpu = self.selected_gpu
         gpus = self.snapshot.gpus if self.snapshot else ()
         screen = TopologyScreen(unknown_links(gpus), gpu.index if gpu else 0, reading=True)
         self.app.push_screen(screen)
         self.run_worker(self._read_topology(screen), group="topology")
 
-    async def _read_topology(self, screen: TopologyScreen) -> None:
+    async def _read_topology(self, screen) -> None:
         def progress(topo) -> None:  # in the sampler's reading thread
             try:
                 self.app.call_from_thread(screen.show_topology, topo, True)
@@ -350,6 +350,8 @@ class MainScreen(CardActions, Screen):
 
     def action_health(self) -> None:
         """The selected card's verdict, reasons and actions, and every health counter."""
+        from gpumon.tui.screens.health import HealthScreen  # on first use: a start does not load it
+
         gpu = self.selected_gpu
         if gpu is not None:
             self.app.push_screen(HealthScreen(gpu))

@@ -31,7 +31,7 @@ from gpumon.cards.backends.base import Machine, PerCardBackend
 from gpumon.cards.backends.drm import amdgpu, intel, ras
 from gpumon.cards.backends.drm.fdinfo import COMPUTE_ENGINES, ClientUse, DrmClients
 from gpumon.cards.backends.drm.hwmon import Hwmon, find_hwmon
-from gpumon.cards.backends.drm.kinds import BY_VENDOR
+from gpumon.cards.backends.drm.kinds import BY_VENDOR, no_cards
 from gpumon.cards.backends.drm.names import PCI_IDS, card_name
 from gpumon.cards.backends.drm.sysfs import CardNode, find_cards, link_speed, link_width, runtime_status
 from gpumon.cards.backends.drm.topology import link_matrix
@@ -39,7 +39,6 @@ from gpumon.cards.backends.lanes import STALE_AFTER_S, Lanes, not_responding, se
 from gpumon.cards.backends.pci import pci_path
 from gpumon.errors import NoDriverError
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
-from gpumon.vendors import vendors
 
 log = logging.getLogger(__name__)
 DISCOVER_S = 5.0
@@ -87,8 +86,7 @@ class DrmBackend(PerCardBackend):
     def open_here(cls, machine: Machine, first_index: int = 0) -> DrmBackend:
         backend = cls(sysfs=machine.sysfs, procfs=machine.procfs, first_index=first_index)
         if not backend.cards:
-            words = " or ".join(v.words for v in vendors() if v.name in BY_VENDOR)
-            raise NoDriverError(f"no {words} GPU under {backend.sysfs}/class/drm")
+            raise NoDriverError(no_cards(backend.sysfs))
         return backend
 
     def index_count(self) -> int:

@@ -32,3 +32,11 @@ KINDS: tuple[DrmKind, ...] = (
 BY_VENDOR = {kind.vendor: kind for kind in KINDS}
 DRIVERS = {driver: kind.vendor for kind in KINDS for driver in kind.drivers}
 ORDER = {kind.vendor: n for n, kind in enumerate(KINDS)}
+
+
+def no_cards(sysfs: str) -> str:
+    """What a machine without AMD or Intel cards is told (the vendors' words, where it looked)."""
+    from gpumon.vendors import vendors
+
+    words = " or ".join(v.words for v in vendors() if v.name in BY_VENDOR)
+    return f"no {words} GPU under {sysfs}/class/drm"
