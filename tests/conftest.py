@@ -51,9 +51,20 @@ def _isolate_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     time.tzset()
 
 
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this test run that every pytest-xdist worker sees (each worker's own basetemp
+    is `popen-gwN` under the run's): for what is built once and shared, under a lock."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def fake_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fakenvml")
+    return shared_dir(tmp_path_factory, "fakenvml")
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +154,7 @@ from sshd import ssh_lab  # noqa: E402, F401
 # A real terminal (tmux) for end-to-end tests, fixture `tmux_session`.
 from terminal import tmux_session  # noqa: E402, F401
 
-__all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "IN_CI"]
+__all__ = ["GIB", "Card", "FakeMachine", "FakeDriver", "require_tool", "shared_dir", "IN_CI"]
 
 # Fake kernel trees (sysfs, procfs) for AMD and Intel cards, fixture `fake_kernel`.
 from fakedrm import fake_kernel  # noqa: E402, F401

@@ -27,6 +27,10 @@ from gpumon.remote.hosts import parse_entry
 from gpumon.remote.login import after_mark, new_mark
 from gpumon.remote.ssh import SshTransport
 
+# The module's users have fixed names (gpmlogin<shell>, made once for the module): its tests on one
+# pytest-xdist worker, or a second worker's useradd of the same names would fail.
+pytestmark = pytest.mark.xdist_group("fleet_logins")
+
 # Each shell, the rc file a non-interactive ssh command reads (from its home; XDG_CONFIG_HOME is
 # home/config) and what it says.
 SHELLS = {

@@ -34,14 +34,19 @@ def health_json(fake_driver, *args: str) -> tuple[int, dict]:
 def test_without_watch_health_reads_the_kernel_log(fake_driver, tmp_path):
     fake_driver.machine.cards = [Card(A100), Card(A100), Card(A100)]
     fake_driver.write()
+    # A one-minute window: the record older than it must still be after boot (the records' clock
+    # starts there), and a machine of the default ten minutes' uptime is not given.
+    config = tmp_path / "config.toml"
+    config.write_text('[health]\nwindow = "60s"\n')
     log = tmp_path / "kmsg"
     log.write_text(
-        kmsg_record(1, 1200, "NVRM: Xid (PCI:0000:10:00): 48, pid=77, name=python, DBE (double bit error)")  # too old
-        + kmsg_record(2, 60, "NVRM: Xid (PCI:0000:10:00): 13, pid=78, Graphics Exception")  # the program's fault
-        + kmsg_record(3, 30, "NVRM: Xid (PCI:0000:11:00): 79, pid=1234, name=python, GPU has fallen off the bus.")
+        kmsg_record(1, 90, "NVRM: Xid (PCI:0000:10:00): 48, pid=77, name=python, DBE (double bit error)")  # too old
+        + kmsg_record(2, 20, "NVRM: Xid (PCI:0000:10:00): 13, pid=78, Graphics Exception")  # the program's fault
+        + kmsg_record(3, 10, "NVRM: Xid (PCI:0000:11:00): 79, pid=1234, name=python, GPU has fallen off the bus.")
         + " SUBSYSTEM=pci\n DEVICE=+pci:0000:11:00.0\n"
-        + kmsg_record(4, 20, "usb 1-1: new high-speed USB device number 2 using xhci_hcd"))
-    status, doc = health_json(fake_driver, "--kernel-log", str(log))
+        + kmsg_record(4, 5, "usb 1-1: new high-speed USB device number 2 using xhci_hcd"))
+    assert time.monotonic() > 90, "the too-old record needs a machine up for 90 s"
+    status, doc = health_json(fake_driver, "--config", str(config), "--kernel-log", str(log))
     assert status == 2
     assert [g["health"]["verdict"] for g in doc["gpus"]] == ["ok", "fail", "ok"]
     assert [r["code"] for r in doc["gpus"][1]["health"]["reasons"]] == ["xid_79"]

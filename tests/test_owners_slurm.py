@@ -26,6 +26,10 @@ from gpumon.owners.reader import HostPaths, OwnerReader, host_paths, use_host_pa
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.users import UsersScreen
 
+# One real Slurm for the run (its user, node name and cgroups are the machine's): every test of it
+# on one pytest-xdist worker, which starts the session fixture once.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 FAKE_RELOAD_S = 0.1
 ROOT = Path(__file__).resolve().parent.parent
 

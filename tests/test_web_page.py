@@ -76,17 +76,21 @@ def test_the_grid_shows_the_fake_drivers_cards_and_a_change_within_two_intervals
 
 
 def test_a_card_going_bad_changes_its_badge(fake_driver, tmp_path, browser):  # noqa: F811
-    """A row remap pending on card 0 after 2 s (health fail), card 1 lost after 3 s."""
+    """Once the page shows both cards healthy, a row remap is pending on card 0 (health fail) and
+    card 1 is lost. (The change is written when the page has shown them, not at a time: on a busy
+    machine the server and the browser may take longer to start than any such delay.)"""
     config = tmp_path / "config.toml"
     config.write_text('[health]\ninterval = "1s"\n')
-    fake_driver.machine.cards = [Card(A100, extra={**REMAPS, "remap_pending_after": 2}),
-                                 Card(A100, extra=dict(lost_after=3))]
+    fake_driver.machine.cards = [Card(A100, extra=dict(REMAPS)), Card(A100)]
     fake_driver.write()
     with serve(fake_driver, "--config", str(config)) as served:
         page = browser.new_page()
         page.goto(served.url)
         page.wait_for_selector('[data-card="1"]')
         assert page.locator('[data-card="0"] .badge').text_content() == "✓ OK"
+        fake_driver.machine.cards[0].extra.update(remap_pending=1)
+        fake_driver.machine.cards[1].extra.update(lost_after=0)  # from the driver's reload of its file: at once
+        fake_driver.write()
         page.wait_for_selector('[data-card="0"][data-verdict="fail"]', timeout=30_000)
         page.wait_for_selector('[data-card="1"][data-verdict="fail"]', timeout=30_000)
         assert page.locator('[data-card="0"] .badge').text_content() == "✗ FAIL"

@@ -6,6 +6,7 @@ config file, and points gpumon at the compiled library with `--nvml-lib` or `GPU
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -31,6 +32,24 @@ def build(out_dir: Path, omit: tuple[str, ...] = ()) -> Path:
     lib = lib_dir / "libnvidia-ml.so.1"
     if lib.exists():
         return lib
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist's workers share `out_dir`: one compiles while the others wait on the lock, and
+    # the library appears whole (compiled aside, then renamed), never half-written.
+    with open(lib_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        partial = lib_dir / f"libnvidia-ml.so.1.{os.getpid()}"
+        cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(partial), str(SOURCE), "-lpthread"]
+        if omit:
+            # A version script hides exported symbols: to the bindings the function is absent,
+            # exactly like an older driver that predates it.
+            script = lib_dir / "omit.map"
+            script.write_text("{ global: *; local: " + "; ".join(omit) + "; };\n")
+            cmd.insert(1, f"-Wl,--version-script={script}")
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(partial, lib)
+    return lib
     lib_dir.mkdir(parents=True, exist_ok=True)
     cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(lib), str(SOURCE), "-lpthread"]
     if omit:
