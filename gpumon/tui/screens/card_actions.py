@@ -120,14 +120,14 @@ class CardActions:
         return row
 
     def action_signal(self, kind: str) -> None:
-        from gpumon.jobs import processes as actions
-
         row = self._selected_process()
         if row is not None:
             self.signal_process(row.process, kind)
 
     def signal_process(self, p, kind: str) -> None:
         """x, X, i on this process (the selected one, or the process screen's)."""
+        from gpumon.jobs import processes as actions
+
         if p.user is None and p.command is None:
             self.notify(f"process {p.pid}: {invisible_reason()}", severity="warning")
             return
@@ -176,20 +176,21 @@ class CardActions:
         self.notify(f"{source.format(process.pid)}, {why}", severity="warning", timeout=4)
 
     def action_environment(self) -> None:
-        from gpumon.jobs import processes as actions
-        from gpumon.tui.screens.environment import EnvironmentScreen
-
         row = self._selected_process()
         if row is not None:
             self.show_environment(row.process)
 
     def show_environment(self, process) -> None:
+        from gpumon.jobs import processes as actions
+        from gpumon.tui.screens.environment import EnvironmentScreen
+
         try:
             env = actions.environment(process.pid, process.started)
         except actions.ActionError as exc:
             self.notify(str(exc), severity="error")
             return
         self.app.push_screen(EnvironmentScreen(f"Environment of {process.pid}", env))
+
 
 def confirm_signal(app, target: Host, process, kind: str, on: str = "") -> None:
     """Confirm, then signal the process through its host (`x`/`X`/`i` here and in a fleet host's
