@@ -100,7 +100,10 @@ class RunDialog(ModalScreen[RunChoice | None]):
                 yield Static(Text(self.note), id="run-note")
             yield Label("Command")
             yield Input(placeholder="python train.py --epochs 10", id="run-command",
-                        suggester=SuggestFromList(self.history, case_sensitive=True))
+                        suggester=SuggestFromList(self.history, case_sensitive=True),
+                        # Empty at first: selecting it on focus only let a late Focus event select
+                        # the first key typed, which the second then replaced ("touch" -> "ouch").
+                        select_on_focus=False)
             yield Label("Working directory" + (" there (empty: your home there)" if self.remote else ""))
             yield Input(self.cwd, id="run-cwd")
             yield Label("GPU memory limit (e.g. 8G, 50%; empty: none)")
