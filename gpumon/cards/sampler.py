@@ -89,21 +89,23 @@ class History:
         return list(times)[start:], list(values)[start:]
 
 
+def _run_and_settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[[], Any]) -> None:
+    """Run fn in this (worker) thread and hand its result or error to the loop's future."""
+    try:
+        result, error = fn(), None
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        result, error = None, exc
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # the loop closed while the driver call hung
+        pass
+
+
 def run_in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
-    def target() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(_settle, future, result, error)
-        except RuntimeError:  # the loop closed while the driver call hung
-            pass
-
-    threading.Thread(target=target, name="gpumon-sample", daemon=True).start()
+    threading.Thread(target=_run_and_settle, args=(loop, future, fn), name="gpumon-sample", daemon=True).start()
     return future
 
 
@@ -138,14 +140,7 @@ class PassThread:
     def _serve(self) -> None:
         while (work := self._work.get()) is not None:
             loop, future, fn = work
-            try:
-                result, error = fn(), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop closed while the driver call hung
-                pass
+            _run_and_settle(loop, future, fn)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
