@@ -209,12 +209,14 @@ def test_local_opens_this_machine_alone_beside_a_config_that_lists_hosts(fake_dr
 
     keep = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "TZ", "XDG_CONFIG_HOME", "XDG_STATE_HOME")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
-    for options, shows in (("", "1 host"), ("--local", "driver 550.54.15")):
+    # The local view's header can be drawn a frame before its card rows: wait for the rows too.
+    for options, shows in (("", ("1 host",)), ("--local", ("driver 550.54.15", "NVIDIA L40S"))):
         status = tmp_path / f"status{options}"
         tmux = tmux_session(120, 30)
         tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --config {config} "
                    f"{options} --interval 0.5; echo $? > {status}")
-        screen = tmux.wait_for(lambda s, shows=shows: shows in s, timeout=30, what=f"gpumon {options}")
+        screen = tmux.wait_for(lambda s, shows=shows: all(text in s for text in shows), timeout=30,
+                               what=f"gpumon {options}")
         assert ("NVIDIA L40S" in screen) == (options == "--local")  # the fleet is the configured host alone
         tmux.keys("q")
         _until(lambda status=status: status.exists() and status.read_text().strip() == "0", 20, "gpumon to quit")

@@ -204,7 +204,8 @@ def test_the_local_jobs_log_and_a_processs_environment_show_escapes_markup_and_b
     try:
         tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5; "
                    f"echo $? > {status}")
-        tmux.wait_for(lambda s: "Processes" in s, timeout=30, what="the dashboard")
+        # The first sample, not just the frame ("reading the cards…"): the process row is there.
+        tmux.wait_for(lambda s: "Processes" in s and str(holder.pid) in s, timeout=30, what="the dashboard")
         tmux.keys("J")
         shown = ("step 1 \\x1b[31mred\\x1b[0m \\x1b[2J\\x1b[H\\x1b[5;5Hmoved [/] [bold]x[/bold] \\u202ertl")
         screen = tmux.wait_for(lambda s: shown in s, timeout=30, what="the log with its escapes made visible")

@@ -131,14 +131,17 @@ def test_bad_run_input_is_one_line_and_exit_2(fake_driver, args, words):
 def test_detached_job_survives_its_launcher_in_its_own_session(fake_driver, tmp_path):
     four_cards(fake_driver.machine)
     fake_driver.write()
-    marker = tmp_path / "still-running"
-    script = f"import os, time; time.sleep(1.5); open({str(marker)!r}, 'w').write(str(os.getsid(0)))"
+    marker, go = tmp_path / "still-running", tmp_path / "go"
+    # The job waits for the test's word, not a timer: under load the checks below may take seconds.
+    script = (f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+              f"open({str(marker)!r}, 'w').write(str(os.getsid(0)))")
     result = run_job(fake_driver, "--gpu", "0", "--", sys.executable, "-c", script)
     assert result.returncode == 0
     (job,) = job_json(fake_driver)
     assert job["state"] == "running"
     assert os.getsid(job["pid"]) != os.getsid(0)  # its own session: no controlling terminal, no SIGHUP
     assert os.readlink(f"/proc/{job['pid']}/fd/0") == "/dev/null"
+    go.touch()
     wait_for(lambda: marker.exists(), what="the job to finish on its own")
     (job,) = wait_for(lambda: [j for j in job_json(fake_driver) if j["state"] == "exited"], what="exited state")
     assert job["exit_code"] == 0 and job["ended"] >= job["started"]

@@ -157,11 +157,11 @@ def test_topology_view_opens_at_once_and_fills_in(fake_driver):
         async with app.run_test(size=(120, 40)) as pilot:
             while app.sampler.latest is None:
                 await pilot.pause(0.05)
-            pressed = time.monotonic()
             await pilot.press("t")
             await pilot.pause(0.1)
+            # Measured against the slow card's own reading, not a clock (on a loaded machine a second
+            # may pass): the view is up while the links are still being read.
             assert isinstance(app.screen, TopologyScreen), "the view opens before the links are read"
-            assert time.monotonic() - pressed < 1.0
             screen = app.screen
             assert screen.reading and screen.topo.indices[:2] == (0, 1)  # card 2 may still be opening
             for _ in range(600):
