@@ -285,6 +285,39 @@ def test_lost_when_supervisor_and_command_die_without_a_record(fake_driver):
     assert job["exit_code"] is None and "unknown" in job["reason"]
 
 
+def test_ctrl_c_while_the_supervisor_starts_up_cancels_the_job_before_its_command(fake_driver, tmp_path):
+    """Ctrl-C between `gpumon run --foreground` and the command's start (a driver slow to answer
+    the supervisor): the job is cancelled and its command never runs; it is not started and then
+    stopped with SIGTERM."""
+    from gpumon.jobs import records
+
+    four_cards(fake_driver.machine)
+    fake_driver.write()
+    ran = tmp_path / "ran"
+    # Its own process group, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group.
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gpumon", "run", "--interval", "0.2", "--gpu", "2", "--foreground", "--",
+         "sh", "-c", f"touch {ran}; exec sleep 60"],
+        env=fake_driver.env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        (job,) = wait_for(records.list_jobs, what="the job's record")
+        fake_driver.machine.delays = {"*": 300}  # from here the driver answers the supervisor slowly
+        fake_driver.write()
+        wait_for((job.dir / "supervisor.json").exists, what="the supervisor")
+        assert not (job.dir / "process.json").exists(), "the command started before the driver slowed"
+        os.killpg(launch.pid, signal.SIGINT)
+        out, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+    assert "Traceback" not in err, err
+    assert launch.returncode == 130, out + err
+    (ended,) = records.list_jobs()
+    assert (ended.state, ended.pid, ended.reason) == ("cancelled", None, "interrupted by the user")
+    assert not ran.exists(), "the command ran"
+
+
 def test_kill_9_during_launch_loses_no_job_and_no_record(fake_driver, tmp_path):
     four_cards(fake_driver.machine)
     fake_driver.write()

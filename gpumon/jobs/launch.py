@@ -212,10 +212,14 @@ def run_in_terminal(where: str, command: str, run: Callable[[], int],
     return code
 
 
-def how_it_ended(directory: Path, code: int) -> str:
-    """A job run here in the foreground, as the supervisor recorded its end."""
-    job = jobs.load_job(directory)
-    return f"was stopped by {job.signal}" if job is not None and job.signal else f"exited with status {code}"
+def how_it_ended(job: Mapping[str, Any] | None, code: int) -> str:
+    """A foreground job's end, for the line under its output, as its record (its Jobs JSON entry)
+    says: the exit status alone cannot tell a Ctrl-C from `exit 130`."""
+    if job and job.get("signal"):
+        return f"was stopped by {job['signal']}"
+    if job and job.get("state") == "cancelled":  # Ctrl-C before its command started
+        return f"was cancelled before it started ({job.get('reason') or 'by the user'})"
+    return f"exited with status {code}"
 
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,

@@ -74,6 +74,7 @@ class Supervisor:
         self.foreground = foreground
         self.spec = JobSpec.from_dict(json.loads((directory / "job.json").read_text()))
         self.stop_requested: str | None = None
+        self.interrupted = False  # Ctrl-C came
         self.child: subprocess.Popen | None = None
         self.tree: CommandTree | None = None  # the command and what it started: see jobs/tree.py
         self.peak = 0
@@ -100,7 +101,9 @@ class Supervisor:
         self.stop_requested = STOPPED
 
     def _on_sigint(self, signum: int, frame: object) -> None:
-        """Ctrl-C: a queued job is cancelled; a running one gets SIGINT and is waited for."""
+        """Ctrl-C: a queued job (or one still starting) is cancelled; a running one gets SIGINT and is
+        waited for."""
+        self.interrupted = True
         if self.child is None:
             self.stop_requested = "interrupted by the user"
         elif self.tree is not None:  # to the group only while the command is unreaped
@@ -242,6 +245,12 @@ class Supervisor:
             self._finish("failed", f"could not start: its records cannot be written ({self.records.problem})")
             return False
         started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
+        if self.stop_requested is not None:  # Ctrl-C or a stop while it started up: nothing to stop yet
+            asked = self.stop_requested
+            self._finish("cancelled" if number == 1 else "killed",
+                         ("cancelled by the user" if asked == STOPPED else asked) if number == 1
+                         else f"{asked} while moving it (after {why_moved})")
+            return False
         try:
             inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}
             self.child = self._spawn(inherited | env_added)
@@ -405,6 +414,8 @@ def main(argv: list[str]) -> int:
         supervisor.records.flush(FLUSH_S)
     if supervisor.foreground and supervisor.child is not None:
         return supervisor.child.returncode if supervisor.child.returncode >= 0 else 128 - supervisor.child.returncode
+    if supervisor.foreground and supervisor.interrupted:  # cancelled by Ctrl-C: what a shell says of one
+        return 128 + signal.SIGINT
     return code
 
 

@@ -18,7 +18,7 @@ from textual.app import App
 
 from gpumon.jobs import command_history
 from gpumon.jobs.host import Host, HostError
-from gpumon.jobs.launch import LaunchRequest, run_in_terminal, shell_request
+from gpumon.jobs.launch import LaunchRequest, how_it_ended, run_in_terminal, shell_request
 from gpumon.tui.background import in_background
 from gpumon.tui.screens.run_dialog import RunChoice
 
@@ -68,16 +68,16 @@ def in_this_terminal(app: App, host: Host, request: LaunchRequest, card: str) ->
             print(f"gpumon: cannot run {host.name}'s gpumon: {exc.strerror or exc}")
             return 127
 
-    def how_it_ended(code: int) -> str:
+    def as_recorded(code: int) -> str:
         """As the host's records say: the child's exit status alone cannot tell a Ctrl-C from `exit 130`."""
         try:
             new = [job for job in host.jobs() if job["id"] not in before and job["command"] == request.command]
         except HostError:
             new = []
-        return f"was stopped by {new[-1]['signal']}" if new and new[-1]["signal"] else f"exited with status {code}"
+        return how_it_ended(new[-1] if new else None, code)
 
     with app.suspend():
-        run_in_terminal(card, request.typed or " ".join(request.command), run, how_it_ended)
+        run_in_terminal(card, request.typed or " ".join(request.command), run, as_recorded)
 
 
 def _job_ids(host: Host) -> set[str]:
