@@ -50,6 +50,13 @@ def attempts_json(attempts: list[Attempt]) -> str:
     return json.dumps([a.to_dict() for a in attempts], indent=1)
 
 
+def banner(number: int, most: int, indices: list[int], uuids: list[str], why_moved: str | None) -> str:
+    """Where an attempt begins, in the job's output: `=== gpumon: attempt 2 of at most 3 on GPU 1, after … ===`."""
+    cards = ("GPU " if len(indices) == 1 else "GPUs ") + ",".join(map(str, indices))
+    return (f"=== gpumon: attempt {number} of at most {most} on {cards}{f', after {why_moved}' if why_moved else ''}"
+            f" ({time.strftime('%Y-%m-%d %H:%M:%S')}, {', '.join(uuids)}) ===\n")
+
+
 def describe(attempt: Attempt) -> str:
     """One attempt for people: 'attempt 1: GPU 0, 05-14 12:00:01 to 12:00:09, SIGTERM; moved: GPU 0 is lost'."""
     cards = ("GPU " if len(attempt.gpu_indices) == 1 else "GPUs ") + ",".join(map(str, attempt.gpu_indices))

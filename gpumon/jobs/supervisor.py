@@ -41,7 +41,7 @@ from gpumon.health import rules as health
 from gpumon.jobs import job_events
 from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
-from gpumon.jobs.attempts import Attempt, attempts_json
+from gpumon.jobs.attempts import Attempt, attempts_json, banner
 from gpumon.jobs.claiming import JobSharing
 from gpumon.jobs.energy import JobEnergy
 from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, configured_xid_policy, xid_trouble
@@ -274,11 +274,8 @@ class Supervisor:
         self.records.write(ATTEMPTS_RECORD, attempts_json(self.attempts))
 
     def _mark_log(self, number: int, why_moved: str | None) -> None:
-        """Where each attempt begins, in the job's output: `=== gpumon: attempt 2 … ===`."""
-        cards = ("GPU " if len(self.spec.gpu_indices) == 1 else "GPUs ") + ",".join(map(str, self.spec.gpu_indices))
-        line = (f"=== gpumon: attempt {number} of at most {self.spec.failover + 1} on {cards}"
-                f"{f', after {why_moved}' if why_moved else ''} ({time.strftime('%Y-%m-%d %H:%M:%S')}, "
-                f"{', '.join(self.spec.gpus)}) ===\n")
+        """Where each attempt begins, in the job's output."""
+        line = banner(number, self.spec.failover + 1, self.spec.gpu_indices, self.spec.gpus, why_moved)
         if self.foreground:
             print(line, end="", file=sys.stderr, flush=True)
         else:
