@@ -33,6 +33,8 @@ runpy.run_module("gpumon", run_name="__main__", alter_sys=True)
 NEVER_AT_START = [  # loaded when first needed: a key, --prometheus, --hosts, an AMD card
     "gpumon.cards.backends.drm.backend", "gpumon.cards.backends.drm.fdinfo", "gpumon.exporter.collector",
     "gpumon.exporter.serving", "prometheus_client", "gpumon.fleet", "gpumon.web", "aiohttp",
+    # Package metadata brings email, zipfile and csv: read only to name Textual's version in a log line.
+    "importlib.metadata",
 ]
 VIEWS = [  # the TUI's views and actions, each opened by a key
     "gpumon.tui.screens.health", "gpumon.tui.screens.topology", "gpumon.tui.screens.users",

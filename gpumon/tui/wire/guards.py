@@ -16,7 +16,6 @@ import functools
 import importlib
 import inspect
 import logging
-from importlib.metadata import PackageNotFoundError, version
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +122,9 @@ def _instance_problem(instance: object, attributes: tuple[str, ...]) -> str | No
 
 
 def _textual_version() -> str:
+    # Here, not at the top: importlib.metadata brings email, zipfile and csv (~3 MiB) to every run.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("textual")
     except PackageNotFoundError:
