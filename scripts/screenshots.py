@@ -33,18 +33,23 @@ async def render(name: str, options: dict, size: tuple[int, int], keys: tuple[st
     return out / name
 
 
-async def main() -> None:
-    out = ROOT / "screenshots"
-    out.mkdir(exist_ok=True)
+async def render_tui(out: Path) -> None:
     with showcase_state():  # jobs and command history from a fixed folder, not the user's own
         for name, options, size, keys in SHOTS:
             await render(name, options, size, keys, out)
             print(f"screenshots/{name}")
-    from web_screenshots import render as render_web  # gpumon serve's page, in Chromium
+
+
+def main() -> None:
+    out = ROOT / "screenshots"
+    out.mkdir(exist_ok=True)
+    asyncio.run(render_tui(out))
+    # gpumon serve's page, in Chromium: after the event loop, as Playwright's sync API must be.
+    from web_screenshots import render as render_web
 
     for path in render_web(out):
         print(f"screenshots/{path.name}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
