@@ -214,3 +214,29 @@ def test_the_fleet_overviews_sort_is_kept(tmp_path):
     assert asyncio.run(session(("o", "o", "O"))) == "load True"
     wait_for_file(path, lambda d: d.get("hosts_sort") == "load" and d.get("hosts_sort_reverse") is True, "the sort")
     assert asyncio.run(session(())) == "load True"
+
+
+def test_the_users_views_sort_is_kept(tmp_path):
+    """`u`, then `s` `s` `S`: the next start's users view opens sorted the same way."""
+    import asyncio
+
+    from gpumon.cards.backends.demo import DemoBackend
+    from gpumon.tui.app import create_app
+
+    path = tmp_path / "state" / "tui.json"
+
+    async def session(keys: tuple[str, ...]) -> str:
+        app = create_app(DemoBackend(), interval=0.2, preferences=PreferenceStore.load(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("u")
+            while not app.users_screen.table.is_mounted:
+                await pilot.pause(0.05)
+            await pilot.press(*keys)
+            await pilot.pause(0.2)
+            table = app.users_screen.table
+            return f"{table.sort_key} {table.sort_reverse}"
+
+    assert asyncio.run(session(())) == "who False"
+    assert asyncio.run(session(("s", "s", "S"))) == "mem False"
+    wait_for_file(path, lambda d: d.get("users_sort") == "mem" and d.get("users_sort_reverse") is False, "the sort")
+    assert asyncio.run(session(())) == "mem False"

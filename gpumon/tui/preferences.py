@@ -1,6 +1,7 @@
 """What the user chose in the TUI, kept for the next start (as nvtop keeps its setup): the process
 table's sort column and direction, the theme, the chart window, whether the process table
-shows every card's processes or the selected card's, and the fleet overview's sort.
+shows every card's processes or the selected card's, the users view's sort and the fleet
+overview's sort.
 
 Kept in the state folder (`~/.local/state/gpumon/tui.json`, platformdirs' user_state_dir), one
 JSON object; deleting it resets them. Each change is written at once (atomically: a kill leaves
@@ -41,10 +42,12 @@ class Preferences:
     all_cards: bool | None = None  # the process table shows every card's processes
     hosts_sort: str | None = None  # the fleet overview's sort (`o`): listed, free, load, name, health
     hosts_sort_reverse: bool | None = None
+    users_sort: str | None = None  # the users view's (`u`) HolderTable sort key: who, idle, mem, sm, …
+    users_sort_reverse: bool | None = None
 
 
 _TYPES: dict[str, type] = {"sort": str, "sort_reverse": bool, "theme": str, "window": int, "all_cards": bool,
-                           "hosts_sort": str, "hosts_sort_reverse": bool}
+                           "hosts_sort": str, "hosts_sort_reverse": bool, "users_sort": str, "users_sort_reverse": bool}
 
 
 def preferences_path() -> Path:

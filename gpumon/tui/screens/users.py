@@ -68,6 +68,9 @@ class UsersScreen(Screen):
         self._frame_title = ""
 
     def compose(self) -> ComposeResult:
+        saved = self.app.preferences.saved  # the sort chosen last time (tui/preferences.py)
+        if saved.users_sort in HolderTable.SORTS:
+            self.table.sort_key, self.table.sort_reverse = saved.users_sort, bool(saved.users_sort_reverse)
         self.line = UsersLine(id="users-line")
         yield self.line
         self.reserved = Static("", id="users-reserved")
@@ -129,4 +132,5 @@ class UsersScreen(Screen):
         self._show_title()
 
     def on_holder_table_sort_changed(self, message: HolderTable.SortChanged) -> None:
+        self.app.preferences.change(users_sort=self.table.sort_key, users_sort_reverse=self.table.sort_reverse)
         self._show_title()
