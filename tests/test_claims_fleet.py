@@ -8,7 +8,7 @@ import json
 from conftest import GIB, Card
 
 
-def test_run_across_hosts_skips_a_host_whose_free_card_is_claimed(ssh_lab):
+def test_select_and_run_across_hosts_skip_a_host_whose_free_card_is_claimed(ssh_lab):
     first = ssh_lab.host("first")
     first.machine.cards = [Card(uuid="GPU-aaaa0000-1111-2222-3333-444455556666", mem_total=80 * GIB)]
     first.write()
@@ -18,11 +18,16 @@ def test_run_across_hosts_skips_a_host_whose_free_card_is_claimed(ssh_lab):
     try:
         held = ssh_lab.gpumon("run", "--host", "first", "--name", "holder", "--", "sleep", "60")
         assert held.returncode == 0, held.stderr
-        # first's card still looks free from here (the job has touched nothing), and has more memory.
+        # first's card still looks free (the job has touched nothing) and has more memory, but
+        # first's snapshot says who claims it: neither select nor run offers it.
+        chosen = ssh_lab.gpumon("select", "--hosts", "first,second", "--verbose")
+        assert chosen.returncode == 0, chosen.stderr
+        assert chosen.stdout.split() == ["second", "GPU-bbbb0000-1111-2222-3333-444455556666"]
+        assert "claimed by" in chosen.stderr and "holder" in chosen.stderr
         launched = ssh_lab.gpumon("run", "--hosts", "first,second", "--gpu", "auto", "--name", "next", "--",
                                   "sleep", "60")
         assert launched.returncode == 0, launched.stderr
-        assert "first: no free set there now" in launched.stderr and "claimed by" in launched.stderr
+        assert "gpumon: second: GPU 0" in launched.stderr and "first:" not in launched.stderr
         (job,) = json.loads(ssh_lab.gpumon("jobs", "--hosts", "second", "--json").stdout)
         assert job["name"] == "next" and job["gpus"] == ["GPU-bbbb0000-1111-2222-3333-444455556666"]
     finally:

@@ -22,11 +22,11 @@ from test_tui import run, started
 from test_tui_dialogs import wait_until
 
 from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.failover_event import FailoverEvent
 from gpumon.jobs import records
 from gpumon.jobs.job_events import EventFollower, append, event_log
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
-from gpumon.model import FailoverEvent
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import RunDialog

@@ -25,6 +25,7 @@ from gpumon.config import load_config
 from gpumon.errors import UsageError
 from gpumon.fleet import open_fleet
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
+from gpumon.fleet.taken import taken_from_remote
 from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.remote.hosts import expand_ranges, parse_hosts, read_hostfile
 from gpumon.remote.ssh import SshTransport, describe_failure, quote_remote
@@ -172,6 +173,18 @@ def test_a_good_document_is_kept_and_made_printable():
         ("h", "ok", None), ("down", "unreachable", "connection refused")]
     assert doc["hosts"][0]["snapshot"]["gpus"][0]["utilization_gpu"] == 50 and status.card_id(0) == "h:0"
     assert status.can_launch and not HostStatus("bare", "live", source="nvidia-smi").can_launch
+
+
+def test_who_holds_a_hosts_cards_is_read_from_its_snapshot_as_text():
+    claimed = _doc(claims=[{"user": "eve\x1b[2J", "job": "j1", "name": "train\x07", "since": 1.0}],
+                   reservation={"user": "bob", "until": 9.0, "note": "", "mine": False})
+    assert taken_from_remote(claimed) == (
+        (("GPU-1", "claimed by eve\\x1b[2J: job train\\x07; reserved by bob"),), frozenset())
+    assert taken_from_remote(_doc(reservation={"user": "me", "mine": True})) == ((), frozenset({"GPU-1"}))
+    assert taken_from_remote(_doc()) == ((), frozenset())  # an older gpumon says nothing of claims
+    for bad in ("everyone", [{}] * 300):
+        with pytest.raises(SchemaError, match="claims is not a list of at most 256 claims"):
+            taken_from_remote(_doc(claims=bad))
 
 
 def _stream(fake_driver, *args: str) -> subprocess.Popen:

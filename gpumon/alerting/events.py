@@ -9,7 +9,8 @@ import time
 from typing import IO
 
 from gpumon.alerting.alert_event import AlertEvent
-from gpumon.model import FailoverEvent, GpuSample, Snapshot
+from gpumon.failover_event import FailoverEvent
+from gpumon.model import GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing.reservations import ReservationEvent
 from gpumon.units import format_bytes

@@ -24,7 +24,7 @@ import time
 import zlib
 
 from gpumon.alerting.alert_event import AlertEvent
-from gpumon.model import FailoverEvent
+from gpumon.failover_event import FailoverEvent
 from gpumon.sharing.reservations import ReservationEvent
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.exporter.fields import XID_COUNT_WINDOW_S
-from gpumon.model import FailoverEvent, GpuSample, Snapshot
+from gpumon.failover_event import FailoverEvent
+from gpumon.model import GpuSample, Snapshot
 
 if TYPE_CHECKING:
     from gpumon.exporter.web_config import WebConfig

@@ -16,6 +16,7 @@ from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
+from gpumon.jobs.claiming import Sharing, Taken
 from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
@@ -72,7 +73,7 @@ def select_hosts(args: argparse.Namespace) -> int:
 
     bars = {"min_free": args.min_free, "max_util": args.max_util, "max_used": args.max_used}
     topologies = _topologies(runner, list(doc.hosts), args.count, **bars)
-    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, **bars)
+    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, **bars, here=_here(config))
     if args.verbose or best is None:
         for reason in reasons:
             print(f"gpumon: {reason}", file=sys.stderr)
@@ -226,7 +227,8 @@ def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int
     topologies = _topologies(runner, candidates, count, request.min_free, request.max_util)
     taken: list[str] = []
     while True:
-        best, reasons = choose_across(candidates, count, topologies.get, request.min_free, request.max_util)
+        best, reasons = choose_across(candidates, count, topologies.get, request.min_free, request.max_util,
+                                      here=_here(config))
         if best is None:
             raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(taken + reasons))
         print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
@@ -244,6 +246,11 @@ def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int
             print(f"gpumon: {best.host}: no free set there now ({exc}); trying the next host", file=sys.stderr)
             taken.append(f"{best.host}: its cards are claimed or reserved")
             candidates = [h for h in candidates if h.host != best.host]
+
+
+def _here(config) -> Taken:
+    """What this machine's launches claim and its users reserve (for the host `local`)."""
+    return Sharing(config.claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
 
 
 def _topologies(runner, hosts, count: int, min_free: str | None = None, max_util: float | None = None,

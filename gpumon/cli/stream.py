@@ -25,6 +25,8 @@ from gpumon.cli.common import load_settings, open_source
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
 from gpumon.remote.connection import stdin_connection
+from gpumon.sharing import view
+from gpumon.sharing.place import idle_release, where
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:
@@ -54,8 +56,11 @@ async def _stream(sampler: Sampler) -> None:
     def publish(snapshot: Snapshot) -> None:
         if snapshot.stale:
             return
+        # Who claims or reserves each card, as `snapshot --json` says it: `select --hosts` must not
+        # offer a card a launch here holds.
+        doc = view.annotate(snapshot.to_dict(), view.per_card(where(), snapshot, idle_release()))
         try:
-            out.write(json.dumps(snapshot.to_dict(), separators=(",", ":")).encode() + b"\n")
+            out.write(json.dumps(doc, separators=(",", ":")).encode() + b"\n")
             out.flush()
         except (BrokenPipeError, OSError):  # the reading side is gone
             sampler.stop()

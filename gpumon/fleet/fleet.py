@@ -176,14 +176,16 @@ class Fleet:
             self._settled.set()
 
     def report(self, name: str, state: str, *, snapshot: Any = _KEEP, error: str | None = None,
-               source: str | None = None, note: Any = _KEEP, retry_at: float | None = None) -> None:
-        """A source's news about one host. `snapshot`/`note` left out: keep the ones it had."""
+               source: str | None = None, note: Any = _KEEP, retry_at: float | None = None,
+               taken: Any = _KEEP, mine: Any = _KEEP) -> None:
+        """A source's news about one host. `snapshot`/`note`/`taken`/`mine` left out: keep the ones it had."""
         old = self._status[name]
         new = HostStatus(
             host=name, state=state, source=source or old.source,
             snapshot=old.snapshot if snapshot is _KEEP else snapshot,
             error=error, since=old.since if state == old.state else self.clock(),
             note=old.note if note is _KEEP else note, retry_at=retry_at,
+            taken=old.taken if taken is _KEEP else taken, mine=old.mine if mine is _KEEP else mine,
         )
         if new == old:
             return

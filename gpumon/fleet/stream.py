@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from gpumon.fleet import nvidia_smi
 from gpumon.fleet.fleet import Source
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
+from gpumon.fleet.taken import taken_from_remote
 from gpumon.remote.hosts import HostSpec
 from gpumon.remote.login import MAX_BANNER, after_mark, is_mark, marked, new_mark
 from gpumon.remote.ssh import NOT_FOUND, SshTransport, describe_failure
@@ -105,7 +106,9 @@ def _cancelling() -> bool:
 
 
 def _document(line: bytes):
-    return snapshot_from_remote(json.loads(line))
+    """The host's snapshot, and what it said of who holds its cards."""
+    doc = json.loads(line)
+    return snapshot_from_remote(doc), *taken_from_remote(doc)
 
 
 class Backoff:
@@ -238,12 +241,12 @@ class SshSource(Source):
                 line = latest.newest(line)
             next_at = loop.time() + self.interval
             try:
-                snapshot = await asyncio.to_thread(_document, line)
+                snapshot, taken, mine = await asyncio.to_thread(_document, line)
             except (ValueError, RecursionError) as exc:  # JSONDecodeError and SchemaError are ValueErrors
                 what = str(exc) if isinstance(exc, SchemaError) else "a line that is not JSON"
                 raise _Bad(Ending("error", f"sent a bad document: {what}", state.live)) from None
             state.live = True
-            fleet.report(self.spec.name, "live", snapshot=snapshot, source="gpumon", note=None)
+            fleet.report(self.spec.name, "live", snapshot=snapshot, source="gpumon", note=None, taken=taken, mine=mine)
 
     async def _poll_nvidia_smi(self, fleet) -> Ending:
         """Agentless: both nvidia-smi queries every interval, over the shared connection."""

@@ -15,9 +15,9 @@ import os
 import re
 from pathlib import Path
 
+from gpumon.failover_event import FailoverEvent
 from gpumon.jobs.files import state_dir
 from gpumon.jobs.records import THIS_HOST
-from gpumon.model import FailoverEvent
 
 log = logging.getLogger(__name__)
 ROTATE_BYTES = 1 << 20

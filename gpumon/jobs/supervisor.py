@@ -37,6 +37,7 @@ import psutil
 
 from gpumon.cards.backends import Backend, open_backend
 from gpumon.errors import GpumonError
+from gpumon.failover_event import FailoverEvent
 from gpumon.health import rules as health
 from gpumon.jobs import job_events
 from gpumon.jobs.attempt_end import AttemptEnd
@@ -53,7 +54,7 @@ from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
 from gpumon.jobs.tree import CommandTree
 from gpumon.jobs.waiting import FreeSet
-from gpumon.model import FailoverEvent, Snapshot
+from gpumon.model import Snapshot
 from gpumon.sanitize import printable
 from gpumon.units import format_duration
 
@@ -245,11 +246,8 @@ class Supervisor:
             self._finish("failed", f"could not start: its records cannot be written ({self.records.problem})")
             return False
         started = time.time()  # the attempt's times are all on one clock (create_time is rounded)
-        if self.stop_requested is not None:  # Ctrl-C or a stop while it started up: nothing to stop yet
-            asked = self.stop_requested
-            self._finish("cancelled" if number == 1 else "killed",
-                         ("cancelled by the user" if asked == STOPPED else asked) if number == 1
-                         else f"{asked} while moving it (after {why_moved})")
+        if (asked := self.stop_requested) is not None:  # Ctrl-C or a stop while it started up (or moved)
+            self._finish("cancelled", "cancelled by the user" if asked == STOPPED else asked)
             return False
         try:
             inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}

@@ -48,7 +48,7 @@ class Reservation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "until": self.until, "note": self.note, "since": self.created,
-                "card": self.card, "index": self.index}
+                "card": self.card, "index": self.index, "mine": self.mine}
 
     @property
     def mine(self) -> bool:

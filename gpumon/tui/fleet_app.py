@@ -19,7 +19,8 @@ from textual.screen import Screen
 
 from gpumon.errors import EXIT_OK
 from gpumon.fleet import Fleet
-from gpumon.jobs.across_hosts import choose_across
+from gpumon.jobs.across_hosts import choose_across, taken_on
+from gpumon.jobs.claiming import Sharing, Taken
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
@@ -139,17 +140,22 @@ class FleetApp(BaseApp):
             self.notify(f"{name} is {status.state}: no reading to choose a card from", severity="warning")
             return
         try:
-            gpu = choose(status.snapshot, 1).gpus[0]
+            taken, mine = taken_on(status, self._here())
+            gpu = choose(status.snapshot, 1, taken=taken, preferred=mine).gpus[0]
         except ValueError:
             self.notify(f"{name}: no free card (Enter shows its cards; R picks the best free card anywhere)",
                         severity="warning", timeout=6)
             return
         ask_and_launch(self, self.fleet, name, gpu, self.launch_cwd, why="its least loaded free card")
 
+    def _here(self) -> Taken:
+        """This machine's claims and reservations, for the host `local` (unreadable: said, and none)."""
+        return Sharing(None, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
+
     def run_anywhere(self) -> None:
         """`R`: the run dialog for the best free card of every host that can launch."""
         hosts = [s for s in self.fleet.statuses() if s.can_launch]
-        best, _ = choose_across(hosts, 1, lambda host: None)
+        best, _ = choose_across(hosts, 1, lambda host: None, here=self._here())
         if best is None:
             self.notify("no free card on any host that can launch", severity="warning", timeout=6)
             return
