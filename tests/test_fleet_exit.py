@@ -30,15 +30,16 @@ def _remote(ssh_lab, tmp_path: Path) -> str:
     return str(path)
 
 
-def _first_lines(proc: subprocess.Popen, until: str, timeout: float) -> tuple[str, float]:
-    """stdout up to the first line containing `until`, and how long it took."""
+def _first_lines(proc: subprocess.Popen, until: str, timeout: float, pipe=None) -> tuple[str, float]:
+    """stdout (or `pipe`) up to the first line containing `until`, and how long it took."""
+    pipe = proc.stdout if pipe is None else pipe
     started = time.monotonic()
     seen = ""
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(pipe, selectors.EVENT_READ)
         while until not in seen and time.monotonic() - started < timeout:
             if selector.select(timeout=0.5):
-                chunk = os.read(proc.stdout.fileno(), 65536).decode()
+                chunk = os.read(pipe.fileno(), 65536).decode()
                 if not chunk:
                     break
                 seen += chunk
@@ -114,6 +115,20 @@ def test_each_host_is_printed_as_it_answers(ssh_lab, tmp_path, idle_processes):
         for proc in procs.values():
             proc.kill()
             proc.wait(10)
+
+
+def test_report_says_a_host_that_failed_while_another_still_hangs(ssh_lab, tmp_path):
+    ssh_lab.host("hung", env={"GPUMON_TEST_HANG": "1"})
+    proc = subprocess.Popen(ssh_lab.gpumon_argv("report", "--hosts", "hung,nowhere.invalid",
+                                                remote=_remote(ssh_lab, tmp_path)),
+                            env=ssh_lab.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said, _ = _first_lines(proc, "nowhere.invalid", timeout=30, pipe=proc.stderr)
+        assert "nowhere.invalid" in said, said
+        assert proc.poll() is None, "still waiting for the hung host"
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_the_sharing_commands_say_whether_every_host_answered(ssh_lab):

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from gpumon.cli.common import fleet_requested, load_settings
@@ -94,12 +94,15 @@ def _hosts_report(args: argparse.Namespace, config, start: float, end: float, pr
         except ValueError:
             return spec.name, None, f"{spec.name}: `gpumon report --json` did not answer with JSON"
 
+    answered: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
     with ThreadPoolExecutor(max_workers=min(AT_ONCE, len(hosts))) as pool:
-        answers = list(pool.map(ask, hosts))
-    reports = {name: doc for name, doc, _ in answers}
-    errors = {name: error for name, _, error in answers if error}
-    for error in errors.values():
-        print(f"gpumon: {error}", file=sys.stderr)
+        for future in as_completed([pool.submit(ask, spec) for spec in hosts]):
+            name, doc, error = future.result()
+            answered[name] = (doc, error)
+            if error:  # at once: the other hosts may take their whole timeout
+                print(f"gpumon: {error}", file=sys.stderr, flush=True)
+    reports = {spec.name: answered[spec.name][0] for spec in hosts}  # in the order listed
+    errors = {spec.name: answered[spec.name][1] for spec in hosts if answered[spec.name][1]}
     if len(errors) == len(hosts):
         raise LedgerError("no host answered with its usage history")
     return report.merge(reports, errors, start, end, args.by, price)
