@@ -99,12 +99,15 @@ def test_enter_in_the_fleet_run_dialog_launches_everything_typed_before_it(termi
     start_gpumon(tmux, "--hosts", "local", "--demo", "--interval", "0.5")
     tmux.wait_for(lambda s: "local" in s and "live" in s, what="the fleet")
     typed = [TEXT.format(how="fleet", i=i) for i in range(TRIES // 2)]
-    for text in typed:
+    for count, text in enumerate(typed, 1):
         tmux.keys("r")
         tmux.wait_for(lambda s: "Run on local:" in s, what="the run dialog")
         send = type_then_enter if len(text) % 2 else paste_then_enter
         send(tmux, text)
         tmux.wait_for(lambda s: "Run on local:" not in s, what="the dialog to close")
+        # `r` on a host offers only a card nobody claims: the next try waits for the last job's to go.
+        launched_commands(count)
+        wait_until_no_card_is_claimed()
     assert launched_commands(len(typed)) == sorted(typed)
 
 

@@ -142,9 +142,10 @@ class FleetApp(BaseApp):
         try:
             taken, mine = taken_on(status, self._here())
             gpu = choose(status.snapshot, 1, taken=taken, preferred=mine).gpus[0]
-        except ValueError:
-            self.notify(f"{name}: no free card (Enter shows its cards; R picks the best free card anywhere)",
-                        severity="warning", timeout=6)
+        except ValueError as exc:
+            held = [why for why in getattr(exc, "reasons", ()) if "claimed by" in why or "reserved by" in why]
+            self.notify(f"{name}: no free card{': ' + held[0] if held else ''} (Enter shows its cards; R picks "
+                        "the best free card anywhere)", severity="warning", timeout=6)
             return
         ask_and_launch(self, self.fleet, name, gpu, self.launch_cwd, why="its least loaded free card")
 
