@@ -52,14 +52,14 @@ def attempts_json(attempts: list[Attempt]) -> str:
 
 def banner(number: int, most: int, indices: list[int], uuids: list[str], why_moved: str | None) -> str:
     """Where an attempt begins, in the job's output: `=== gpumon: attempt 2 of at most 3 on GPU 1, after … ===`."""
-    cards = ("GPU " if len(indices) == 1 else "GPUs ") + ",".join(map(str, indices))
-    return (f"=== gpumon: attempt {number} of at most {most} on {cards}{f', after {why_moved}' if why_moved else ''}"
+    return (f"=== gpumon: attempt {number} of at most {most} on {_cards(indices)}"
+            f"{f', after {why_moved}' if why_moved else ''}"
             f" ({time.strftime('%Y-%m-%d %H:%M:%S')}, {', '.join(uuids)}) ===\n")
 
 
 def describe(attempt: Attempt) -> str:
     """One attempt for people: 'attempt 1: GPU 0, 05-14 12:00:01 to 12:00:09, SIGTERM; moved: GPU 0 is lost'."""
-    cards = ("GPU " if len(attempt.gpu_indices) == 1 else "GPUs ") + ",".join(map(str, attempt.gpu_indices))
+    cards = _cards(attempt.gpu_indices)
     when = f"since {_clock(attempt.started)}"
     if attempt.ended is not None:
         same_day = time.localtime(attempt.started)[:3] == time.localtime(attempt.ended)[:3]
@@ -67,6 +67,11 @@ def describe(attempt: Attempt) -> str:
     how = attempt.signal or ("" if attempt.exit_code is None else f"exit {attempt.exit_code}")
     return (f"attempt {attempt.number}: {cards}, {when}" + (f", {how}" if how else "")
             + (f"; moved: {attempt.moved_because}" if attempt.moved_because else ""))
+
+
+def _cards(indices: list[int]) -> str:
+    """'GPU 0', 'GPUs 0,1'."""
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ",".join(map(str, indices))
 
 
 def _clock(when: float, with_day: bool = True) -> str:
