@@ -26,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         parser = build_parser()
         args = parser.parse_args(normalise_argv(list(sys.argv[1:] if argv is None else argv), parser))
+        if args.subcommand != "serve":  # the one command that serves TLS through asyncio
+            from gpumon.cli.asyncio_import import import_asyncio_without_tls
+
+            import_asyncio_without_tls()
         # Each subcommand imports only what it needs: `snapshot` never loads the TUI.
         return importlib.import_module(f"gpumon.cli.{args.subcommand}").run(args)
     except GpumonError as exc:
