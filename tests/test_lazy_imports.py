@@ -35,6 +35,9 @@ NEVER_AT_START = [  # loaded when first needed: a key, --prometheus, --hosts, an
     "gpumon.exporter.serving", "prometheus_client", "gpumon.fleet", "gpumon.web", "aiohttp",
     # Package metadata brings email, zipfile and csv: read only to name Textual's version in a log line.
     "importlib.metadata",
+    # OpenSSL (4.4 MiB resident): asyncio would import ssl only to be ready for TLS, which only
+    # `gpumon serve` speaks through it; a random file name needs os.urandom, not secrets' hashlib.
+    "ssl", "_hashlib",
 ]
 VIEWS = [  # the TUI's views and actions, each opened by a key
     "gpumon.tui.screens.health", "gpumon.tui.screens.topology", "gpumon.tui.screens.users",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -381,7 +380,7 @@ def _shown(job: Job) -> tuple:
 
 
 def new_job_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
 
 
 def create_job(spec: JobSpec) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
-import secrets
+import os
 from typing import BinaryIO
 
 MARK_PREFIX = "gpumon-says-"
@@ -31,7 +31,7 @@ class BannerTooLong(ValueError):
 
 def new_mark() -> bytes:
     """A mark for one connection: unguessable, printable, one word for sh."""
-    return (MARK_PREFIX + secrets.token_hex(12)).encode()
+    return (MARK_PREFIX + os.urandom(12).hex()).encode()
 
 
 def any_shell(script: str) -> str:

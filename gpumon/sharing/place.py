@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import re
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -161,7 +160,7 @@ class Hold:
 def create(directory: Path, name: str, data: dict[str, Any], locked: bool = True) -> tuple[int, Path]:
     """A new record, written under a hidden name and renamed into place already locked, so no
     reader ever sees it unlocked (and takes it for a stale one)."""
-    final = directory / f"{name}.{secrets.token_hex(4)}"
+    final = directory / f"{name}.{os.urandom(4).hex()}"
     hidden = directory / f".{final.name}"
     try:
         fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
