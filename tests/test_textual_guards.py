@@ -126,6 +126,8 @@ def masked(screen: str) -> list[str]:
     ("rename:_get_terminal_size", "output layer", "_get_terminal_size is missing"),
     ("rename:_batch_count", "compositor updates as cells", "no _batch_count"),
     ("rename:post_display_hook", "compositor updates as cells", "post_display_hook is missing"),
+    ("rename:run_input_thread", "quiet input", "run_input_thread is missing"),
+    ("rename:_timeout_time", "quiet input", "XTermParser objects have no _timeout_time"),
 ])
 def test_in_a_terminal_a_changed_internal_draws_what_gpumon_draws(tmux_session, tmp_path, change, mechanism,
                                                                    internal):

@@ -4,7 +4,8 @@ and never faster than the terminal draws them (`Pacer`).
 Textual writes each frame and then flushes; here the frame is read into the wanted screen, and a
 flush sends the difference unless the previous frame has not reached the terminal yet. The
 terminal's answer to the question that ends each frame arrives on the input thread, which then
-sends whatever changed meanwhile. The app hears how far behind the link is (`LinkLag`).
+sends whatever changed meanwhile. The app hears how far behind the link is (`LinkLag`). Its input thread sleeps
+until a key comes (quiet_input.py).
 
 Where this Textual is not the one it was written for (guards.py), the app takes Textual's own
 driver; a WireDriver whose instance lacks what it uses (`wired` False) passes everything through.
@@ -17,13 +18,13 @@ import time
 from typing import TYPE_CHECKING
 
 from textual import events
-from textual.drivers.linux_driver import LinuxDriver
 from textual.geometry import Offset
 from textual.message import Message
 
 from gpumon.tui.wire import updates
 from gpumon.tui.wire.guards import usable
 from gpumon.tui.wire.pacing import Pacer
+from gpumon.tui.wire.quiet_input import QuietInputDriver
 from gpumon.tui.wire.screen import ScreenDiff
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class LinkLag(Message):
         self.seconds = seconds
 
 
-class WireDriver(LinuxDriver):
+class WireDriver(QuietInputDriver):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._diff = ScreenDiff(*self._get_terminal_size())

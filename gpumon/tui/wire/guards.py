@@ -47,6 +47,15 @@ NEEDS: dict[str, tuple[Need, ...]] = {
         ("textual.drivers.linux_driver", "LinuxDriver", "flush", ("self",)),
         ("textual.drivers.linux_driver", "LinuxDriver", "process_message", ("self", "message")),
     ),
+    "quiet input": (
+        ("textual.drivers.linux_driver", "LinuxDriver", "run_input_thread", ("self",)),
+        ("textual.drivers.linux_driver", "LinuxDriver", "process_message", ("self", "message")),
+        ("textual._xterm_parser", "XTermParser", "__init__", ("self", "debug")),
+        ("textual._parser", "Parser", "feed", ("self", "data")),
+        ("textual._parser", "Parser", "tick", ("self",)),
+        ("textual._parser", "ParseError", "__init__", None),
+        ("textual._time", "get_time", "__call__", None),
+    ),
     "compositor updates as cells": (
         (_APP, "App", "_display", ("self", "screen", "renderable")),
         (_APP, "App", "_begin_update", ("self",)),
