@@ -7,6 +7,10 @@ same port. `SshLab` writes an ssh_config whose aliases all reach such servers bu
 different fake driver and state directories (`SetEnv`, accepted by the server's `AcceptEnv`), so
 every alias is a machine of its own; tests pass `--ssh 'ssh -F CONFIG'` (OpenSSH reads ~/.ssh
 from the passwd home, not $HOME, so nothing of the user's own setup is used or touched).
+Each server's logins get a home of their own (`SetEnv HOME`, holding a new user's /etc/skel files):
+the login shell there never runs the real user's ~/.bashrc, which may do slow or shared things
+(`pyenv init` rehashes under a lock file that a session killed mid-login leaves behind, and
+every later login then waits 60 s for it).
 
 Fixtures: `ssh_lab` (an SshLab whose servers end with the test; skips without sshd, fails in CI).
 The remote gpumon is this checkout's (`lab.remote_gpumon`, next to sys.executable).
@@ -49,11 +53,17 @@ def _keygen(path: Path) -> None:
 
 class SshServer:
     """One sshd on 127.0.0.1:port. `env`: variables every session gets (sshd_config SetEnv, which
-    wins over the client's), e.g. a PATH that has or lacks programs."""
+    wins over the client's and over the passwd entry's HOME), e.g. a PATH that has or lacks programs."""
 
     def __init__(self, root: Path, authorized_key: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self.home = root / "home"
+        if os.path.isdir("/etc/skel"):
+            shutil.copytree("/etc/skel", self.home, symlinks=True)
+        else:
+            self.home.mkdir()
+        env = {"HOME": str(self.home), **(env or {})}
         self.port = free_port()
         self.host_key = root / "host_ed25519"
         _keygen(self.host_key)
@@ -68,8 +78,7 @@ class SshServer:
             "StrictModes no", f"AcceptEnv {ACCEPTED_ENV}", "MaxSessions 50", "MaxStartups 50",
             "LogLevel VERBOSE", "PrintMotd no", "PrintLastLog no",
         ]
-        if env:
-            lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
+        lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
         self.config.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen | None = None
 

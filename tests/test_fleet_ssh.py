@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -252,3 +253,16 @@ def test_the_remote_stream_ends_with_its_connection_and_comes_back(ssh_lab):
     finally:
         watch.kill()
         watch.wait(10)
+
+
+def test_a_lab_host_logs_in_to_a_home_of_its_own(ssh_lab):
+    """Every lab "machine" has its own home, with a new user's files: a login there never runs the
+    real user's ~/.bashrc. CI once lost 28 fleet tests to it: root's .bashrc ran `pyenv init`, a
+    test that ended a host (SIGKILL, as a machine going away) while its login held pyenv's rehash
+    lock left the lock behind, and every later login waited 60 s for it."""
+    ssh_lab.host("h")
+    seen = ssh_lab.ssh_run("h", 'echo "$HOME"')
+    assert seen.returncode == 0, seen.stderr
+    home = seen.stdout.strip()
+    assert home == str(ssh_lab.servers[0].home) and home != os.path.expanduser("~"), home
+    assert home.startswith(str(ssh_lab.root))
