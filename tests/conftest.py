@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,25 @@ def require_tool(name: str) -> str:
     if IN_CI:
         pytest.fail(f"{name} is required in CI (.ci/run installs it)")
     pytest.skip(f"{name} is not installed")
+
+
+def add_suite_user(name: str, *useradd_options: str) -> None:
+    """useradd NAME, a user name only this suite uses: one an interrupted earlier run left behind
+    (its teardown never ran) is removed first, with whatever it still runs, so the next run starts."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        pass
+    else:
+        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
+        subprocess.run(["userdel", name], capture_output=True)
+    subprocess.run(["useradd", *useradd_options, name], check=True, capture_output=True)
 
 
 @pytest.fixture(autouse=True)

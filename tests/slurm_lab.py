@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+from conftest import IN_CI, add_suite_user
 
 USER = "gpumonslurm"
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo", "useradd", "userdel", "runuser")
@@ -174,7 +174,7 @@ def real_slurm() -> Iterator[RealSlurm]:
     lab = RealSlurm(root, node)
     made_user = False
     try:
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True, capture_output=True)
+        add_suite_user(USER, "-M", "-s", "/bin/sh")
         made_user = True
         lab.daemons.append(subprocess.Popen(
             ["munged", "-F", "--force", f"--key-file={key}", f"--socket={root}/munge/munge.socket",

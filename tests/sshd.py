@@ -7,10 +7,10 @@ same port. `SshLab` writes an ssh_config whose aliases all reach such servers bu
 different fake driver and state directories (`SetEnv`, accepted by the server's `AcceptEnv`), so
 every alias is a machine of its own; tests pass `--ssh 'ssh -F CONFIG'` (OpenSSH reads ~/.ssh
 from the passwd home, not $HOME, so nothing of the user's own setup is used or touched).
-Each server's logins get a home of their own (`SetEnv HOME`, holding a new user's /etc/skel files):
-the login shell there never runs the real user's ~/.bashrc, which may do slow or shared things
-(`pyenv init` rehashes under a lock file that a session killed mid-login leaves behind, and
-every later login then waits 60 s for it).
+Each server's logins as the user running the tests get a home of their own (`SetEnv HOME`,
+holding a new user's /etc/skel files): the login shell there never runs that user's own
+~/.bashrc, which may do slow or shared things (`pyenv init` rehashes under a lock file that a
+session killed mid-login leaves behind, and every later login then waits 60 s for it).
 
 Fixtures: `ssh_lab` (an SshLab whose servers end with the test; skips without sshd, fails in CI).
 The remote gpumon is this checkout's (`lab.remote_gpumon`, next to sys.executable).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -46,6 +47,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _set_env(env: dict) -> str:
+    return "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items())
+
+
 def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpumon-test", "-f", str(path)],
                    check=True, capture_output=True)
@@ -63,7 +68,7 @@ class SshServer:
             shutil.copytree("/etc/skel", self.home, symlinks=True)
         else:
             self.home.mkdir()
-        env = {"HOME": str(self.home), **(env or {})}
+        env = dict(env or {})
         self.port = free_port()
         self.host_key = root / "host_ed25519"
         _keygen(self.host_key)
@@ -78,7 +83,11 @@ class SshServer:
             "StrictModes no", f"AcceptEnv {ACCEPTED_ENV}", "MaxSessions 50", "MaxStartups 50",
             "LogLevel VERBOSE", "PrintMotd no", "PrintLastLog no",
         ]
-        lines.append("SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
+        if env:
+            lines.append(_set_env(env))
+        # The user running the tests logs in to the lab's home, never to their own; users a test
+        # makes (with homes of its own) keep theirs. A Match block's SetEnv replaces the global one.
+        lines += [f"Match User {pwd.getpwuid(os.geteuid()).pw_name}", "  " + _set_env({"HOME": self.home, **env})]
         self.config.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen | None = None
 

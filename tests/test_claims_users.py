@@ -75,12 +75,18 @@ def two_users():
                 for pid in (job.get("pid"),):
                     if job["state"] == "running" and pid:
                         user.gpumon("jobs", "--stop", job["id"])
-            shutil.rmtree(user.home, ignore_errors=True)
         uids = {pwd.getpwnam(user.name).pw_uid for user in users}
-        for proc in psutil.process_iter(["uids"]):  # what is left of the test's users' own processes
-            if proc.info["uids"] and proc.info["uids"].real in uids:
+        left = [proc for proc in psutil.process_iter(["uids"])  # what is left of the test's users' own processes
+                if proc.info["uids"] and proc.info["uids"].real in uids]
+        for proc in left:
+            try:
                 proc.kill()
+            except psutil.Error:
+                pass
+        # Only then the homes: a stopped job's supervisor still writes its exit record there.
+        psutil.wait_procs(left, timeout=10)
         for user in users:
+            shutil.rmtree(user.home, ignore_errors=True)
             subprocess.run(["userdel", user.name], capture_output=True)
         shutil.rmtree(place, ignore_errors=True)
 

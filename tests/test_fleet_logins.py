@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import IN_CI, Card
+from conftest import IN_CI, Card, add_suite_user
 from sshd import SshLab, require_sshd
 
 from gpumon.remote.children import run_capped
@@ -78,8 +78,7 @@ def logins(build_fake) -> Iterator[tuple[SshLab, dict[str, str]]]:
             home = root / "home" / user
             home.parent.mkdir(exist_ok=True)
             home.parent.chmod(0o755)
-            subprocess.run(["useradd", "--no-user-group", "-g", "nogroup", "-M", "-d", str(home), "-s", path, user],
-                           check=True, capture_output=True)
+            add_suite_user(user, "--no-user-group", "-g", "nogroup", "-M", "-d", str(home), "-s", path)
             made.append(user)
             subprocess.run(["usermod", "-p", "*", user], check=True)  # not locked: sshd lets key logins in
             (home / rc).parent.mkdir(parents=True, exist_ok=True)
