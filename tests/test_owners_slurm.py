@@ -23,6 +23,7 @@ from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.cards.sampler import Sampler
 from gpumon.owners.holders import HolderTracker
 from gpumon.owners.reader import HostPaths, OwnerReader, host_paths, use_host_paths
+from gpumon.owners.records import SlurmArrays
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.users import UsersScreen
 
@@ -128,7 +129,7 @@ def test_an_array_task_is_job_task_for_root_and_for_another_user(slurm):
     # (the system's python: this one's may sit where that user cannot go; psutil from this one's)
     code = (f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {sysconfig.get_paths()['platlib']!r}]\n"
             "from gpumon.cards.procinfo import ProcessEnricher\nfrom gpumon.model import ProcessSample\n"
-            "enricher, ids, deadline = ProcessEnricher(), [], time.monotonic() + 30\n"
+            "enricher, ids, deadline = ProcessEnricher(), [], time.monotonic() + 20\n"  # inside run()'s 30 s
             "while time.monotonic() < deadline and len(set(ids)) < 2:\n"
             f"    ids.append(enricher.enrich((ProcessSample({pid}, 'compute'),))[0].owner.id)\n"
             "    time.sleep(0.02)\n"
@@ -161,6 +162,36 @@ HUNG_SCONTROL = """#!/bin/sh
 echo $$ > {pidfile}.new && mv {pidfile}.new {pidfile}
 exec sleep 3600
 """
+
+
+# A controller busy for a moment: the first question hangs, later ones answer as scontrol does; a
+# job Slurm no longer knows is answered at once (and never asked again).
+BUSY_SCONTROL = """#!/bin/sh
+echo "$@" >> {asked}
+case "$4" in
+  777) mkdir {busy} 2>/dev/null && exec sleep 60
+       echo "JobId=777 ArrayJobId=776 ArrayTaskId=3 JobName=sweep" ;;
+  *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_an_array_name_that_got_no_answer_is_asked_again(tmp_path):
+    """A scontrol that timed out once (slurmctld busy) is asked again, later, and the name comes;
+    before, the raw id was kept as the answer for as long as gpumon ran."""
+    scontrol, asked = tmp_path / "scontrol", tmp_path / "asked"
+    scontrol.write_text(BUSY_SCONTROL.format(asked=asked, busy=tmp_path / "busy"))
+    scontrol.chmod(0o755)
+    arrays = SlurmArrays(str(scontrol))
+    arrays.TIMEOUT_S, arrays.RETRY_S = 0.5, (0.2, 1.0)
+    assert (arrays.name("777"), arrays.name("900")) == ("777", "900")  # at once, while asked
+    deadline = time.monotonic() + 20
+    while arrays.answers < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (arrays.name("777"), arrays.name("900")) == ("776_3", "900")
+    assert not arrays.asking("777") and not arrays.asking("900")
+    assert asked.read_text().split("\n").count("-o show job 900") == 1
+    assert asked.read_text().split("\n").count("-o show job 777") == 2
 
 
 def _running(pidfile: Path) -> bool:

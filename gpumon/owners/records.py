@@ -79,13 +79,16 @@ def slurm_from_environment(environment: dict[str, str]) -> tuple[str, str | None
 
 
 class SlurmArrays:
-    """`ARRAYJOB_TASK` of a raw job id, as `scontrol show job` says it: asked once per job id (an
-    answer, or none, is kept), with a timeout, and only where Slurm's tools are installed. Asked in
-    a thread of its own, one job at a time: `name()` answers at once with what is known (the raw
-    id until the answer comes), so a slow or hung scontrol never delays a sample; `answers` grows
-    with every answer, which tells a reader when a name it was given may have got better."""
+    """`ARRAYJOB_TASK` of a raw job id, as `scontrol show job` says it: asked once per job id (its
+    answer is kept), with a timeout, and only where Slurm's tools are installed. Asked in a thread
+    of its own, one job at a time: `name()` answers at once with what is known (the raw id until
+    the answer comes), so a slow or hung scontrol never delays a sample; `answers` grows with every
+    answer, which tells a reader when a name it was given may have got better. No answer (scontrol
+    timed out, or could not reach slurmctld) is asked again later, less often each time: a busy
+    controller's moment must not leave a job without its name for the rest of the day."""
 
     TIMEOUT_S = 2.0
+    RETRY_S = (5.0, 300.0)  # the wait after a first question with no answer, and the longest
 
     def __init__(self, scontrol: str | None = None) -> None:
         self.scontrol = scontrol if scontrol is not None else shutil.which("scontrol")
@@ -94,6 +97,7 @@ class SlurmArrays:
         self._to_ask: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._waits: dict[str, float] = {}  # job -> the last wait before asking again
         self.answers = 0
 
     def name(self, job: str) -> str:
@@ -120,17 +124,35 @@ class SlurmArrays:
         while True:
             job = self._to_ask.get()
             name = self._ask(job)
+            if name is None:
+                self._ask_later(job)  # still being asked: readers keep the job's owner unsettled
+                continue
             with self._lock:
                 _remember(self._names, job, name)
                 self._asking.discard(job)
+                self._waits.pop(job, None)
                 self.answers += 1
 
-    def _ask(self, job: str) -> str:
+    def _ask_later(self, job: str) -> None:
+        first, longest = self.RETRY_S
+        wait = min(2 * self._waits[job], longest) if job in self._waits else first
+        _remember(self._waits, job, wait)
+        timer = threading.Timer(wait, self._to_ask.put, (job,))
+        timer.daemon = True
+        timer.start()
+
+    def _ask(self, job: str) -> str | None:
+        """The job's name, its raw id where it is no array task (or Slurm no longer knows it), or
+        None for no answer."""
         try:
             done = subprocess.run([self.scontrol, "-o", "show", "job", job], capture_output=True,
                                   timeout=self.TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.SubprocessError):
+        except OSError:  # it cannot be run: that will not get better
             return job
+        except subprocess.SubprocessError:
+            return None
+        if done.returncode != 0:
+            return job if b"Invalid job id" in done.stderr else None
         fields = dict(item.partition("=")[::2] for item in done.stdout.decode("utf-8", "replace").split())
         array, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
         if fields.get("JobId") == job and array.isdigit() and task.isdigit():
