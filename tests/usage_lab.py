@@ -41,11 +41,16 @@ class TwoUsers:
         for runner in self._runners:  # runuser first: it would print "Killed" for its child
             runner.kill()
             runner.wait()
+        killed = []
         for pid in self._pids:
             try:
-                psutil.Process(pid).kill()
+                proc = psutil.Process(pid)
+                proc.kill()
+                killed.append(proc)
             except psutil.Error:
                 pass
+        # Until they are gone: userdel refuses a user who still runs a process, and leaves them behind.
+        psutil.wait_procs(killed, timeout=10)
 
 
 @pytest.fixture
