@@ -37,19 +37,26 @@ def add_suite_user(name: str, *useradd_options: str) -> None:
     """useradd NAME, a user name only this suite uses: one an interrupted earlier run left behind
     (its teardown never ran) is removed first, with whatever it still runs, so the next run starts."""
     try:
-        uid = pwd.getpwnam(name).pw_uid
+        pwd.getpwnam(name)
     except KeyError:
         pass
     else:
-        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        end_users_processes(name)
         subprocess.run(["userdel", name], capture_output=True)
     subprocess.run(["useradd", *useradd_options, name], check=True, capture_output=True)
+
+
+def end_users_processes(*names: str) -> None:
+    """Kill what these users still run, and wait until it is gone: userdel refuses a user who runs
+    a process, and a job's supervisor still writes into its user's home while it ends."""
+    uids = {pwd.getpwnam(name).pw_uid for name in names}
+    left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import require_tool
+from conftest import end_users_processes, require_tool
 
 # Other users cannot run a Python under root's home (a pyenv venv): Debian's /usr/bin/python3
 # (REAL-MANAGERS.md), given this checkout and the venv's packages, which they can read.
@@ -75,16 +75,8 @@ def two_users():
                 for pid in (job.get("pid"),):
                     if job["state"] == "running" and pid:
                         user.gpumon("jobs", "--stop", job["id"])
-        uids = {pwd.getpwnam(user.name).pw_uid for user in users}
-        left = [proc for proc in psutil.process_iter(["uids"])  # what is left of the test's users' own processes
-                if proc.info["uids"] and proc.info["uids"].real in uids]
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
         # Only then the homes: a stopped job's supervisor still writes its exit record there.
-        psutil.wait_procs(left, timeout=10)
+        end_users_processes(*(user.name for user in users))
         for user in users:
             shutil.rmtree(user.home, ignore_errors=True)
             subprocess.run(["userdel", user.name], capture_output=True)

@@ -17,9 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import IN_CI, Card, add_suite_user
+from conftest import IN_CI, Card, add_suite_user, end_users_processes
 from sshd import SshLab, require_sshd
 
 from gpumon.remote.children import run_capped
@@ -95,14 +94,9 @@ def logins(build_fake) -> Iterator[tuple[SshLab, dict[str, str]]]:
         yield lab, aliases
     finally:
         lab.close()
+        if made:
+            end_users_processes(*made)
         for user in made:
-            left = [p for p in psutil.process_iter(["username"]) if p.info["username"] == user]
-            for proc in left:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(left, timeout=5)
             subprocess.run(["userdel", user], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 
