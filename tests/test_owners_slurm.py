@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -146,6 +147,11 @@ def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
     step = subprocess.Popen(["sleep", "600"], env=env)
     batch = subprocess.Popen(["sleep", "600"], env=batch_env)
     try:
+        # Until each has exec'd, /proc/PID/environ is still this process's (fork, then execve).
+        sleep, deadline = os.path.realpath(shutil.which("sleep")), time.monotonic() + 10
+        while any(psutil.Process(p.pid).exe() != sleep for p in (step, batch)):
+            assert time.monotonic() < deadline, "sleep did not start"
+            time.sleep(0.01)
         reader = OwnerReader()
         owner = reader.read(step.pid, "root")
         assert (owner.kind, owner.id, owner.name) == ("slurm", "33_7.0", "sweep")
