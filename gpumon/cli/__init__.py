@@ -26,7 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         parser = build_parser()
         args = parser.parse_args(normalise_argv(list(sys.argv[1:] if argv is None else argv), parser))
-        if args.subcommand != "serve":  # the one command that serves TLS through asyncio
+        # `serve` is the one command that serves TLS through asyncio; the TUI imports it after
+        # its first frame, which it draws without.
+        if args.subcommand not in ("serve", "tui"):
             from gpumon.cli.asyncio_import import import_asyncio_without_tls
 
             import_asyncio_without_tls()

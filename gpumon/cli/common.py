@@ -15,14 +15,15 @@ from gpumon.config import Config, load_config
 from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 
 
-def load_settings(args: argparse.Namespace) -> Config:
+def load_settings(args: argparse.Namespace, config: Config | None = None) -> Config:
     """The config file (checked by every command), with its interval as the default; its [health]
-    rules apply to every card's verdict in this process."""
+    rules apply to every card's verdict in this process. `config`: the file already read."""
     from gpumon.alerting.config_rules import check_config_rules
     from gpumon.health import rules as health
     from gpumon.sharing import place as sharing_place
 
-    config = load_config(getattr(args, "config", None))
+    if config is None:
+        config = load_config(getattr(args, "config", None))
     check_config_rules(config)
     source = next((file for key, (file, _) in config.origins.items() if key.startswith("health")), config.path)
     health.configure(config.health, f"config {source}" if source else "config")
@@ -52,7 +53,7 @@ def xid_state_file(config: Config):
 
 def filesystem_roots(args: argparse.Namespace, config: Config | None = None) -> tuple[str | None, str | None]:
     """Where sysfs and procfs are: --path.sysfs/--path.procfs, else the config's [paths]; None for
-    /sys and /proc. Resolved once into `args` (the TUI opens the driver before it reads the config)."""
+    /sys and /proc. Resolved once into `args` (the TUI opens the driver before it checks the config)."""
     if not getattr(args, "roots_resolved", False):
         if config is None:
             config = load_config(getattr(args, "config", None))

@@ -7,7 +7,10 @@ import signal
 import sys
 
 from gpumon.cli import STARTUP_ENVIRONMENT, splash
+from gpumon.cli.asyncio_import import import_asyncio_without_tls
+from gpumon.cli.common import filesystem_roots, fleet_requested, open_source
 from gpumon.cli.early_open import EarlyOpen
+from gpumon.config import Config, load_config
 from gpumon.errors import UsageError
 
 
@@ -19,7 +22,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     take_down = splash.show("connecting to the hosts…" if many else
                             "opening the NVIDIA driver…" if nvml else "starting…")
-    fleet = _fleet(args, take_down)
+    try:
+        # Only the file itself before the driver opens: checking it (alert and health rules,
+        # sharing, job records) imports a third of the start path, and waits until the names are up.
+        config = load_config(args.config)
+        filesystem_roots(args, config)
+        fleet = _fleet(args, config)
+    except BaseException:
+        take_down()
+        raise
     if fleet is not None:
         from gpumon.tui.fleet_app import run_fleet_app
 
@@ -29,21 +40,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         if nvml:
             # The driver opens while Textual loads; the card names make the first frame.
-            from gpumon.cli.common import open_source
-
             opening = EarlyOpen(lambda: open_source(args))
             identity = opening.identity()
             if identity is not None:
                 splash.cards(identity)
             elif opening.failed:  # no driver: say so now, not after Textual has started
                 opening.backend()
+        import_asyncio_without_tls()
         # Imported here, after the first frame is up: Textual takes most of gpumon's start-up.
         from gpumon.alerting.rules import missing_cards, parse_rules
-        from gpumon.cli.common import backend_args, load_settings, open_source
+        from gpumon.cli.common import backend_args, load_settings
         from gpumon.tui.app import run_app
         from gpumon.usage import usage_recorder
 
-        config = load_settings(args)
+        config = load_settings(args, config)
         rules = parse_rules(config.rules + config.watch_rules + args.alert)
         if identity is not None and (problem := missing_cards(rules, identity)):  # else the first sample says
             raise UsageError(problem)
@@ -66,25 +76,21 @@ def run(args: argparse.Namespace) -> int:
                    identity=identity, on_alternate_screen=splash.is_up(), usage=usage)
 
 
-def _fleet(args: argparse.Namespace, take_down):
+def _fleet(args: argparse.Namespace, config: Config):
     """The fleet to show when hosts are given (--hosts, --hostfile, or the config's [fleet] hosts
     unless an option asks for this machine alone: --local, --demo, --replay, --record); None
     otherwise. Only then are the fleet's modules imported: a single-machine start does not grow."""
-    try:
-        from gpumon.cli.common import fleet_requested, load_settings
+    one_machine = args.local or args.demo or args.scenario is not None or args.replay or args.record
+    configured = (config.fleet_hosts or config.fleet_prometheus_url) and not one_machine
+    if not fleet_requested(args) and not configured:
+        return None
+    import_asyncio_without_tls()
+    from gpumon.cli.common import load_settings
+    from gpumon.cli.fleet import build, host_list, prometheus_url
 
-        config = load_settings(args)
-        one_machine = args.local or args.demo or args.scenario is not None or args.replay or args.record
-        configured = (config.fleet_hosts or config.fleet_prometheus_url) and not one_machine
-        if not fleet_requested(args) and not configured:
-            return None
-        from gpumon.cli.fleet import build, host_list, prometheus_url
-
-        args.theme_given = args.theme is not None
-        args.theme = args.theme or config.theme
-        args.readonly = args.readonly or config.readonly
-        return build(args, config, host_list(args, config, use_config=True),
-                     prometheus_url(args, config, use_config=True))
-    except BaseException:
-        take_down()
-        raise
+    load_settings(args, config)
+    args.theme_given = args.theme is not None
+    args.theme = args.theme or config.theme
+    args.readonly = args.readonly or config.readonly
+    return build(args, config, host_list(args, config, use_config=True),
+                 prometheus_url(args, config, use_config=True))
