@@ -138,6 +138,8 @@ class GpumonApp(BaseApp):
             self.main_screen.show_snapshot(snapshot)
             if self.users_screen is not None and self.screen is self.users_screen:
                 self.users_screen.show_latest()
+        if not snapshot.stale:
+            self.settled()
 
     def refresh_view(self) -> None:
         if self.sampler.latest is not None and self.main_screen.is_attached:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -96,6 +97,7 @@ class BaseApp(KeysInTurn):
         self._redrawn_at = float("-inf")
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
+        self._settled = False
 
     # -- what a subclass gives --
 
@@ -115,6 +117,15 @@ class BaseApp(KeysInTurn):
     @property
     def can_launch(self) -> bool:
         return False
+
+    def settled(self) -> None:
+        """The first data is on the screen. What the start built (modules, widgets, styles: some
+        75,000 objects) lives as long as the app, so the garbage collector stops walking it: each
+        full collection walked it all (~25 ms here, about one every 30 s: 7 % of the TUI's CPU)."""
+        if not self._settled:
+            self._settled = True
+            gc.collect()  # what is already garbage would otherwise be kept for good
+            gc.freeze()
 
     def on_mount(self) -> None:
         self._quit_on_sigterm()

@@ -79,6 +79,8 @@ class FleetApp(BaseApp):
             self.holding.pop(status.host, None)
         self._users_due = True
         self.overview.host_changed(status)
+        if status.state == "live":
+            self.settled()
         screen = self.host_screen
         if screen is not None and screen.host == status.host and screen.is_attached:
             screen.show_status(status)
