@@ -135,7 +135,13 @@ def test_an_array_task_is_job_task_for_root_and_for_another_user(slurm):
             f"    ids.append(enricher.enrich((ProcessSample({pid}, 'compute'),))[0].owner.id)\n"
             "    time.sleep(0.02)\n"
             "print(ids[0], ids[-1])")
-    assert slurm.run("/usr/bin/python3", "-c", code, user="nobody").split() == [f"{own}.batch", f"{named}.batch"]
+    ids = slurm.run("/usr/bin/python3", "-c", code, user="nobody").split()
+    if ids != [f"{own}.batch", f"{named}.batch"]:  # say what Slurm answers that user, and how fast
+        started = time.monotonic()
+        asked = subprocess.run(["runuser", "-u", "nobody", "--", "scontrol", "-o", "show", "job", own], env=slurm.env,
+                               capture_output=True, text=True, timeout=30)
+        raise AssertionError(f"{ids}; scontrol as nobody: {asked.returncode} in {time.monotonic() - started:.1f} s, "
+                             f"{asked.stdout[:200]!r} {asked.stderr[:200]!r}")
 
 
 def test_without_slurm_cgroups_the_job_is_read_from_the_environment(tmp_path):
@@ -198,6 +204,30 @@ def test_an_array_name_that_got_no_answer_is_asked_again(tmp_path):
     assert not arrays.asking("777") and not arrays.asking("900")
     assert asked.read_text().split("\n").count("-o show job 900") == 1
     assert asked.read_text().split("\n").count("-o show job 777") == 2
+
+
+# A busy controller that answers every question, each in 3 s (within Slurm's MessageTimeout).
+SLOW_SCONTROL = """#!/bin/sh
+echo "$@" >> {asked}
+sleep 3
+echo "JobId=777 ArrayJobId=776 ArrayTaskId=3 JobName=sweep"
+"""
+
+
+def test_a_controller_slow_to_answer_names_the_task_on_the_first_question(tmp_path):
+    """scontrol waits for slurmctld as long as Slurm's MessageTimeout says (10 s by default); gpumon
+    gave it 2 s, so a busy controller's answer was cut off every time (CI: the real-Slurm array
+    test got no name in 20 s under four workers)."""
+    scontrol, asked = tmp_path / "scontrol", tmp_path / "asked"
+    scontrol.write_text(SLOW_SCONTROL.format(asked=asked))
+    scontrol.chmod(0o755)
+    arrays = SlurmArrays(str(scontrol))
+    assert arrays.name("777") == "777"  # at once, while asked
+    deadline = time.monotonic() + 20
+    while arrays.answers < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert arrays.name("777") == "776_3"
+    assert asked.read_text().split("\n").count("-o show job 777") == 1
 
 
 def _running(pidfile: Path) -> bool:

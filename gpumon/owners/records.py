@@ -87,7 +87,9 @@ class SlurmArrays:
     timed out, or could not reach slurmctld) is asked again later, less often each time: a busy
     controller's moment must not leave a job without its name for the rest of the day."""
 
-    TIMEOUT_S = 2.0
+    # Slurm's own MessageTimeout (10 s by default) is how long scontrol waits for a busy slurmctld:
+    # cut shorter, a controller that answers every question in 3 s never names a task.
+    TIMEOUT_S = 10.0
     RETRY_S = (5.0, 300.0)  # the wait after a first question with no answer, and the longest
 
     def __init__(self, scontrol: str | None = None) -> None:
