@@ -23,24 +23,17 @@ from termios import TIOCSWINSZ
 from conftest import Card
 
 # Runs gpumon as `python -m gpumon` does, and writes the modules it had loaded when it left; with
-# NAMES_OUT, also those it had loaded when it first wrote a card's name to the terminal.
+# OPEN_OUT, also those it had loaded when it started opening the driver (its thread "gpumon-open").
 RUN_AND_LIST = """
-import atexit, json, os, runpy, sys
+import atexit, json, os, runpy, sys, threading
 atexit.register(lambda: open(os.environ["MODULES_OUT"], "w").write(json.dumps(sorted(sys.modules))))
 
-class FirstNames:
-    def __init__(self, out):
-        self.out = out
-    def __getattr__(self, name):
-        return getattr(self.out, name)
-    def write(self, text):
-        if "H100" in text:
-            open(os.environ["NAMES_OUT"], "w").write(json.dumps(sorted(sys.modules)))
-            sys.stdout = self.out
-        return self.out.write(text)
+def noting_start(thread, start=threading.Thread.start):
+    if thread.name == "gpumon-open" and os.environ.get("OPEN_OUT"):
+        open(os.environ["OPEN_OUT"], "w").write(json.dumps(sorted(sys.modules)))
+    return start(thread)
 
-if os.environ.get("NAMES_OUT"):
-    sys.stdout = FirstNames(sys.stdout)
+threading.Thread.start = noting_start
 sys.argv = ["gpumon", *sys.argv[1:]]
 runpy.run_module("gpumon", run_name="__main__", alter_sys=True)
 """
@@ -110,21 +103,21 @@ def test_the_tui_on_one_machine_loads_no_view_or_action_before_it_is_asked_for(f
     _assert_lazy(loaded, TUI_NEVER_AT_START)
 
 
-def test_the_card_names_are_drawn_before_the_rest_of_the_start_is_imported(fake_driver, idle_processes,
-                                                                          tmp_path):
-    """The first frame with the names waits only for the config file and the driver: the event loop,
-    the config's rules, the job records and Textual come after it (issue 38: names no later than
-    nvitop's)."""
+def test_the_driver_opens_before_the_rest_of_the_start_is_imported(fake_driver, idle_processes, tmp_path):
+    """The first frame with the card names waits for the driver, which the start opens once it has
+    read the config file: the event loop, the config's rules, the job records and Textual are
+    imported after it, while the names are drawn (issue 38: names no later than nvitop's). Read at
+    the moment the driver's thread starts, which does not depend on how loaded the machine is."""
     sleeper = idle_processes("sleep", "600")
     fake_driver.machine.cards = [Card("NVIDIA H100 80GB HBM3")]
     fake_driver.machine.procs = [dict(gpu=0, pid=sleeper.pid, mem=1 << 30)]
     fake_driver.write()
-    names_out = tmp_path / "at-names.json"
-    _modules_of(dict(fake_driver.env, NAMES_OUT=str(names_out)), tmp_path, "--interval", "0.5", tui=True)
-    at_names = json.loads(names_out.read_text())
-    assert "gpumon.cards.backends.nvml.backend" in at_names and "gpumon.config" in at_names
-    _assert_lazy(at_names, ["asyncio", "textual", "gpumon.tui", "gpumon.alerting", "gpumon.jobs",
-                            "gpumon.sharing", "gpumon.usage"])
+    open_out = tmp_path / "at-open.json"
+    _modules_of(dict(fake_driver.env, OPEN_OUT=str(open_out)), tmp_path, "--interval", "0.5", tui=True)
+    at_open = json.loads(open_out.read_text())
+    assert "gpumon.config" in at_open and "gpumon.cli.early_open" in at_open
+    _assert_lazy(at_open, ["asyncio", "textual", "gpumon.tui", "gpumon.alerting", "gpumon.jobs",
+                           "gpumon.sharing", "gpumon.usage"])
 
 
 def test_the_views_load_when_first_opened():
