@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pwd
 import shutil
@@ -57,6 +58,14 @@ def end_users_processes(*names: str) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(left, timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_after():
+    """An app run in the test's own process freezes the whole process's objects once its first
+    sample is up (BaseApp.settled); after the test its widgets are garbage again, to be collected."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True)

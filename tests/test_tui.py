@@ -80,11 +80,8 @@ def test_once_the_first_sample_is_up_the_collector_no_longer_walks_what_the_star
             assert gc.get_freeze_count() > 10_000
             assert not any(o is table for o in gc.get_objects())  # frozen: in no generation the collector walks
 
-    gc.unfreeze()  # (this worker's own objects: others' tests collect as usual)
-    try:
-        run(go())
-    finally:
-        gc.unfreeze()
+    assert gc.get_freeze_count() == 0  # (conftest unfreezes after every test)
+    run(go())
 
 
 def test_click_selects_a_card():
