@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The demo scenes shared with scripts/screenshots.py (showcase.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
+from ending import kill_and_wait  # noqa: E402
 from fakenvml import GIB, Card, CompilerMissing, FakeMachine, build  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -51,13 +52,7 @@ def end_users_processes(*names: str) -> None:
     """Kill what these users still run, and wait until it is gone: userdel refuses a user who runs
     a process, and a job's supervisor still writes into its user's home while it ends."""
     uids = {pwd.getpwnam(name).pw_uid for name in names}
-    left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=10)
+    kill_and_wait((p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids), 10)
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from ending import kill_and_wait
 from fakenvml import FakeMachine
 
 SSHD = "/usr/sbin/sshd"
@@ -124,12 +125,7 @@ class SshServer:
             sessions = []
         self.proc.kill()
         self.proc.wait()
-        for child in sessions:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(sessions, timeout=5)
+        kill_and_wait(sessions, 5)
         self.proc = None
 
     def sessions(self) -> list[psutil.Process]:
