@@ -45,8 +45,8 @@ import json, sys, time
 sys.path.insert(0, {benchmarks!r})
 from textual import events
 from fleet_standin import standin_fleet
-from gpumon.tui.fleet_app import FleetApp
-from gpumon.tui.widgets.host_table import HostTable
+from gpumon.tui.fleet.app import FleetApp
+from gpumon.tui.fleet.host_table import HostTable
 from gpumon.tui.wire.driver import WireDriver
 
 moves, pressed = [], []

@@ -8,7 +8,7 @@ figures move by ±15 % from run to run, more than most single changes save. Here
 and utilisation changing every sample) and each sample's work is timed back to back: the main
 screen applying the snapshot, the compositor's partial update, the update drawn into the output
 layer's wanted screen and the difference rendered as bytes. With `--compare`, gpumon's lean
-compositor (`gpumon/tui/wire/compositor.py`) and whole lines (`gpumon/tui/widgets/whole_lines.py`)
+compositor (`gpumon/tui/wire/compositor.py`) and whole lines (`gpumon/tui/widgets/unboxed_lines.py`)
 are switched off and on in turn in the same process, so the machine's drift affects all four alike.
 
 Run from the repo root: `python benchmarks/ui_cycle.py [--compare]`. Needs a C compiler (it builds
@@ -61,7 +61,7 @@ async def measure(lib: Path, snapshots: list, compare: bool) -> None:
 
     from gpumon.cards.backends.nvml import NvmlBackend
     from gpumon.tui.app import create_app
-    from gpumon.tui.widgets.whole_lines import WholeLinesCache
+    from gpumon.tui.widgets.unboxed_lines import UnboxedLinesCache
     from gpumon.tui.wire import updates
     from gpumon.tui.wire.compositor import LeanCompositor
     from gpumon.tui.wire.screen import ScreenDiff
@@ -86,12 +86,12 @@ async def measure(lib: Path, snapshots: list, compare: bool) -> None:
                 updates.draw(wanted, update, ColorSystem.EIGHT_BIT)
             wanted.render()
 
-        whole = [w for w in screen.walk_children() if isinstance(w._styles_cache, WholeLinesCache)]
+        whole = [w for w in screen.walk_children() if isinstance(w._styles_cache, UnboxedLinesCache)]
 
         def configure(lean: bool, whole_lines: bool) -> None:
             compositor.__class__ = LeanCompositor if lean else Compositor
             for widget in whole:
-                widget._styles_cache = WholeLinesCache() if whole_lines else StylesCache()
+                widget._styles_cache = UnboxedLinesCache() if whole_lines else StylesCache()
             for _ in range(5):
                 one_sample()
 

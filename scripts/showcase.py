@@ -20,7 +20,7 @@ from gpumon.alerting.rules import parse_rules
 from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs.records import JobSpec
 from gpumon.tui.app import GpumonApp, create_app
-from gpumon.tui.fleet_app import FleetApp
+from gpumon.tui.fleet.app import FleetApp
 
 FROZEN = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 GIB = 1 << 30

@@ -24,11 +24,11 @@ from test_tui_dialogs import wait_until
 from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.failover_event import FailoverEvent
 from gpumon.jobs import records
-from gpumon.jobs.job_events import EventFollower, append, event_log
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
+from gpumon.jobs.supervision.job_events import EventFollower, append, event_log
 from gpumon.tui.app import create_app
-from gpumon.tui.screens.jobs import JobsScreen
+from gpumon.tui.jobs.screen import JobsScreen
 from gpumon.tui.screens.run_dialog import RunDialog
 
 
@@ -308,7 +308,7 @@ def event(job: str, attempt: int = 2) -> FailoverEvent:
 
 
 def test_the_event_log_is_followed_from_where_it_ended_across_rotation(monkeypatch):
-    from gpumon.jobs import job_events
+    from gpumon.jobs.supervision import job_events
 
     append(event("before"))
     follower = EventFollower()

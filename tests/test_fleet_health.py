@@ -9,8 +9,8 @@ import time
 from fleet_scenes import card, machine, scene_fleet
 from test_fleet_tui import drawn, lines, row_of, run
 
-from gpumon.tui.fleet_app import FleetApp
-from gpumon.tui.widgets.host_row import host_row
+from gpumon.tui.fleet.app import FleetApp
+from gpumon.tui.fleet.host_row import host_row
 
 
 def a_ward():

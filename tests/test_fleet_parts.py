@@ -24,8 +24,8 @@ from test_cli import assert_one_line_error, gpumon
 from gpumon.config import load_config
 from gpumon.errors import UsageError
 from gpumon.fleet import open_fleet
+from gpumon.fleet.remote_claims import taken_from_remote
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
-from gpumon.fleet.taken import taken_from_remote
 from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.remote.hosts import expand_ranges, parse_hosts, read_hostfile
 from gpumon.remote.ssh import SshTransport, describe_failure, quote_remote

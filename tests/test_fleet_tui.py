@@ -13,12 +13,12 @@ import pytest
 from fleet_scenes import card, machine, scene_fleet
 
 from gpumon.fleet import Source
-from gpumon.tui.fleet_app import FleetApp
-from gpumon.tui.screens.fleet import FleetScreen, FleetStatusLine
-from gpumon.tui.screens.host import HostScreen
+from gpumon.tui.fleet.app import FleetApp
+from gpumon.tui.fleet.host_row import card_cell, describe_state, host_row
+from gpumon.tui.fleet.host_screen import HostScreen
+from gpumon.tui.fleet.host_table import RESORT_S, HostTable
+from gpumon.tui.fleet.overview import FleetScreen, FleetStatusLine
 from gpumon.tui.screens.run_dialog import RunDialog
-from gpumon.tui.widgets.host_row import card_cell, describe_state, host_row
-from gpumon.tui.widgets.host_table import RESORT_S, HostTable
 from gpumon.tui.widgets.status_bar import StatusBar
 
 NOW = 1_767_225_600.0
@@ -452,13 +452,13 @@ def test_a_single_machine_start_never_imports_the_fleet_and_hosts_start_the_over
         import sys, types
         # The fleet TUI's module is replaced before anything can import it: the single-machine
         # start must get by without it, and the fleet start only has to reach it.
-        fake = types.ModuleType("gpumon.tui.fleet_app")
+        fake = types.ModuleType("gpumon.tui.fleet.app")
         fake.run_fleet_app = lambda args, fleet, **k: print("fleet", list(fleet.names),
                                                             [s.kind for s in fleet.sources]) or 0
-        sys.modules["gpumon.tui.fleet_app"] = fake
+        sys.modules["gpumon.tui.fleet.app"] = fake
         import gpumon.tui.app
         gpumon.tui.app.run_app = lambda *a, **k: print("single", sorted(
-            m for m in sys.modules if "fleet" in m and m != "gpumon.tui.fleet_app")) or 0
+            m for m in sys.modules if "fleet" in m and m != "gpumon.tui.fleet.app")) or 0
         from gpumon.cli import main
         sys.exit(main(sys.argv[1:]))
     """

@@ -20,8 +20,8 @@ from test_tui_host import app_on, wait_until
 
 from gpumon.jobs import files, records
 from gpumon.jobs.host import LocalHost
+from gpumon.tui.jobs.screen import JobsScreen
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.widgets.process_table import ProcessTable
 
 

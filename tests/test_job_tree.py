@@ -1,6 +1,6 @@
 """Stopping a job reaches the job's processes and nothing else: the supervisor signals its command
 only while it is unreaped (its pid and group id still the job's), and what the command started
-through handles taken while it ran (jobs/tree.py)."""
+through handles taken while it ran (jobs/supervision/process_tree.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ REUSE_DRIVER = textwrap.dedent("""
     from pathlib import Path
     from gpumon.jobs import records
     from gpumon.jobs.launch import LaunchRequest, prepare
-    from gpumon.jobs.supervisor import Supervisor
+    from gpumon.jobs.supervision.supervisor import Supervisor
     from gpumon.cards.backends import open_backend
 
     # The command asks its supervisor to stop it (as `gpumon jobs --stop` does) and waits to be stopped.

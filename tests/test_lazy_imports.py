@@ -49,12 +49,12 @@ NEVER_AT_START = [  # loaded when first needed: a key, --prometheus, --hosts, an
 ]
 VIEWS = [  # the TUI's views and actions, each opened by a key
     "gpumon.tui.screens.health", "gpumon.tui.screens.topology", "gpumon.tui.screens.users",
-    "gpumon.tui.screens.help", "gpumon.tui.screens.alerts", "gpumon.tui.screens.jobs",
+    "gpumon.tui.screens.help", "gpumon.tui.screens.alerts", "gpumon.tui.jobs.screen",
     "gpumon.tui.screens.run_dialog", "gpumon.tui.screens.confirm", "gpumon.tui.screens.environment",
-    "gpumon.tui.job_lists", "gpumon.jobs.launch", "gpumon.jobs.claiming",
+    "gpumon.tui.jobs.host_list", "gpumon.jobs.launch", "gpumon.jobs.claims_and_queue",
 ]
 # Charts (plotext) are drawn only beside full panels on a wide terminal.
-TUI_NEVER_AT_START = NEVER_AT_START + VIEWS + ["gpumon.tui.fleet_app", "plotext"]
+TUI_NEVER_AT_START = NEVER_AT_START + VIEWS + ["gpumon.tui.fleet.app", "plotext"]
 
 
 def _modules_of(env: dict[str, str], tmp_path: Path, *args: str, tui: bool) -> list[str]:
@@ -115,7 +115,7 @@ def test_the_driver_opens_before_the_rest_of_the_start_is_imported(fake_driver, 
     open_out = tmp_path / "at-open.json"
     _modules_of(dict(fake_driver.env, OPEN_OUT=str(open_out)), tmp_path, "--interval", "0.5", tui=True)
     at_open = json.loads(open_out.read_text())
-    assert "gpumon.config" in at_open and "gpumon.cli.early_open" in at_open
+    assert "gpumon.config" in at_open and "gpumon.cli.open_driver_early" in at_open
     _assert_lazy(at_open, ["asyncio", "textual", "gpumon.tui", "gpumon.alerting", "gpumon.jobs",
                            "gpumon.sharing", "gpumon.usage"])
 

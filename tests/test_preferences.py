@@ -196,7 +196,7 @@ def test_the_fleet_overviews_sort_is_kept(tmp_path):
 
     from fleet_scenes import card, machine, scene_fleet
 
-    from gpumon.tui.fleet_app import FleetApp
+    from gpumon.tui.fleet.app import FleetApp
 
     path = tmp_path / "state" / "tui.json"
 

@@ -205,8 +205,8 @@ def test_a_fleet_hosts_process_has_its_screen_too():
     from fleet_scenes import card, machine, scene_fleet
 
     from gpumon.model import ProcessSample
-    from gpumon.tui.fleet_app import FleetApp
-    from gpumon.tui.screens.host import HostScreen
+    from gpumon.tui.fleet.app import FleetApp
+    from gpumon.tui.fleet.host_screen import HostScreen
 
     fleet = scene_fleet(["gpu01"])
     now = 1_767_225_600.0

@@ -17,7 +17,7 @@ from gpumon.model import GpuSample
 from gpumon.sanitize import printable
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.card_list import CardList
-from gpumon.tui.widgets.partial import changed_span
+from gpumon.tui.widgets.changed_cells import changed_span
 
 INVISIBLE = [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0x200B, 0x2010))]
 LONG_NAME = "NVIDIA H100 80GB HBM3 Special Edition for Very Long Names That Go On And On Beyond Ninety X"

@@ -23,7 +23,7 @@ from textual.widgets import DataTable
 
 from gpumon.jobs import files
 from gpumon.jobs.limits import card_limits
-from gpumon.tui.screens.jobs import JobsScreen
+from gpumon.tui.jobs.screen import JobsScreen
 
 
 def gone(pid: int) -> bool:

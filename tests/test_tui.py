@@ -547,7 +547,7 @@ def launch_app(fake_driver):
 
 def test_r_launches_on_the_selected_card_and_J_shows_it(fake_driver, launch_app, tmp_path):
     from gpumon.jobs import records as jobs
-    from gpumon.tui.screens.jobs import JobsScreen
+    from gpumon.tui.jobs.screen import JobsScreen
     from gpumon.tui.screens.run_dialog import RunDialog
 
     app = launch_app
@@ -642,7 +642,7 @@ def test_launching_is_not_offered_readonly_or_on_replays(fake_driver, launch_app
 def test_changed_span_finds_what_to_repaint():
     from rich.text import Text
 
-    from gpumon.tui.widgets.partial import changed_span
+    from gpumon.tui.widgets.changed_cells import changed_span
 
     assert changed_span(Text("util 40%"), Text("util 40%")) is None
     assert changed_span(Text("util 40% temp 50C"), Text("util 47% temp 51C")) == (6, 16)
@@ -687,7 +687,7 @@ def test_changed_span_covers_every_cell_that_changed(a, b, spans_a, spans_b):
     character or styles differ lies inside the span that is repainted."""
     from rich.text import Text
 
-    from gpumon.tui.widgets.partial import changed_span
+    from gpumon.tui.widgets.changed_cells import changed_span
 
     old, new = Text(a), Text(b)
     for text, spans in ((old, spans_a), (new, spans_b)):
@@ -740,7 +740,7 @@ def test_a_line_is_drawn_as_rich_draws_it(parts, own, overlaps, width):
     from rich.text import Text
     from textual.strip import Strip
 
-    from gpumon.tui.widgets.partial import line_strip
+    from gpumon.tui.widgets.changed_cells import line_strip
 
     console = Console()
     line = Text(style=own)
@@ -757,18 +757,18 @@ def test_a_line_is_drawn_as_rich_draws_it(parts, own, overlaps, width):
 @pytest.mark.parametrize("size", [(200, 50), (100, 30), (70, 16)])
 def test_widgets_drawing_whole_lines_look_as_textuals_own_way_draws_them(size):
     """The card panels, the process table and the status line skip Textual's boxing of each line
-    (whole_lines.py). The screen must be, cell for cell, what Textual's own way draws: with a
+    (unboxed_lines.py). The screen must be, cell for cell, what Textual's own way draws: with a
     scrollbar beside the table, the cursor on it, and with padding a theme gives it."""
     from textual._styles_cache import StylesCache
 
-    from gpumon.tui.widgets.whole_lines import WholeLinesCache
+    from gpumon.tui.widgets.unboxed_lines import UnboxedLinesCache
 
     def cells(screen) -> list[list[tuple]]:
         return [[(char, segment.style) for segment in strip for char in segment.text]
                 for strip in screen._compositor.render_strips()]
 
     def as_textual_draws(screen) -> list[list[tuple]]:
-        widgets = [w for w in screen.walk_children() if isinstance(w._styles_cache, WholeLinesCache)]
+        widgets = [w for w in screen.walk_children() if isinstance(w._styles_cache, UnboxedLinesCache)]
         ours = [w._styles_cache for w in widgets]
         for widget in widgets:
             widget._styles_cache = StylesCache()
@@ -783,7 +783,7 @@ def test_widgets_drawing_whole_lines_look_as_textuals_own_way_draws_them(size):
             screen = await started(pilot)
             table = screen.query_one(ProcessTable)
             drawn_whole = (table, screen.status_bar, *screen.cards.panels)
-            assert {type(w._styles_cache) for w in drawn_whole} == {WholeLinesCache}
+            assert {type(w._styles_cache) for w in drawn_whole} == {UnboxedLinesCache}
             await pilot.press("j", "tab", "down")
             await pilot.pause(0.5)
             assert cells(screen) == as_textual_draws(screen)

@@ -19,9 +19,9 @@ from test_tui import launch_app, nvml_app, run, started  # noqa: F401 - fixtures
 from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import records
 from gpumon.tui.app import create_app
+from gpumon.tui.jobs.screen import JobsScreen
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.screens.help import HelpScreen
-from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.run_dialog import MemLimitDialog, RunDialog
 from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.process_table import ProcessTable

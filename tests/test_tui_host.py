@@ -17,8 +17,8 @@ from gpumon.jobs.launch import shell_request
 from gpumon.remote.hosts import parse_hosts
 from gpumon.remote.ssh import SshTransport
 from gpumon.tui.app import create_app
+from gpumon.tui.jobs.screen import JobsScreen
 from gpumon.tui.screens.confirm import ConfirmScreen
-from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.widgets.process_table import ProcessTable
 
 CARDS = [Card("NVIDIA A10", uuid=f"GPU-a10a10a{i}-0000-1111-2222-333344445555", mem_total=24 * GIB,

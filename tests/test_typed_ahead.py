@@ -19,7 +19,7 @@ from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import control, records
 from gpumon.jobs.launch import card_limits
 from gpumon.sharing import claims
-from gpumon.sharing.place import where
+from gpumon.sharing.folder import where
 
 TRIES = 10
 # No letter that is a key of the main screen: were Enter taken early, what follows it must not

@@ -45,7 +45,7 @@ def rename(old: str) -> None:
     import textual.drivers.linux_driver  # noqa: F401
 
     import gpumon.tui.app  # noqa: F401
-    import gpumon.tui.fleet_app  # noqa: F401
+    import gpumon.tui.fleet.app  # noqa: F401
 
     modules = [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "textual" and m is not None]
     seen: set[int] = set()

@@ -7,7 +7,7 @@ recording that cannot be written (a full disk) is reported once while rules and 
 
 Who used the cards goes to the usage ledger (`usage`: cli/watch.py passes gpumon/usage's recorder,
 which never raises). Jobs that move to other cards (`run --failover`) are events too: `job_events` (the cli passes the
-follower of the host's job event log, jobs/job_events.py) is asked for new ones once per sample.
+follower of the host's job event log, jobs/supervision/job_events.py) is asked for new ones once per sample.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `serve` is the one command that serves TLS through asyncio; the TUI imports it after
         # its first frame, which it draws without.
         if args.subcommand not in ("serve", "tui"):
-            from gpumon.cli.asyncio_import import import_asyncio_without_tls
+            from gpumon.cli.asyncio_without_tls import import_asyncio_without_tls
 
             import_asyncio_without_tls()
         # Each subcommand imports only what it needs: `snapshot` never loads the TUI.

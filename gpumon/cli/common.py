@@ -20,7 +20,7 @@ def load_settings(args: argparse.Namespace, config: Config | None = None) -> Con
     rules apply to every card's verdict in this process. `config`: the file already read."""
     from gpumon.alerting.config_rules import check_config_rules
     from gpumon.health import rules as health
-    from gpumon.sharing import place as sharing_place
+    from gpumon.sharing import folder as sharing_place
 
     if config is None:
         config = load_config(getattr(args, "config", None))

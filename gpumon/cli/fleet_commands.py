@@ -16,7 +16,7 @@ from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
-from gpumon.jobs.claiming import Sharing, Taken
+from gpumon.jobs.claims_and_queue import Sharing, Taken
 from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count

@@ -13,7 +13,7 @@ from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.errors import EXIT_OK
 from gpumon.sanitize import printable
 from gpumon.sharing import queue
-from gpumon.sharing.place import where
+from gpumon.sharing.folder import where
 
 
 def queue_document() -> dict:

@@ -8,7 +8,7 @@ from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.reserve import cards_named, when
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import reservations
-from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.folder import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:

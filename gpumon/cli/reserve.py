@@ -18,7 +18,7 @@ from gpumon.jobs.placement import resolve_spec
 from gpumon.model import GpuSample
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
-from gpumon.sharing.place import Unavailable, exclusive, idle_release, where
+from gpumon.sharing.folder import Unavailable, exclusive, idle_release, where
 from gpumon.units import format_duration
 
 LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation

@@ -18,7 +18,7 @@ import time
 from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.jobs.claiming import Sharing
+from gpumon.jobs.claims_and_queue import Sharing
 from gpumon.jobs.pinning import named_cards, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
 

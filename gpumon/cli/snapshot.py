@@ -12,7 +12,7 @@ from gpumon.cli.common import fleet_requested, print_document, read_once
 from gpumon.cli.tables import snapshot_text
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import view
-from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.folder import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:

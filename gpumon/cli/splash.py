@@ -3,7 +3,7 @@
 Importing Textual and building the app takes ~0.5 s on a small VM; a terminal left blank that long
 looks hung. So the TUI first writes one status line on the terminal's alternate screen (where
 Textual will draw), then, as soon as the driver has named them (milliseconds, see
-cli/early_open.py), the cards; then it starts Textual, which draws over it.
+cli/open_driver_early.py), the cards; then it starts Textual, which draws over it.
 """
 
 from __future__ import annotations

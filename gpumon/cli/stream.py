@@ -26,7 +26,7 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
 from gpumon.remote.connection import stdin_connection
 from gpumon.sharing import view
-from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.folder import idle_release, where
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:

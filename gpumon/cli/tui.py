@@ -7,9 +7,9 @@ import signal
 import sys
 
 from gpumon.cli import STARTUP_ENVIRONMENT, splash
-from gpumon.cli.asyncio_import import import_asyncio_without_tls
+from gpumon.cli.asyncio_without_tls import import_asyncio_without_tls
 from gpumon.cli.common import filesystem_roots, fleet_requested, open_source
-from gpumon.cli.early_open import EarlyOpen
+from gpumon.cli.open_driver_early import EarlyOpen
 from gpumon.config import Config, load_config
 from gpumon.errors import UsageError
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         take_down()
         raise
     if fleet is not None:
-        from gpumon.tui.fleet_app import run_fleet_app
+        from gpumon.tui.fleet.app import run_fleet_app
 
         return run_fleet_app(args, fleet, on_error=take_down, env=STARTUP_ENVIRONMENT,
                              on_alternate_screen=splash.is_up())

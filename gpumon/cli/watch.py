@@ -16,7 +16,7 @@ from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
 from gpumon.health.seen_xids import XidStateWriter
-from gpumon.jobs.job_events import EventFollower
+from gpumon.jobs.supervision.job_events import EventFollower
 from gpumon.usage import usage_recorder
 
 

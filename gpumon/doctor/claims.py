@@ -1,5 +1,5 @@
 """The claims folder that claims, the queue and reservations would use with the config in force:
-$GPUMON_CLAIMS_DIR, else the config's `[claims] dir`, else /tmp/gpumon-claims (sharing/place.py)."""
+$GPUMON_CLAIMS_DIR, else the config's `[claims] dir`, else /tmp/gpumon-claims (sharing/folder.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpumon.config import Config
 from gpumon.doctor.check import FAIL, OK, WARN, Check
-from gpumon.sharing.place import ENV, where
+from gpumon.sharing.folder import ENV, where
 
 
 def claims_folder(config: Config) -> Check:

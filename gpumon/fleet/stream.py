@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from gpumon.fleet import nvidia_smi
 from gpumon.fleet.fleet import Source
+from gpumon.fleet.remote_claims import taken_from_remote
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
-from gpumon.fleet.taken import taken_from_remote
 from gpumon.remote.hosts import HostSpec
 from gpumon.remote.login import MAX_BANNER, after_mark, is_mark, marked, new_mark
 from gpumon.remote.ssh import NOT_FOUND, SshTransport, describe_failure

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon.cards.topology import UNKNOWN_RANK, link_between, link_rank
-from gpumon.jobs.claiming import Taken
+from gpumon.jobs.claims_and_queue import Taken
 from gpumon.jobs.placement import Choice, choose
 from gpumon.model import HostStatus, Topology
 from gpumon.units import format_bytes

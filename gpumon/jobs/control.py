@@ -20,14 +20,14 @@ from gpumon.jobs.records import FINISHED, STOP_RECORD, Job, alive, load_job
 def supervisor_command(directory: Path) -> list[str]:
     """The supervisor of the job in `directory`: this gpumon's, whatever directory it starts in
     (jobs/child_gpumon.py)."""
-    return child_argv("gpumon.jobs.supervisor", [os.path.abspath(directory)])
+    return child_argv("gpumon.jobs.supervision.supervisor", [os.path.abspath(directory)])
 
 
 def start_supervisor(directory: Path, foreground: bool = False,
                      env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start the job's supervisor (with `env`, the environment the job gets; default this one's).
     Detached: own session, no terminal, stdin from /dev/null. `pass_fds`: the job's claims
-    (jobs/claiming.py), which the supervisor holds from then on."""
+    (jobs/claims_and_queue.py), which the supervisor holds from then on."""
     command = supervisor_command(directory)
     # In its job folder, not the caller's directory (the job itself runs in the one it was given).
     if foreground:

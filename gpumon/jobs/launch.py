@@ -30,7 +30,7 @@ from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
-from gpumon.jobs.claiming import Sharing, Taken, notes_for
+from gpumon.jobs.claims_and_queue import Sharing, Taken, notes_for
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec

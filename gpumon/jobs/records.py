@@ -9,10 +9,10 @@ Each job has a private directory (0700) in the user's state dir:
         exit.json     how it ended (state, exit code or signal, end time), and why if gpumon stopped it
         attempts.json each start of the command: cards, pid, start, end, why it moved (--failover)
         peak          peak GPU memory the watchdog saw (bytes)
-        energy.json   the energy its cards used while it ran (jobs/energy.py)
+        energy.json   the energy its cards used while it ran (jobs/supervision/energy.py)
         output.log    the command's stdout and stderr
 Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
-either old or new, never half-written. A small supervisor process (gpumon.jobs.supervisor) owns each
+either old or new, never half-written. A small supervisor process (gpumon.jobs.supervision.supervisor) owns each
 detached job: it waits for a free card when queued, starts the command, enforces the memory
 limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
 connection does not touch it.
@@ -234,7 +234,7 @@ def load_job(directory: Path) -> Job | None:
     except (OSError, ValueError):
         pass
     job.attempts = load_attempts(directory)
-    energy = read_json(directory / "energy.json") or {}  # written by jobs/energy.py as the job ends
+    energy = read_json(directory / "energy.json") or {}  # written by jobs/supervision/energy.py as the job ends
     joules = energy.get("energy_j")
     job.energy_j = float(joules) if isinstance(joules, (int, float)) and not isinstance(joules, bool) else None
     job.energy_shared = energy.get("energy_shared") if isinstance(energy.get("energy_shared"), bool) else None

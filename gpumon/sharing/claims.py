@@ -1,6 +1,6 @@
 """Claims: a job holds its cards on this host from the moment they are chosen until it ends.
 
-A claim is one record per card in the shared place (place.py), `claim.<card>.<job>.<random>`, held
+A claim is one record per card in the shared place (folder.py), `claim.<card>.<job>.<random>`, held
 with an flock by the job's launcher and then its supervisor: it ends with them, however they end.
 Who claimed is the file's owner; the rest (job, name, since) is what the claimant wrote, shown as data.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.place import Hold, create, inherited, name_part, records
+from gpumon.sharing.folder import Hold, create, inherited, name_part, records
 
 PREFIX = "claim"
 MAX_TEXT = 80

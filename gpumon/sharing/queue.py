@@ -1,6 +1,6 @@
 """The host's queue of jobs waiting for cards (`run --wait`), every user's, first come first served.
 
-An entry is a record in the shared place (place.py), `queue.<job>.<random>`, held with an flock by
+An entry is a record in the shared place (folder.py), `queue.<job>.<random>`, held with an flock by
 the job's launcher and then its supervisor: a job whose supervisor is gone has left the queue. The
 order is the kernel's time of putting each entry in place (st_ctime), not a time written inside.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.place import Hold, create, inherited, name_part, records
+from gpumon.sharing.folder import Hold, create, inherited, name_part, records
 
 PREFIX = "queue"
 MAX_TEXT = 80

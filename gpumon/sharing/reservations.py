@@ -1,6 +1,6 @@
 """Reservations: a user books cards for a while (`gpumon reserve --gpu 1 --for 2h`).
 
-A reservation is a record in the shared place (place.py), `reserve.<card>.<random>`, owned by the
+A reservation is a record in the shared place (folder.py), `reserve.<card>.<random>`, owned by the
 user who made it (stat), with its end time and note inside. It is not held by a process: it ends
 at its time, when its holder releases it, or when the holder has had no process on the card for
 `[claims] idle_release` (default 30 minutes). The holder's own gpumon notes their use of the card
@@ -20,7 +20,7 @@ from typing import Any
 
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
-from gpumon.sharing.place import create, name_part, records
+from gpumon.sharing.folder import create, name_part, records
 
 PREFIX = "reserve"
 IDLE_RELEASE_S = 30 * 60.0

@@ -12,7 +12,7 @@ from gpumon.model import GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
-from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.folder import idle_release, where
 from gpumon.sharing.reservations import Ended, Reservation, ReservationEvent
 from gpumon.units import format_duration
 

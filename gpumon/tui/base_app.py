@@ -3,7 +3,7 @@ the output layer (wire/) and low-bandwidth mode, notifications that never parse 
 crash or an unusable data source ends it (`outcome`).
 
 Each app is a peer on this base with its own data source and first screen: `GpumonApp` (app.py)
-reads this machine through a sampler and shows the main screen; `FleetApp` (fleet_app.py) reads
+reads this machine through a sampler and shows the main screen; `FleetApp` (fleet/app.py) reads
 many hosts through a Fleet and shows the fleet overview. A subclass gives `first_screen()`, starts
 its source in `start_source()` (on the app's loop, once the first screen is up) and stops it on
 quit.
@@ -31,8 +31,8 @@ from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.health.xid import RecentXids
 from gpumon.owners.holders import HolderTracker
-from gpumon.tui.key_turns import KeysInTurn
-from gpumon.tui.plain import plain_lines
+from gpumon.tui.keys_one_at_a_time import KeysInTurn
+from gpumon.tui.literal_text import plain_lines
 from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire import updates
@@ -50,7 +50,8 @@ LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth
 
 
 class BaseApp(KeysInTurn):
-    CSS_PATH = "gpumon.tcss"
+    # Textual reads a relative CSS_PATH beside the module of the class it is used by (FleetApp is in tui/fleet/)
+    CSS_PATH = os.path.join(os.path.dirname(__file__), "gpumon.tcss")
     TITLE = "gpumon"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [

@@ -26,7 +26,7 @@ from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sharing import view
-from gpumon.sharing.place import idle_release, where
+from gpumon.sharing.folder import idle_release, where
 from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 

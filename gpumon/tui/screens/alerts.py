@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent
-from gpumon.tui.plain import plain
+from gpumon.tui.literal_text import plain
 
 
 def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:

@@ -33,7 +33,7 @@ class CardActions:
 
     def action_run(self) -> None:
         from gpumon.jobs import command_history
-        from gpumon.jobs.claiming import Sharing
+        from gpumon.jobs.claims_and_queue import Sharing
         from gpumon.jobs.launch import card_limits
         from gpumon.tui.screens.confirm import ConfirmScreen
         from gpumon.tui.screens.run_dialog import RunDialog, simulated_note
@@ -103,8 +103,8 @@ class CardActions:
         self.app.push_screen(MemLimitDialog(gpu, card_limits().get(gpu.ref), where=card), chosen)
 
     def action_jobs(self) -> None:
-        from gpumon.tui.job_lists import HostJobs
-        from gpumon.tui.screens.jobs import JobsScreen
+        from gpumon.tui.jobs.host_list import HostJobs
+        from gpumon.tui.jobs.screen import JobsScreen
 
         def closed(picked: tuple[str, str] | None) -> None:
             if picked:  # show that job's processes, on every card

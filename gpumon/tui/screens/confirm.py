@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from gpumon.tui.plain import plain_lines
+from gpumon.tui.literal_text import plain_lines
 
 
 class ConfirmScreen(ModalScreen[bool]):

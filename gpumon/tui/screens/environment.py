@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gpumon.jobs.processes import CUDA_VARIABLES
-from gpumon.tui.plain import plain
+from gpumon.tui.literal_text import plain
 
 
 def environment_table(env: dict[str, str]) -> Table:

@@ -27,7 +27,7 @@ from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.view import ReservationsSeen
-from gpumon.tui.plain import plain
+from gpumon.tui.literal_text import plain
 from gpumon.tui.preferences import Preferences
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.widgets.card_list import CardList

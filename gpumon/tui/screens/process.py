@@ -8,7 +8,7 @@ to the main screen as it was.
 
 When the process leaves the driver's list (or its pid is now another process's), the screen says
 it has exited, keeps its last values and charts, and no longer offers the actions. Everything
-about the process came from the driver or /proc, so it is shown as text (tui/plain.py), never
+about the process came from the driver or /proc, so it is shown as text (tui/literal_text.py), never
 as markup.
 """
 
@@ -27,7 +27,7 @@ from textual.widgets import Footer, Static
 
 from gpumon.cards.process_history import Track, key_of, point_of
 from gpumon.model import GpuSample, ProcessSample, Snapshot
-from gpumon.tui.plain import plain
+from gpumon.tui.literal_text import plain
 from gpumon.tui.widgets.history_chart import HistoryChart
 from gpumon.tui.widgets.process_table import Row
 from gpumon.units import format_bytes, format_duration

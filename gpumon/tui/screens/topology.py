@@ -18,7 +18,7 @@ from textual.widgets import Static
 from gpumon.cards.topology import best_partners, describe_link, link_rank
 from gpumon.model import Topology
 from gpumon.sanitize import printable
-from gpumon.tui.plain import plain
+from gpumon.tui.literal_text import plain
 
 LEGEND = ("X self · NV# NVLinks · XGMI AMD xGMI hive · PIX one PCIe switch · PXB several switches · "
           "PHB host bridge · NODE same NUMA node · SYS across sockets")

@@ -22,10 +22,10 @@ from textual.widgets import Footer, Static
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.sharing.view import ReservationsSeen, reservations_text
+from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.holder_table import HolderTable
 from gpumon.tui.widgets.line_table import TableFrame
-from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh
 from gpumon.tui.wire.compositor import use_lean_compositor
 
 

@@ -2,7 +2,7 @@
 is typed filters as it is typed, Enter goes back to the table (hiding an empty box), Esc clears it.
 
 A plain Input on Textual's public API: the keys typed right after `/` reach it, in order, because
-the app hands keys on one at a time (tui/key_turns.py), not because the box reorders them.
+the app hands keys on one at a time (tui/keys_one_at_a_time.py), not because the box reorders them.
 """
 
 from __future__ import annotations

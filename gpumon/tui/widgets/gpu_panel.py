@@ -21,8 +21,8 @@ from textual.widget import Widget
 
 from gpumon.model import GpuSample
 from gpumon.owners.holders import card_holder
-from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_segments
-from gpumon.tui.widgets.whole_lines import draw_whole_lines
+from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh, line_segments
+from gpumon.tui.widgets.unboxed_lines import draw_unboxed_lines
 from gpumon.units import format_bytes
 from gpumon.vendors import vendor
 
@@ -87,7 +87,7 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
 
     def __init__(self, position: int) -> None:
         super().__init__(id=f"gpu-{position}")
-        draw_whole_lines(self)
+        draw_unboxed_lines(self)
         self.position = position  # place in the list (not necessarily the NVML index)
         self.gpu: GpuSample | None = None
         self.stale = False

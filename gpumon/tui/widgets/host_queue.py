@@ -8,8 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from gpumon.sharing import queue
-from gpumon.sharing.place import where
-from gpumon.tui.plain import plain
+from gpumon.sharing.folder import where
+from gpumon.tui.literal_text import plain
 
 SHOWN = 5  # entries listed; the rest are counted
 

@@ -17,7 +17,7 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpumon.tui.widgets.whole_lines import draw_whole_lines
+from gpumon.tui.widgets.unboxed_lines import draw_unboxed_lines
 
 
 class LineTable(ScrollView, can_focus=True):
@@ -32,7 +32,7 @@ class LineTable(ScrollView, can_focus=True):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        draw_whole_lines(self)
+        draw_unboxed_lines(self)
         self.order: list[str] = []  # the rows' keys, top to bottom
         self.cursor = 0
         self._strips: dict[str, tuple[tuple, Strip]] = {}  # a row's drawn line, by key, with what it shows

@@ -10,8 +10,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpumon.model import Snapshot
-from gpumon.tui.widgets.partial import CachedStyles, PartialRefresh, line_strip
-from gpumon.tui.widgets.whole_lines import draw_whole_lines
+from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh, line_strip
+from gpumon.tui.widgets.unboxed_lines import draw_unboxed_lines
 
 
 class StatusBar(CachedStyles, PartialRefresh, Widget):
@@ -20,7 +20,7 @@ class StatusBar(CachedStyles, PartialRefresh, Widget):
 
     def __init__(self, interval: float, waiting: str = "starting…", **kwargs) -> None:
         super().__init__(**kwargs)
-        draw_whole_lines(self)
+        draw_unboxed_lines(self)
         self.interval = interval
         self.waiting = waiting  # shown until the first sample arrives
         self.snapshot: Snapshot | None = None

@@ -2,7 +2,7 @@
 written for.
 
 The output layer (wire/driver.py; wire/updates.py through the app's `_display`), the lean
-compositor (wire/compositor.py) and whole lines (widgets/whole_lines.py) use parts of Textual, and
+compositor (wire/compositor.py) and whole lines (widgets/unboxed_lines.py) use parts of Textual, and
 one of Rich, that are not public API. pyproject.toml allows every Textual 8.x from the lowest one
 tested, and pip installs the newest, which may have renamed or reshaped them. So each mechanism asks
 `usable` before it is used: everything it needs must be there (by name; what it calls, with the

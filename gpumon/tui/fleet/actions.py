@@ -19,7 +19,7 @@ from gpumon.jobs import processes as actions
 from gpumon.jobs.host import host_for
 from gpumon.jobs.launch import card_limits
 from gpumon.model import GpuSample, HostStatus, ProcessSample
-from gpumon.tui.host_reach import why_not_here
+from gpumon.tui.host_can_act import why_not_here
 from gpumon.tui.launching import launch
 from gpumon.tui.screens.card_actions import confirm_signal
 from gpumon.tui.screens.run_dialog import RunDialog, simulated_note

@@ -1,14 +1,14 @@
-"""`J` with many hosts: the job list of every host of a fleet, for the J screen (screens/jobs.py;
-the one-host list is tui/job_lists.py).
+"""`J` with many hosts: the job list of every host of a fleet, for the J screen (tui/jobs/screen.py;
+the one-host list is tui/jobs/host_list.py).
 """
 
 from __future__ import annotations
 
 from gpumon.fleet import Fleet
 from gpumon.jobs.host import Host, host_for, jobs_of
-from gpumon.tui.host_reach import why_not_here
-from gpumon.tui.job_lists import Listing
-from gpumon.tui.job_logs import HostLog
+from gpumon.tui.host_can_act import why_not_here
+from gpumon.tui.jobs.host_list import Listing
+from gpumon.tui.jobs.log_tail import HostLog
 
 
 class FleetJobs:

@@ -4,16 +4,16 @@ nobody else's claim) for a few samples in a row, so a card freed for a moment is
 from __future__ import annotations
 
 from gpumon.errors import GpumonError
-from gpumon.jobs.claiming import JobSharing, Taken
+from gpumon.jobs.claims_and_queue import SupervisorSharing, Taken
 from gpumon.jobs.placement import free_enough, resolve_spec
 from gpumon.model import Snapshot, Topology
 
 FREE_SAMPLES_IN_A_ROW = 3
 
 
-class FreeSet:
+class FreeCardsWait:
     def __init__(self, gpu_spec: str, topo: Topology, min_free: str | None, max_util: float | None,
-                 sharing: JobSharing) -> None:
+                 sharing: SupervisorSharing) -> None:
         self.gpu_spec, self.topo, self.min_free, self.max_util = gpu_spec, topo, min_free, max_util
         self.sharing = sharing  # says what the job waits for (`gpumon queue`, J)
         self.streak: tuple[tuple[str, ...], int] = ((), 0)

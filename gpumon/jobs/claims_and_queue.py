@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpumon.model import GpuSample
 from gpumon.sharing import claims, queue, reservations
-from gpumon.sharing.place import Hold, Unavailable, exclusive, where
+from gpumon.sharing.folder import Hold, Unavailable, exclusive, where
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Sharing:
             return Hold([])
 
 
-class JobSharing:
+class SupervisorSharing:
     """A supervisor's claims and queue entry: adopted from its launcher (or made, for a supervisor
     systemd started, which inherits no descriptors), given up when the job ends."""
 

@@ -25,11 +25,11 @@ from textual.widgets import Footer, Static
 
 from gpumon.fleet import Fleet
 from gpumon.model import HOST_STATES, HostStatus
+from gpumon.tui.fleet.host_row import LEGEND
+from gpumon.tui.fleet.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
+from gpumon.tui.widgets.changed_cells import PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
-from gpumon.tui.widgets.host_row import LEGEND
-from gpumon.tui.widgets.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
 from gpumon.tui.widgets.line_table import TableFrame
-from gpumon.tui.widgets.partial import PartialRefresh
 from gpumon.tui.wire.compositor import use_lean_compositor
 
 FRAME_S = 0.25  # how often the hosts that changed are drawn

@@ -4,7 +4,7 @@ latest text of each record that could not be written is kept (a record is a whol
 last version matters) and written again at the next sample, and, for a while, before the supervisor
 leaves (`flush`): the end of a job is recorded once the disk has room again.
 
-    records = KeptRecords(directory)
+    records = BestEffortWrites(directory)
     records.write("peak", "1073741824")    # False if it is kept for later
     records.retry()                        # at every sample
     records.flush(deadline_s=600)          # before leaving: True once everything is written
@@ -45,7 +45,7 @@ def mark_log(log: Path, line: str) -> None:
         say(f"cannot mark the log: {exc.strerror or exc}")
 
 
-class KeptRecords:
+class BestEffortWrites:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.pending: dict[str, str] = {}  # record name -> its newest text, not written yet

@@ -19,7 +19,7 @@ from textual.app import App
 
 from gpumon.errors import GpumonError
 from gpumon.sanitize import printable
-from gpumon.tui.plain import plain_lines
+from gpumon.tui.literal_text import plain_lines
 
 if TYPE_CHECKING:
     from gpumon.jobs.host import Host

@@ -20,19 +20,19 @@ from textual.screen import Screen
 from gpumon.errors import EXIT_OK
 from gpumon.fleet import Fleet
 from gpumon.jobs.across_hosts import choose_across, taken_on
-from gpumon.jobs.claiming import Sharing, Taken
+from gpumon.jobs.claims_and_queue import Sharing, Taken
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.remote.children import end_all
 from gpumon.tui.base_app import BaseApp, prepare_terminal
-from gpumon.tui.fleet_actions import ask_and_launch
-from gpumon.tui.fleet_jobs import FleetJobs
-from gpumon.tui.host_reach import why_not_here
+from gpumon.tui.fleet.actions import ask_and_launch
+from gpumon.tui.fleet.host_screen import HostScreen
+from gpumon.tui.fleet.overview import FleetScreen
+from gpumon.tui.host_can_act import why_not_here
+from gpumon.tui.jobs.fleet_list import FleetJobs
+from gpumon.tui.jobs.screen import JobsScreen
 from gpumon.tui.preferences import PreferenceStore
-from gpumon.tui.screens.fleet import FleetScreen
-from gpumon.tui.screens.host import HostScreen
-from gpumon.tui.screens.jobs import JobsScreen
 from gpumon.tui.screens.users import UsersScreen
 
 

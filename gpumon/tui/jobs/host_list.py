@@ -1,6 +1,6 @@
 """What `J` lists and where it acts: one host here (this machine's J, or a fleet host's view),
-every host of a fleet in tui/fleet_jobs.py (kept apart: a single-machine start loads no fleet
-module). The screen (screens/jobs.py) is the same for both; a job list says where the jobs come
+every host of a fleet in tui/jobs/fleet_list.py (kept apart: a single-machine start loads no fleet
+module). The screen (tui/jobs/screen.py) is the same for both; a job list says where the jobs come
 from, how often to ask, where a job is stopped and how its log is followed.
 
 `read()` blocks (a fleet host is asked over ssh): the screen calls it in a background thread.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumon.errors import GpumonError
 from gpumon.remote.hosts import LOCAL
-from gpumon.tui.job_logs import FileLog, HostLog
+from gpumon.tui.jobs.log_tail import FileLog, HostLog
 
 if TYPE_CHECKING:
     from gpumon.jobs.host import Host

@@ -22,7 +22,7 @@ except ImportError:  # a Textual without it: guards.py says so, and the class is
     StylesCache = object
 
 
-class WholeLinesCache(StylesCache):
+class UnboxedLinesCache(StylesCache):
     _boxed = True
 
     def render_widget(self, widget: Widget, crop) -> list[Strip]:
@@ -49,7 +49,7 @@ def _boxed(widget: Widget) -> bool:
     )
 
 
-def draw_whole_lines(widget: Widget) -> None:
+def draw_unboxed_lines(widget: Widget) -> None:
     """Call from the widget's __init__."""
     if usable("whole lines", widget, "_styles_cache"):
-        widget._styles_cache = WholeLinesCache()
+        widget._styles_cache = UnboxedLinesCache()

@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from gpumon.model import HostStatus
-from gpumon.tui.widgets.host_row import HostRow, host_row, time_dependent
+from gpumon.tui.fleet.host_row import HostRow, host_row, time_dependent
 from gpumon.tui.widgets.line_table import LineTable
 
 SORTS = ("listed", "free", "load", "name", "health")  # the order `o` cycles through

@@ -1,4 +1,4 @@
-"""The supervisor of one job: `python -m gpumon.jobs.supervisor JOB_DIR [--foreground]`.
+"""The supervisor of one job: `python -m gpumon.jobs.supervision.supervisor JOB_DIR [--foreground]`.
 
 It waits for a free card when the job is queued, pins and starts the command, watches its GPU
 memory per card (the limit's guarantee), and records how it ended: `exited`, `killed` (by gpumon,
@@ -7,18 +7,18 @@ or by a signal, which is named), `failed` (could not start, with the reason) or 
 SIGKILL after a grace period. SIGINT (Ctrl-C) is forwarded to a detached command (a foreground one
 gets it from the terminal itself); the supervisor waits for the command and records the end either
 way. The command is reaped only after the last signal: a reaped pid may already be someone else's
-(jobs/tree.py). It is single-threaded, so it can set its own CPU affinity before starting the command, which
-inherits it (no preexec_fn).
+(jobs/supervision/process_tree.py). It is single-threaded, so it can set its own CPU affinity
+before starting the command, which inherits it (no preexec_fn).
 
-It also watches the job's cards (jobs/failover.py: lost, a fatal XID, a failed fabric). A job run
+It also watches the job's cards (jobs/supervision/failover.py: lost, a fatal XID, a failed fabric). A job run
 with `--failover N` whose card fails is stopped and started again, up to N times, on other cards
 chosen as `select` chooses (never a card that failed), waiting like `--wait` until they are free;
 each attempt is recorded (jobs/attempts.py), marked in the log, and each move is added to the
-host's job event log for `watch` (jobs/job_events.py). Other jobs are left to run as before; their
+host's job event log for `watch` (jobs/supervision/job_events.py). Other jobs are left to run as before; their
 record says that the card failed.
 
 No I/O error ends its watch: records are written best effort, kept and written again
-(jobs/kept_records.py). A command whose records cannot be written is not started (nobody could
+(jobs/supervision/best_effort_writes.py). A command whose records cannot be written is not started (nobody could
 find it); a limit it cannot watch (BLIND_S) stops the job rather than leave it unwatched.
 """
 
@@ -39,21 +39,21 @@ from gpumon.cards.backends import Backend, open_backend
 from gpumon.errors import GpumonError
 from gpumon.failover_event import FailoverEvent
 from gpumon.health import rules as health
-from gpumon.jobs import job_events
-from gpumon.jobs.attempt_end import AttemptEnd
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json, banner
-from gpumon.jobs.claiming import JobSharing
-from gpumon.jobs.energy import JobEnergy
-from gpumon.jobs.failover import Trouble, XidsSeen, card_trouble, configured_xid_policy, xid_trouble
+from gpumon.jobs.claims_and_queue import SupervisorSharing
 from gpumon.jobs.files import take_environment
-from gpumon.jobs.kept_records import KeptRecords, mark_log, say
 from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
 from gpumon.jobs.placement import pin, resolve_spec
 from gpumon.jobs.processes import since_boot
 from gpumon.jobs.records import THIS_HOST, JobSpec
-from gpumon.jobs.tree import CommandTree
-from gpumon.jobs.waiting import FreeSet
+from gpumon.jobs.supervision import job_events
+from gpumon.jobs.supervision.attempt_end import AttemptEnd
+from gpumon.jobs.supervision.best_effort_writes import BestEffortWrites, mark_log, say
+from gpumon.jobs.supervision.energy import JobEnergy
+from gpumon.jobs.supervision.failover import Trouble, XidsSeen, card_trouble, configured_xid_policy, xid_trouble
+from gpumon.jobs.supervision.process_tree import CommandTree
+from gpumon.jobs.supervision.wait_for_free_cards import FreeCardsWait
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
 from gpumon.units import format_duration
@@ -77,15 +77,15 @@ class Supervisor:
         self.stop_requested: str | None = None
         self.interrupted = False  # Ctrl-C came
         self.child: subprocess.Popen | None = None
-        self.tree: CommandTree | None = None  # the command and what it started: see jobs/tree.py
+        self.tree: CommandTree | None = None  # the command and what it started: see jobs/supervision/process_tree.py
         self.peak = 0
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
         self.latest: Snapshot | None = None
         self.xids_seen = XidsSeen()  # per card, for the XID policy's thresholds
-        # Every record is written best effort (jobs/kept_records.py): no write ends the watch.
-        self.records = KeptRecords(directory)
-        self.energy = JobEnergy(directory, self.records.write)  # what its cards used (jobs/energy.py)
+        # Every record is written best effort (jobs/supervision/best_effort_writes.py): no write ends the watch.
+        self.records = BestEffortWrites(directory)
+        self.energy = JobEnergy(directory, self.records.write)  # what its cards used (jobs/supervision/energy.py)
         self.limits: dict[int, int] = {}  # the memory limit on each of the attempt's cards, by index
         self.all_cpus = os.sched_getaffinity(0)
 
@@ -128,7 +128,7 @@ class Supervisor:
         # energy is the counter's change from its start to its end.
         health.configure({"interval": f"{self.spec_interval:g}s", **configured_xid_policy(self.spec.config)})
         # The job's claims and queue entry, handed over by its launcher: held until we end.
-        self.sharing = JobSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
+        self.sharing = SupervisorSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
                                   warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
         try:
             backend = open_backend(**self.spec.backend)
@@ -160,7 +160,7 @@ class Supervisor:
             return gpus
         gpu_spec = self.spec.gpu_spec if count is None else f"auto:{count}"
         min_free = self.spec.min_free or (str(self.spec.mem_limit) if self.spec.mem_limit else None)
-        free = FreeSet(gpu_spec, backend.topology(), min_free, self.spec.max_util, self.sharing)
+        free = FreeCardsWait(gpu_spec, backend.topology(), min_free, self.spec.max_util, self.sharing)
         give_up = (time.monotonic() + self.spec.wait_timeout
                    if self.spec.wait_timeout is not None and count is None else None)
         while self.stop_requested is None:
@@ -397,7 +397,7 @@ class Supervisor:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: python -m gpumon.jobs.supervisor JOB_DIR [--foreground]", file=sys.stderr)
+        print("usage: python -m gpumon.jobs.supervision.supervisor JOB_DIR [--foreground]", file=sys.stderr)
         return 2
     directory = Path(argv[1]).absolute()
     # Its own folder, whoever started it (systemd too): nothing is left open in the caller's directory.

@@ -2,7 +2,7 @@
 processes, `t`), fed from the host's statuses and `fleet.history(host)`; Esc (or ←) returns to
 the overview.
 
-What acts on the host goes through its own gpumon (fleet_actions): `r` launches there, `x`/`X`/`i`
+What acts on the host goes through its own gpumon (fleet/actions.py): `r` launches there, `x`/`X`/`i`
 signal there (it checks the process is the user's and the same one), `t` reads its topology,
 and the process table learns which pids are gpumon jobs from its job list. The status line names
 the host as listed and says how it is doing (stale, unreachable with the reason and the retry
@@ -24,14 +24,14 @@ from gpumon.jobs.host import host_for
 from gpumon.model import HostStatus
 from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
-from gpumon.tui.fleet_actions import ask_and_launch, ask_and_signal
-from gpumon.tui.host_reach import why_not_here
-from gpumon.tui.plain import plain
+from gpumon.tui.fleet.actions import ask_and_launch, ask_and_signal
+from gpumon.tui.fleet.host_row import describe_state, time_dependent
+from gpumon.tui.host_can_act import why_not_here
+from gpumon.tui.literal_text import plain
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
 from gpumon.tui.widgets.filter_box import FilterBox
-from gpumon.tui.widgets.host_row import describe_state, time_dependent
 from gpumon.tui.widgets.status_bar import StatusBar
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""How one attempt of a job ended, and what its supervisor makes of it (jobs/supervisor.py): whether
+"""How one attempt of a job ended, and what its supervisor makes of it (jobs/supervision/supervisor.py): whether
 a `--failover` job moves to other cards, and the state and reason the job's end record gets."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from gpumon.jobs.failover import Trouble
+from gpumon.jobs.supervision.failover import Trouble
 
 
 @dataclass(frozen=True)

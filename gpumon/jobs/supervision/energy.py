@@ -1,4 +1,4 @@
-"""The energy a job's cards used while it ran, from the cards' energy counters (jobs/supervisor.py).
+"""The energy a job's cards used while it ran, from the cards' energy counters (jobs/supervision/supervisor.py).
 
 The supervisor samples the job's cards anyway (the watchdog); each attempt's first and last
 reading of each card's counter give what that card used meanwhile, and the job's energy is the sum
@@ -24,7 +24,7 @@ RECORD = "energy.json"
 class JobEnergy:
     def __init__(self, directory: Path, write: Callable[[str, str], object] | None = None) -> None:
         self.path = directory / RECORD
-        # How the record is written (the supervisor's: best effort, jobs/kept_records.py).
+        # How the record is written (the supervisor's: best effort, jobs/supervision/best_effort_writes.py).
         self._write = write or (lambda name, text: write_atomic(directory / name, text))
         self.used: float | None = None  # joules of the attempts that ended
         self.shared = False

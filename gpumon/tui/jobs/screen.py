@@ -2,12 +2,13 @@
 selected job's log following below, `s` to stop it where it runs (after a confirmation), `p` to
 see its processes.
 
-Where the jobs come from is a job list (tui/job_lists.py, tui/fleet_jobs.py): this machine's or one host's (the
-fields of `gpumon jobs --json`, jobs/host.py `Host.jobs()`), or every host's. The list is read in a
+Where the jobs come from is a job list (tui/jobs/host_list.py, tui/jobs/fleet_list.py): this
+machine's or one host's (the fields of `gpumon jobs --json`, jobs/host.py `Host.jobs()`), or every
+host's. The list is read in a
 background thread and comes back to the screen as a message, again every `refresh_s` while the
 screen is open; one read at a time (a pass that is due while one runs waits for it). The log is
-followed in a thread of its own (tui/job_logs.py). Every word of a record or a host is shown as
-text, never markup, with control characters made visible (tui/plain.py).
+followed in a thread of its own (tui/jobs/log_tail.py). Every word of a record or a host is shown as
+text, never markup, with control characters made visible (tui/literal_text.py).
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from gpumon.errors import GpumonError
 from gpumon.jobs.attempts import Attempt, describe
 from gpumon.sanitize import printable
 from gpumon.tui.background import in_background
-from gpumon.tui.plain import plain, plain_lines
+from gpumon.tui.literal_text import plain, plain_lines
 from gpumon.tui.screens.confirm import ConfirmScreen
 from gpumon.tui.widgets.host_queue import HostQueue
 from gpumon.units import format_bytes, format_energy, format_runtime
 
 if TYPE_CHECKING:
-    from gpumon.tui.fleet_jobs import FleetJobs
-    from gpumon.tui.job_lists import HostJobs, Listing
-    from gpumon.tui.job_logs import FileLog, HostLog
+    from gpumon.tui.jobs.fleet_list import FleetJobs
+    from gpumon.tui.jobs.host_list import HostJobs, Listing
+    from gpumon.tui.jobs.log_tail import FileLog, HostLog
 
 STATE_STYLES = {"running": "bold green", "queued": "bold yellow", "exited": "", "killed": "bold red",
                 "failed": "bold red", "cancelled": "dim", "lost": "red", "unsupervised": "bold magenta"}

@@ -1,0 +1,1 @@
+"""The TUI over many hosts: the app, the overview and its rows, a host's view, acting on a host."""
