@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fleet TUI at scale: the real app on a pseudo-terminal, fed N stand-in hosts x 8 cards at
 1 Hz (benchmarks/fleet_standin.py: each host's line goes through the same checks as an ssh
-stream's; no ssh), at 32, 128 and 256 hosts. Issue #15's targets: 256 hosts under 25 % of one core
+stream's; no ssh), at 32, 128 and 256 hosts. The targets: 256 hosts under 25 % of one core
 and 300 MiB, keys answered in under 100 ms, every host drawn within 3 s of its first line.
 
   cpu %        CPU time of the app's process / wall time, in the steady state (100 % = one core)
@@ -12,7 +12,7 @@ and 300 MiB, keys answered in under 100 ms, every host drawn within 3 s of its f
   lag max s    the longest any host waited between its first line and its row holding it
   move ms      `j`/`k` read by the app until its frame with the moved selection goes out
   help ms      `?` until the help screen is on the terminal, median / max of 8 presses
-  quit ms      `q` until the process has exited (issue #37: under a second whatever the hosts do)
+  quit ms      `q` until the process has exited (under a second whatever the hosts do)
 
     python benchmarks/fleet_tui.py                    # 32, 128 and 256 hosts, 20 s each
     python benchmarks/fleet_tui.py --hosts 256 --seconds 60

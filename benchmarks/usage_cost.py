@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What keeping the usage ledger adds to a sample pass (issue 41): 8 cards of the fake driver, 64
+"""What keeping the usage ledger adds to a sample pass: 8 cards of the fake driver, 64
 and 512 real processes, as they come (one user) and spread over 64 Slurm jobs of 16 users.
 
 Per pass: the sampler's pass itself (NVML + psutil enrichment, as the TUI and a recording watch do);

@@ -18,7 +18,15 @@ from gpumon.cards.backends.demo import SCENARIOS
 from gpumon.cli.parser import DEMO_SCENARIOS, build_parser, normalise_argv
 
 PACKAGE = Path(gpumon.__file__).parent
-MAX_MODULE_LINES = 420
+# A soft limit: a module past it is split where its meaning splits, or listed here with the reason
+# it stays whole (reviewed, not a quota to meet).
+SOFT_MODULE_LINES = 400
+LONG_BY_DESIGN = {
+    "jobs/supervision/supervisor.py": "one job's life from start to record, read in the order it happens",
+    "jobs/records.py": "what a job's files say and the one state read from them, beside each other",
+    "tui/widgets/gpu_panel.py": "one card's panel at every size: what each width shows is compared side by side",
+    "fleet/schema.py": "every check of a document from another host, in the order of the document",
+}
 
 
 def test_import_contracts_hold():
@@ -62,10 +70,38 @@ def test_design_names_every_package():
     assert named == tree | {"gpumon/"}
 
 
-def test_modules_stay_small():
-    big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert not big, f"split these modules by concern: {big}"
+def test_long_modules_are_the_reviewed_ones():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > SOFT_MODULE_LINES}
+    unreviewed = {path: n for path, n in long.items() if path not in LONG_BY_DESIGN}
+    assert not unreviewed, f"split these where their meaning splits, or list them in LONG_BY_DESIGN: {unreviewed}"
+    assert set(LONG_BY_DESIGN) <= set(long), "no longer long: take them off LONG_BY_DESIGN"
+
+
+def _code_files() -> list[Path]:
+    root = PACKAGE.parent
+    return [p for folder in ("gpumon", "tests", "benchmarks", "scripts") for p in (root / folder).rglob("*.py")
+            if "__pycache__" not in p.parts]
+
+
+def test_no_statement_follows_a_return_or_raise():
+    """Dead code reads as if it ran."""
+    dead = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for body in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+                if isinstance(body, list):
+                    dead += [f"{path}:{after.lineno}" for before, after in zip(body, body[1:])
+                             if isinstance(before, (ast.Return, ast.Raise, ast.Continue, ast.Break))]
+    assert dead == []
+
+
+def test_no_comment_names_a_tracker_issue():
+    """Comments and docstrings say why in their own words: an issue number means nothing to a reader."""
+    named = [f"{path}:{n}" for path in _code_files()
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\b[Ii]ssues? ?#?\d+\b", line)]
+    assert named == []
 
 
 def test_no_module_reaches_for_another_modules_private_names():

@@ -307,7 +307,7 @@ def test_stop_ends_the_fleet_even_while_documents_pour_in(tmp_path, runtime_dir)
 
 
 def test_a_hosts_stale_card_fabric_and_mig_mode_come_through():
-    """What issue 12 added to schema 1 (a hung card's age, the NVSwitch fabric, MIG mode) reaches
+    """What was added to schema 1 later (a hung card's age, the NVSwitch fabric, MIG mode) reaches
     the fleet as the host's own gpumon reported it; nonsense in those fields reads as unknown."""
     doc = dict(_doc(), gpus=[
         {"index": 0, "uuid": "GPU-1", "name": "H100", "state": "stale", "stale_s": 12.5, "fabric": "not_started",

@@ -1,4 +1,4 @@
-"""Card health (issue 27): the counters the fake driver serves, through the real bindings and the
+"""Card health: the counters the fake driver serves, through the real bindings and the
 real `gpumon` command, the verdict drawn from them, and `gpumon health`'s exit statuses."""
 
 from __future__ import annotations

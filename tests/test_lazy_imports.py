@@ -1,6 +1,6 @@
 """What a start does not load: the TUI watching this machine's cards, and `watch` without
 --prometheus, import neither the views and actions nobody has opened yet nor the exporter, the
-fleet, the web page or the AMD/Intel readers of a machine without such cards (issue 38: memory and
+fleet, the web page or the AMD/Intel readers of a machine without such cards (memory and
 start-up). Structural, not timed: the real program runs on the fake driver, and its sys.modules is
 read when it leaves."""
 
@@ -106,7 +106,7 @@ def test_the_tui_on_one_machine_loads_no_view_or_action_before_it_is_asked_for(f
 def test_the_driver_opens_before_the_rest_of_the_start_is_imported(fake_driver, idle_processes, tmp_path):
     """The first frame with the card names waits for the driver, which the start opens once it has
     read the config file: the event loop, the config's rules, the job records and Textual are
-    imported after it, while the names are drawn (issue 38: names no later than nvitop's). Read at
+    imported after it, while the names are drawn (names no later than nvitop's). Read at
     the moment the driver's thread starts, which does not depend on how loaded the machine is."""
     sleeper = idle_processes("sleep", "600")
     fake_driver.machine.cards = [Card("NVIDIA H100 80GB HBM3")]

@@ -16,12 +16,12 @@ SCHEMA_GPU_KEYS = {
     "memory_total", "memory_used", "memory_free", "temperature", "fan", "power_draw", "power_limit",
     "clock_sm", "clock_mem", "pstate", "throttle_reasons", "ecc_errors_uncorrected", "pcie_tx",
     "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "owner", "processes",
-    # Added by issue 12: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
+    # Added later: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
     "mig_mode", "fabric", "stale_s",
-    # Added by issue 28: whose card, and what the kernel says of AMD and Intel cards (null from NVML).
+    # Added later: whose card, and what the kernel says of AMD and Intel cards (null from NVML).
     "vendor", "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_speed",
     "pcie_link_width", "pcie_link_speed_max", "pcie_link_width_max", "vbios", "serial", "perf_level", "asleep",
-    # Added by issue 27 (card health): the verdict and the raw counters, each under its own key.
+    # Card health: the verdict and the raw counters, each under its own key.
     "health", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
     "remapped_rows_failure", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
     "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
@@ -30,13 +30,13 @@ SCHEMA_GPU_KEYS = {
     "nvlink_crc_data_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "clock_event_s",
     "throttled_power_pct", "throttled_thermal_pct", "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active",
     "sm_occupancy", "tensor_active", "dram_active",
-    # Added with AMD's RAS counters (issues 27/28): bad pages reserved, and those that could not be.
+    # AMD's RAS counters: bad pages reserved, and those that could not be.
     "retired_pages_reserved", "retired_pages_failed",
-    # Added by issue 39: what the driver asks to be done to recover the card.
+    # What the driver asks to be done to recover the card.
     "recovery_action",
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
-                    # Added by issue 26: who owns the process (a Slurm job, a pod, a container, a unit, a user).
+                    # Who owns the process (a Slurm job, a pod, a container, a unit, a user).
                     "owner"}
 
 

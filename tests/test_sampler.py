@@ -150,7 +150,7 @@ def test_collect_enriches_real_processes(fake_driver, idle_processes, cards):
 
 
 def test_passes_run_on_one_thread_that_ends_with_the_sampler(fake_driver):
-    """Issue 38: a thread started for every pass cost the event loop its start-up each second; the
+    """A thread started for every pass cost the event loop its start-up each second; the
     passes (never overlapping anyway) share one daemon thread, which ends when sampling stops."""
     fake_driver.machine.cards = [Card(extra=dict(util=10))]
     fake_driver.machine.delays = {"nvmlDeviceGetUtilizationRates": 40}  # each pass is seen running

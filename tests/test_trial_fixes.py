@@ -1,4 +1,4 @@
-"""What a newcomer's trial hit (issue 40), each against the real program."""
+"""What a newcomer's trial hit, each against the real program."""
 
 from __future__ import annotations
 

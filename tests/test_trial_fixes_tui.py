@@ -1,4 +1,4 @@
-"""What the trial hit in the TUI (issue 40)."""
+"""What a newcomer's trial hit in the TUI."""
 
 from __future__ import annotations
 

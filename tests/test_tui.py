@@ -71,7 +71,7 @@ def test_keys_select_cards_and_scope_the_process_table():
 
 def test_once_the_first_sample_is_up_the_collector_no_longer_walks_what_the_start_built():
     """A full garbage collection walked every widget, style and module object the start made (~25 ms
-    here, about every 30 s: 7 % of the TUI's CPU, issue 38); once the first sample is drawn they are
+    here, about every 30 s: 7 % of the TUI's CPU); once the first sample is drawn they are
     frozen (gc.freeze), and what is made after that is collected as before."""
     async def go():
         async with create_app(DemoBackend(), interval=0.1).run_test(size=(120, 40)) as pilot:

@@ -50,16 +50,6 @@ def build(out_dir: Path, omit: tuple[str, ...] = ()) -> Path:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(partial, lib)
     return lib
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(lib), str(SOURCE), "-lpthread"]
-    if omit:
-        # A version script hides exported symbols: to the bindings the function is absent,
-        # exactly like an older driver that predates it.
-        script = lib_dir / "omit.map"
-        script.write_text("{ global: *; local: " + "; ".join(omit) + "; };\n")
-        cmd.insert(1, f"-Wl,--version-script={script}")
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return lib
 
 
 @dataclass
