@@ -1,5 +1,5 @@
 """The types that check the command line's values: intervals, counts, percentages, sizes,
-durations, signal names, times and demo scenarios, each a one-line usage error when wrong."""
+durations, signal names, times, report spans and demo scenarios, each a one-line usage error when wrong."""
 
 from __future__ import annotations
 
@@ -105,3 +105,33 @@ def scenario(text: str, usage: bool = False) -> str:
 # Subcommands repeat the options that apply to them (so `gpumon snapshot --demo` works as well as
 # `gpumon --demo snapshot`); a subparser's defaults are SUPPRESSed so they never overwrite a value
 # given before the subcommand.
+
+
+REPORT_BY = ("user", "job", "card", "day")
+SHELLS = ("bash", "zsh", "fish", "tcsh")
+
+
+def span(text: str) -> float:
+    """`report --since`: how far back."""
+    from gpumon.usage.settings import parse_span
+
+    try:
+        return parse_span(text, "--since")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("bad --since ")) from None
+
+
+def when(text: str) -> float:
+    """`report --from/--to`: a date, a local time or unix seconds."""
+    from gpumon.usage.settings import parse_when
+
+    try:
+        return parse_when(text, "time")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("bad time ")) from None
+
+
+def report_by(text: str) -> str:
+    if text not in REPORT_BY:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(REPORT_BY)}")
+    return text

@@ -12,15 +12,19 @@ import re
 from gpumon import __version__
 from gpumon.cli.arg_types import (
     DEMO_SCENARIOS,
+    SHELLS,
     count,
     duration,
     interval,
     percent,
     positive_int,
+    report_by,
     scenario,
     signal_name,
     size,
+    span,
     unix_time,
+    when,
 )
 from gpumon.errors import UsageError
 
@@ -178,8 +182,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)
     p.set_defaults(subcommand="users")
 
-    from gpumon.cli.report_options import add_report
-    add_report(sub, _add_config_option, _add_fleet_options)
+    p = sub.add_parser("report", help="who used the cards: GPU-hours, energy, idle-held hours per user, job, card, day",
+                       description="Reads the usage history `gpumon watch` (or the TUI, where no watch runs) "
+                                   "records ([history] in the config), or a Prometheus server's. GPU-hours are "
+                                   "card-hours held; idle-held hours: held with every process at 0 %% SM. Exit "
+                                   "status 1 when there is no history to read.")
+    since = p.add_mutually_exclusive_group()
+    since.add_argument("--since", type=span, metavar="SPAN", help="the last SPAN: 30m, 12h, 7d, 2w (default 7d)")
+    since.add_argument("--from", dest="start", type=when, metavar="WHEN",
+                       help="from this date or time: 2026-12-01, 2026-12-01T14:00 (local time), or unix seconds")
+    p.add_argument("--to", dest="end", type=when, metavar="WHEN", help="until this date or time (default: now)")
+    p.add_argument("--by", type=report_by, default="user", metavar="WHAT",
+                   help="rows per user (with their jobs, pods, containers), job, card or day (default user)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the report as JSON")
+    out.add_argument("--csv", action="store_true", help="the rows as CSV")
+    out.add_argument("--plot", action="store_true", help="also draw each card's utilisation per day")
+    _add_config_option(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="report")
 
     p = sub.add_parser("topo", help="GPU link matrix with CPU and NUMA affinity")
     p.add_argument("--json", action="store_true", help="the same as JSON")
@@ -252,8 +273,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet_options(p, suppress=True)  # --hosts with --gpu auto[:N]: the best free set on one of them
     p.set_defaults(subcommand="run")
 
-    from gpumon.cli.parser_sharing import add_sharing_commands as add_sharing
-    add_sharing(sub, duration, _add_config_option, _add_timeout_option, _add_source_options, _add_fleet_options)
+    p = sub.add_parser("queue", help="the host's queue of jobs waiting for cards (run --wait), every user's")
+    p.add_argument("--json", action="store_true", help="as JSON, next to start first")
+    _add_config_option(p, suppress=True)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="queue")
+
+    p = sub.add_parser("reserve", help="book cards for a while: others' auto placement, select and queue skip them")
+    p.add_argument("--gpu", metavar="N[,M...]", help="the cards: indices, UUIDs or PCI bus ids")
+    p.add_argument("--for", dest="duration", type=duration, metavar="DURATION", help="how long: 30m, 2h, 1d")
+    p.add_argument("--note", metavar="TEXT", help="what for, shown beside the reservation")
+    p.add_argument("--list", action="store_true", help="list the host's reservations")
+    p.add_argument("--json", action="store_true", help="with --list: as JSON")
+    _add_timeout_option(p)
+    _add_source_options(p, suppress=True, replay=False)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="reserve")
+
+    p = sub.add_parser("release", help="end your reservations (all, or those of --gpu)")
+    p.add_argument("--gpu", metavar="N[,M...]", help="only these cards")
+    _add_timeout_option(p)
+    _add_source_options(p, suppress=True, replay=False)
+    _add_fleet_options(p, suppress=True)
+    p.set_defaults(subcommand="release")
 
     p = sub.add_parser("jobs", help="jobs launched by gpumon")
     p.add_argument("--json", action="store_true", help="as JSON, oldest first")
@@ -281,9 +323,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--alert", action="append", default=[], metavar="RULE", help="rule (adds to the config's)")
     _add_config_option(e, suppress=True)
     e.set_defaults(subcommand="alerts")
-    from gpumon.cli.parser_setup import add_setup_commands
 
-    add_setup_commands(sub, _add_config_option, _Parser)
+    p = sub.add_parser("doctor", help="is this machine set up for gpumon? one line per check, with the fix",
+                       description="Checks the driver library and NVML, other users' processes, cgroups, the "
+                                   "config, the claims folder, ssh to each configured host, the exporter's port "
+                                   "and Textual. Exit status: 0 all ok, 1 a warning, 2 a failure.")
+    p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument("--nvml-lib", default=argparse.SUPPRESS, metavar="PATH",
+                   help="check this libnvidia-ml.so.1 (also $GPUMON_NVML_LIB)")
+    _add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="doctor")
+
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh, fish or tcsh",
+                       description="Prints a static completion script made from gpumon's options. bash: "
+                                   "gpumon completion bash > ~/.local/share/bash-completion/completions/gpumon; "
+                                   "fish: gpumon completion fish > ~/.config/fish/completions/gpumon.fish.")
+    p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh, fish or tcsh")
+    p.set_defaults(subcommand="completion")
+
+    p = sub.add_parser("config", help="show the settings in force and where each came from",
+                       description="Reads /etc/gpumon/config.toml (when present; $GPUMON_SYSTEM_CONFIG for tests "
+                                   "and packagers) and then the user's config; the user's wins per key.")
+    p.add_argument("--show", action="store_true", help="print every setting with its file and line, or default")
+    _add_config_option(p, suppress=True)
+    p.set_defaults(subcommand="config")
     return parser
 
 
