@@ -4,7 +4,8 @@ of its GPU memory, SM % and CPU % over the chart window (`w`), from the per-proc
 main screen keeps (cards/process_history.py). The keys that act on the selected process in the
 main screen act on this one, through the main screen itself (so a fleet host's view signals
 through its host, and demo or recorded processes say they are not real). Escape or q goes back
-to the main screen as it was.
+to the main screen as it was. What it needs of the main screen is `Opener` below: the main
+screen imports this module, never the other way round.
 
 When the process leaves the driver's list (or its pid is now another process's), the screen says
 it has exited, keeps its last values and charts, and no longer offers the actions. Everything
@@ -15,7 +16,7 @@ as markup.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rich.table import Table
 from rich.text import Text
@@ -25,15 +26,12 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gpumon.cards.process_history import Track, key_of, point_of
+from gpumon.cards.process_history import ProcessHistory, Track, key_of, point_of
 from gpumon.model import GpuSample, ProcessSample, Snapshot
 from gpumon.tui.plain import plain
 from gpumon.tui.widgets.history_chart import HistoryChart
-from gpumon.tui.widgets.process_table import Row
+from gpumon.tui.widgets.process_table import ProcessTable, Row
 from gpumon.units import format_bytes, format_duration
-
-if TYPE_CHECKING:
-    from gpumon.tui.screens.main import MainScreen
 
 CHARTS = ("proc_mem", "proc_sm", "proc_cpu")
 CHART_METRIC = {"proc_mem": "gpu_memory", "proc_sm": "sm_util", "proc_cpu": "cpu_percent"}
@@ -61,6 +59,26 @@ def _owner(process: ProcessSample) -> Text:
     return plain(words)
 
 
+class Opener(Protocol):
+    """The screen the process was picked on (the main screen, or a fleet host's view): what it
+    shows and the actions that reach the process's host."""
+
+    snapshot: Snapshot | None
+    process_history: ProcessHistory
+    window: int
+    interval: float
+    readonly: bool
+    real_pids: bool
+    table: ProcessTable
+
+    def card_label(self, gpu: GpuSample) -> str: ...
+    def signal_process(self, process: ProcessSample, kind: str) -> None: ...
+    def signal_menu_for(self, process: ProcessSample) -> None: ...
+    def show_environment(self, process: ProcessSample) -> None: ...
+    def say_not_real(self, process: ProcessSample, why: str) -> None: ...
+    def action_cycle_window(self) -> None: ...
+
+
 class ProcessScreen(Screen[None]):
     DEFAULT_CSS = """
     ProcessScreen #process-body { height: auto; max-height: 60%; }
@@ -82,7 +100,7 @@ class ProcessScreen(Screen[None]):
         Binding("w", "cycle_window", "Window"),
     ]
 
-    def __init__(self, main: MainScreen, row: Row) -> None:
+    def __init__(self, main: Opener, row: Row) -> None:
         super().__init__()
         self.main = main
         self.process = row.process
