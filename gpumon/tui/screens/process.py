@@ -1,8 +1,8 @@
 """Enter on a process: the whole of it on one screen (nvitop's process screen) — its command line,
 user, owner (job, pod, container, unit), start time, cards, CPU % and resident memory, and charts
 of its GPU memory, SM % and CPU % over the chart window (`w`), from the per-process history the
-main screen keeps (cards/process_history.py). The keys that act on the selected process in the
-main screen act on this one, through the main screen itself (so a fleet host's view signals
+main screen is given (cards/process_history.py). The keys that act on the selected process in
+the main screen act on this one, through the main screen itself (so a fleet host's view signals
 through its host, and demo or recorded processes say they are not real). Escape or q goes back
 to the main screen as it was. What it needs of the main screen is `Opener` below: the main
 screen imports this module, never the other way round.
@@ -28,6 +28,7 @@ from textual.widgets import Footer, Static
 
 from gpumon.cards.process_history import ProcessHistory, Track, key_of, point_of
 from gpumon.model import GpuSample, ProcessSample, Snapshot
+from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.plain import plain
 from gpumon.tui.widgets.history_chart import HistoryChart
 from gpumon.tui.widgets.process_table import ProcessTable, Row
@@ -133,9 +134,10 @@ class ProcessScreen(Screen[None]):
         """The process on each card that lists it (by pid and start time: not a new process with its pid)."""
         return [(gpu, p) for gpu in snapshot.gpus for p in gpu.processes if key_of(p) == self.key]
 
-    # -- data in (from the main screen, each snapshot it is given while this screen is shown) --
+    # -- data in (from the main screen, each reading it is given while this screen is shown) --
 
-    def show(self, snapshot: Snapshot) -> None:
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        snapshot = message.snapshot
         if self.gone_at is not None:
             return
         found = self._find(snapshot)
