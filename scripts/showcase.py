@@ -72,7 +72,7 @@ def demo_app(scenario: str = "default", theme: str | None = None, cards: int | N
     for _ in range(HISTORY - 1):
         snapshot = app.sampler.collect()
         app.sampler.history.add(snapshot)
-        app.main_screen.process_history.add(snapshot)  # the process screen's charts (Enter)
+        app.process_history.add(snapshot)  # the process screen's charts (Enter)
         app.engine.evaluate(snapshot)  # rules see the history too, so `for` durations have passed
         app.holders.update(snapshot)  # and the users view: idle for as long as the charts go back
     return app

@@ -1,5 +1,5 @@
-"""Who imports whom, read from the source (every import statement, those inside functions too, but
-not those under `if TYPE_CHECKING:`), and the cycles in it: for tests/test_architecture.py."""
+"""Who imports whom, read from the source (every import statement, those inside functions too, and
+those under `if TYPE_CHECKING:` when asked), and the cycles in it: for tests/test_architecture.py."""
 
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ def _typing_only(tree: ast.AST) -> set[int]:
     return skipped
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+def import_graph(modules: dict[str, Path], typing: bool = False) -> dict[str, set[str]]:
     """Module -> the modules of `modules` it imports. `from pkg import sub` counts as importing
-    pkg.sub where that is a module, else pkg."""
+    pkg.sub where that is a module, else pkg. `typing`: imports for annotations only count too."""
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        skipped = _typing_only(tree)
+        skipped = set() if typing else _typing_only(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if id(node) in skipped:

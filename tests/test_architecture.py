@@ -26,6 +26,7 @@ LONG_BY_DESIGN = {
     "jobs/supervision/supervisor.py": "one job's life from start to record, read in the order it happens",
     "jobs/records.py": "what a job's files say and the one state read from them, beside each other",
     "tui/widgets/gpu_panel.py": "one card's panel at every size: what each width shows is compared side by side",
+    "tui/screens/main.py": "the main screen: what it composes and how a reading reaches each of its parts",
     "fleet/schema.py": "every check of a document from another host, in the order of the document",
 }
 
@@ -55,11 +56,22 @@ def test_no_import_cycles_anywhere():
     assert found == [], f"import cycles: {found}"
 
 
+def test_no_module_imports_back_even_for_annotations():
+    """A module that names, for its annotations only, the module that imports it is still a circle
+    to whoever reads them: the two can be understood only together."""
+    found = cycles(import_graph(module_files(PACKAGE, "gpumon"), typing=True))
+    assert found == [], f"import cycles through annotations: {found}"
+
+
 def test_the_cycle_finder_finds_one(tmp_path):
     (tmp_path / "a.py").write_text("def f():\n    import b\n")
     (tmp_path / "b.py").write_text("from a import f\n")
     (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
     assert cycles(import_graph(module_files(tmp_path, ""))) == [["a", "b"]]
+    (tmp_path / "d.py").write_text("import c\n")
+    (tmp_path / "a.py").write_text("import d\n")  # a -> d -> c, and c -> a for annotations only
+    assert cycles(import_graph(module_files(tmp_path, ""))) == []
+    assert cycles(import_graph(module_files(tmp_path, ""), typing=True)) == [["a", "c", "d"]]
 
 
 def test_design_names_every_package():

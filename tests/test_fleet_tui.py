@@ -38,12 +38,12 @@ def row_of(table: HostTable, host: str) -> str:
 
 
 async def drawn(pilot) -> HostTable:
-    """Until the overview has drawn every host reported so far (it draws them every FRAME_S); its table."""
+    """Until the overview has drawn every host reported so far (the app posts them every FRAME_S); its table."""
     for _ in range(200):
-        if not pilot.app.overview.undrawn:
+        if not pilot.app.undrawn:
             break
         await pilot.pause(0.05)
-    assert not pilot.app.overview.undrawn, "the overview never drew the hosts reported"
+    assert not pilot.app.undrawn, "the overview never drew the hosts reported"
     await pilot.pause()
     return pilot.app.overview.table
 

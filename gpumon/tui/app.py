@@ -1,5 +1,6 @@
-"""The TUI of this machine: a sampler reads its cards and hands snapshots to the main screen
-(what every gpumon TUI shares, themes, help, the output layer, is base_app.py).
+"""The TUI of this machine: a sampler reads its cards and the app posts each reading to the
+screens that show it, as a message (tui/messages.py; what every gpumon TUI shares, themes, help,
+the output layer, is base_app.py).
 
 `create_app` is the one way to build it: the CLI, the tests and the screenshot script all use it.
 The NVIDIA driver can take seconds to start on a sick machine, so the app may be given an
@@ -21,6 +22,7 @@ from textual.screen import Screen
 
 from gpumon.alerting.rules import Rule, missing_cards
 from gpumon.cards.backends import Backend
+from gpumon.cards.process_history import ProcessHistory
 from gpumon.cards.recording import Recorder
 from gpumon.cards.sampler import Sampler
 from gpumon.cards.xid_events import XidListener
@@ -29,8 +31,10 @@ from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
+from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.main import MainScreen
+from gpumon.tui.widgets.history_chart import WINDOWS
 
 if TYPE_CHECKING:
     from gpumon.tui.screens.users import UsersScreen
@@ -73,11 +77,14 @@ class GpumonApp(BaseApp):
         self.holding: tuple[Holder, ...] = ()
         self.usage = None  # gpumon/usage's recorder (run_app gives it): who used the cards, kept
         self.users_screen: UsersScreen | None = None
+        # Each process's recent past, for its screen (Enter): fed every fresh reading here, so a
+        # reading the main screen never draws (collapsed into a newer one) still counts.
+        self.process_history = ProcessHistory(seconds=max(WINDOWS))
         opening = sampler.backend is None
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
                                       waiting="opening the NVIDIA driver…" if opening else "starting…",
-                                      identity=identity)
+                                      identity=identity, process_history=self.process_history)
 
     def first_screen(self) -> Screen:
         return self.main_screen
@@ -108,9 +115,8 @@ class GpumonApp(BaseApp):
         events = self.engine.xid(gpu or GpuSample(index=index, uuid=None, name="?", pci_bus_id=None), code, when)
         self.alert_log = (self.alert_log + events)[-200:]
         self.notify(f"GPU {index}: XID {code}", title="XID error", severity="error", timeout=8)
-        self.main_screen.alerts = self.engine.firing()
-        if latest is not None and self.main_screen.is_attached:
-            self.main_screen.show_snapshot(latest)
+        if latest is not None:
+            self._post(latest)
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         self._check_link()
@@ -122,7 +128,7 @@ class GpumonApp(BaseApp):
                 self.exit(self.failure.exit_status)
                 return
         if not snapshot.stale:
-            self.main_screen.process_history.add(snapshot)
+            self.process_history.add(snapshot)
             if self.usage is not None:  # records only where no watch does; the writing is its thread's
                 self.usage.feed(snapshot)
             if self.recorder is not None and (problem := self.recorder.write(snapshot)):
@@ -133,17 +139,24 @@ class GpumonApp(BaseApp):
                 if event.event == "firing":
                     where = event.holder.label if event.holder is not None else f"GPU {event.gpu}"
                     self.notify(f"{where}: {event.rule}", title="Alert", severity="error", timeout=6)
-            self.main_screen.alerts = self.engine.firing()
         if self.main_screen.is_attached and self._redraw_due():
-            self.main_screen.show_snapshot(snapshot)
-            if self.users_screen is not None and self.screen is self.users_screen:
-                self.users_screen.show_latest()
+            self._post(snapshot, users=True)
         if not snapshot.stale:
             self.settled()
 
+    def _post(self, snapshot: Snapshot, users: bool = False) -> None:
+        """The reading, with the rules firing now, to the main screen (which hands it on to a
+        process screen it opened) and, with `users`, to the users view while it is the one shown."""
+        if not self.main_screen.is_attached:
+            return
+        alerts = self.engine.firing()
+        self.main_screen.post_message(SnapshotArrived(snapshot, alerts))
+        if users and self.users_screen is not None and self.screen is self.users_screen:
+            self.users_screen.post_message(SnapshotArrived(snapshot, alerts))
+
     def refresh_view(self) -> None:
-        if self.sampler.latest is not None and self.main_screen.is_attached:
-            self.main_screen.show_snapshot(self.sampler.latest)
+        if self.sampler.latest is not None:
+            self._post(self.sampler.latest)
 
     def open_users(self, host: str | None = None) -> None:
         """`u`: who holds the cards (one screen, kept: its sort and filter stay for the next time)."""

@@ -2,10 +2,11 @@
 
 `FleetApp` is a peer of the single-host app on the same base (base_app.py: themes, help, quit,
 the output layer, crash handling), with the fleet as its data source and the overview as its first
-screen: `fleet.run()` runs as a worker on the app's loop, and the fleet's listener hands each host
-it reports to the overview (which repaints that one row) and, when that host's view is open, to it
-(a host's view is the single-host main screen, fed by the fleet). Built only when hosts are given: a single-machine
-`gpumon` never imports this module or the fleet.
+screen: `fleet.run()` runs as a worker on the app's loop, and the fleet's listener collects the
+hosts it reports; every FRAME_S the app posts them to the overview (which repaints their rows),
+and each at once to that host's view while it is open (a host's view is the single-host main
+screen, fed by the fleet), as messages (`HostsReported`, tui/messages.py). Built only when hosts
+are given: a single-machine `gpumon` never imports this module or the fleet.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 
 from textual.screen import Screen
 
+from gpumon.cards.process_history import ProcessHistory
 from gpumon.errors import EXIT_OK
 from gpumon.fleet import Fleet
 from gpumon.jobs.across_hosts import choose_across, taken_on
@@ -32,8 +34,14 @@ from gpumon.tui.fleet.overview import FleetScreen
 from gpumon.tui.host_can_act import why_not_here
 from gpumon.tui.jobs.fleet_list import FleetJobs
 from gpumon.tui.jobs.screen import JobsScreen
+from gpumon.tui.messages import HostsReported
 from gpumon.tui.preferences import PreferenceStore
 from gpumon.tui.screens.users import UsersScreen
+from gpumon.tui.widgets.history_chart import WINDOWS
+
+# How often the overview is posted the hosts that reported: their lines arrive spread over the
+# interval, and drawn as they come, 256 hosts would cost 60 frames a second.
+FRAME_S = 0.25
 
 
 class FleetApp(BaseApp):
@@ -50,6 +58,8 @@ class FleetApp(BaseApp):
         self.local_real_pids = local_real_pids
         self.overview = FleetScreen(fleet, clock)
         self.host_screen: HostScreen | None = None
+        self._host_history: ProcessHistory | None = None  # the processes' past of the host shown
+        self._reported: dict[str, HostStatus] = {}  # for the overview's next frame
         # Each host's selected card while gpumon runs: `r` after reopening a host targets the card
         # picked a moment ago, not card 0.
         self.card_choice: dict[str, int] = {}
@@ -58,7 +68,7 @@ class FleetApp(BaseApp):
         self.holders = HolderTracker()
         self.holding: dict[str, tuple[Holder, ...]] = {}
         self.users_screen: UsersScreen | None = None
-        self._users_due = False
+        self._for_users: dict[str, HostStatus] = {}  # reported since the users view was last posted
 
     def first_screen(self) -> Screen:
         return self.overview
@@ -77,13 +87,27 @@ class FleetApp(BaseApp):
             self.holding[status.host] = self.holders.update(status.snapshot, status.host)
         else:  # away: who held its cards is no longer known
             self.holding.pop(status.host, None)
-        self._users_due = True
-        self.overview.host_changed(status)
+        self._for_users[status.host] = status
+        self._reported[status.host] = status
         if status.state == "live":
             self.settled()
         screen = self.host_screen
-        if screen is not None and screen.host == status.host and screen.is_attached:
-            screen.show_status(status)
+        if screen is not None and screen.host == status.host:
+            if status.state == "live" and status.snapshot is not None and self._host_history is not None:
+                self._host_history.add(status.snapshot)
+            if screen.is_attached:
+                screen.post_message(HostsReported({status.host: status}))
+
+    def _post_reported(self) -> None:
+        if self._reported:
+            reported, self._reported = self._reported, {}
+            self.overview.post_message(HostsReported(reported))
+
+    @property
+    def undrawn(self) -> int:
+        """News the overview has not drawn yet: hosts kept for its next frame, messages in its
+        queue, hosts it keeps while behind another screen."""
+        return len(self._reported) + self.overview.message_queue_size + self.overview.undrawn
 
     # -- a host's view --
 
@@ -92,9 +116,13 @@ class FleetApp(BaseApp):
         if self.host_screen is not None and self.screen is self.host_screen:
             self.close_host(self.host_screen)
         real_pids = self.local_real_pids if self.fleet.specs[name].is_local else True
+        history = ProcessHistory(seconds=max(WINDOWS))
+        status = self.fleet.status(name)
+        if status.state == "live" and status.snapshot is not None:
+            history.add(status.snapshot)
         screen = HostScreen(self.fleet, name, real_pids, self.readonly, self.env,
-                            selected=self.card_choice.get(name, 0))
-        self.host_screen = screen
+                            selected=self.card_choice.get(name, 0), process_history=history)
+        self.host_screen, self._host_history = screen, history
         self.push_screen(screen)
         if job_id:
             screen.call_after_refresh(screen.show_job, job_id)
@@ -104,7 +132,7 @@ class FleetApp(BaseApp):
         if self.screen is screen:
             self.pop_screen()
         if self.host_screen is screen:
-            self.host_screen = None
+            self.host_screen = self._host_history = None
         self.overview.table.select_host(screen.host)
 
     # -- who holds the cards --
@@ -120,14 +148,15 @@ class FleetApp(BaseApp):
                                         title=f"Users · {host}" if host else "Users · every host")
         self.push_screen(self.users_screen)
 
-    def _draw_users(self) -> None:
+    def _post_users(self) -> None:
         """Hosts' readings arrive spread over the interval: the view is drawn with all of them, each second."""
-        if self._users_due and self.users_screen is not None and self.screen is self.users_screen:
-            self._users_due = False
-            self.users_screen.show_latest()
+        if self._for_users and self.users_screen is not None and self.screen is self.users_screen:
+            reported, self._for_users = self._for_users, {}
+            self.users_screen.post_message(HostsReported(reported))
 
     def on_mount(self) -> None:  # BaseApp's on_mount runs too (Textual calls every class's handler)
-        self.set_interval(1.0, self._draw_users)
+        self.set_interval(1.0, self._post_users)
+        self.set_interval(FRAME_S, self._post_reported)
 
     # -- launching from the overview --
 

@@ -1,6 +1,6 @@
 """One fleet host in the normal single-host view: the same main screen (panels, charts,
-processes, `t`), fed from the host's statuses and `fleet.history(host)`; Esc (or ←) returns to
-the overview.
+processes, `t`), fed from the host's statuses (posted by the app as `HostsReported`,
+tui/messages.py) and `fleet.history(host)`; Esc (or ←) returns to the overview.
 
 What acts on the host goes through its own gpumon (fleet/actions.py): `r` launches there, `x`/`X`/`i`
 signal there (it checks the process is the user's and the same one), `t` reads its topology,
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from textual.binding import Binding
 from textual.widgets import Static
 
+from gpumon.cards.process_history import ProcessHistory
 from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for
 from gpumon.model import HostStatus
@@ -28,6 +29,7 @@ from gpumon.tui.fleet.actions import ask_and_launch, ask_and_signal
 from gpumon.tui.fleet.host_row import describe_state, time_dependent
 from gpumon.tui.host_can_act import why_not_here
 from gpumon.tui.literal_text import plain
+from gpumon.tui.messages import HostsReported
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.topology import TopologyScreen
 from gpumon.tui.widgets.card_list import CardList
@@ -46,14 +48,16 @@ class HostScreen(MainScreen):
     ]
 
     def __init__(self, fleet: Fleet, host: str, real_pids: bool, readonly: bool,
-                 env: Mapping[str, str] | None = None, selected: int = 0) -> None:
-        """`selected`: the card to select first (the one picked when the host was last open)."""
+                 env: Mapping[str, str] | None = None, selected: int = 0, *,
+                 process_history: ProcessHistory) -> None:
+        """`selected`: the card to select first (the one picked when the host was last open);
+        `process_history`: the host's processes' recent past, fed by the app with each live reading."""
         self.fleet = fleet
         self.host = host
         self.status = fleet.status(host)
         self.local = fleet.specs[host].is_local
         super().__init__(fleet.history(host), fleet.interval, real_pids, readonly, env,
-                         waiting=self._waiting(self.status))
+                         waiting=self._waiting(self.status), process_history=process_history)
         self._jobs_at = -REMOTE_JOB_SCAN_S
         self._jobs_busy = False
         self._away: Static | None = None  # says why there is no reading yet
@@ -72,6 +76,11 @@ class HostScreen(MainScreen):
 
     # -- the host's news --
 
+    def on_hosts_reported(self, message: HostsReported) -> None:
+        status = message.statuses.get(self.host)
+        if status is not None:
+            self.show_status(status)
+
     def show_status(self, status: HostStatus) -> None:
         self.status = status
         snapshot = status.snapshot
@@ -79,8 +88,6 @@ class HostScreen(MainScreen):
         if snapshot is None:
             return
         label = self.host if snapshot.host in ("", self.host) else f"{self.host} ({snapshot.host})"
-        if status.state == "live":
-            self.process_history.add(snapshot)
         # Values of a host that is late or away are its last reading: the panels say "no new data".
         self.show_snapshot(dataclasses.replace(snapshot, host=label, stale=status.state != "live"))
 

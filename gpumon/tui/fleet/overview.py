@@ -1,12 +1,12 @@
 """The fleet overview: one line per host (state, health, a cell per card, free cards, load, hottest card),
 with the fleet's totals on the top line.
 
-The app hands it each host the fleet reports (`host_changed`); the hosts that changed are drawn
-together every FRAME_S (hosts' lines arrive spread over the interval: drawn as they come, 256 hosts
-would cost 60 frames a second). It keeps running totals (O(1) per report: the host's old
-contribution out, its new one in) and passes each host to the table, which repaints that one row.
-Behind another screen it only remembers which hosts changed, and catches up when it is shown again
-(behind a dialog, every few seconds).
+The app posts it the hosts the fleet reported, a few times a second (`HostsReported`,
+tui/messages.py; fleet/app.py says how often), and it draws them together; a backlog of such
+messages collapses into one that names every host. It keeps running totals (O(1) per report: the
+host's old contribution out, its new one in) and passes each host to the table, which repaints
+that one row. Behind another screen it only remembers which hosts changed, and catches up when
+it is shown again (behind a dialog, every few seconds).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from gpumon.fleet import Fleet
 from gpumon.model import HOST_STATES, HostStatus
 from gpumon.tui.fleet.host_row import LEGEND
 from gpumon.tui.fleet.host_table import JUMP_S, SORT_LABELS, SORTS, HostTable
+from gpumon.tui.messages import HostsReported
 from gpumon.tui.widgets.changed_cells import PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.wire.compositor import use_lean_compositor
 
-FRAME_S = 0.25  # how often the hosts that changed are drawn
 BEHIND_OVERLAY_S = 5.0
 # Letters that are commands on this screen; any other letter or digit jumps to a host.
 RESERVED = "qorROJu"
@@ -95,23 +95,20 @@ class FleetScreen(Screen):
         for status in self.fleet.statuses():
             self._take(status)
         self.set_interval(1.0, self._tick)
-        self.set_interval(FRAME_S, self._draw_changed)
         self.table.focus()
         self.call_after_refresh(self._show_status)
 
     # -- data in --
 
-    def host_changed(self, status: HostStatus) -> None:
-        self._pending[status.host] = status  # drawn with the others at the next frame
+    def on_hosts_reported(self, message: HostsReported) -> None:
+        self._pending.update(message.statuses)
+        if self.is_attached and self.app.screen is self:
+            self._flush()
 
     @property
     def undrawn(self) -> int:
-        """How many hosts have news not drawn yet (drawn every FRAME_S while this screen is shown)."""
+        """How many hosts it keeps news of, not drawn yet (while behind another screen)."""
         return len(self._pending)
-
-    def _draw_changed(self) -> None:
-        if self._pending and self.is_attached and self.app.screen is self:
-            self._flush()
 
     def _take(self, status: HostStatus) -> None:
         old = self._counted.get(status.host)

@@ -1,9 +1,11 @@
 """The main screen: status line, card panels with history charts beside them, the process table.
 
-It is handed each Snapshot by the app and patches its widgets. Behind an overlay (help, topology,
-alerts, the run dialog, jobs) it stays visible and keeps updating, but every few seconds only:
-Textual repaints the whole screen for any change behind a modal, so a per-sample update would
-cost a full frame each time. It catches up at once when it is shown again.
+Each reading reaches it as a message (`SnapshotArrived`, tui/messages.py: the newest of those
+waiting) and it patches its widgets; a process screen it opened is handed the reading on the
+same way while it is the one shown. Behind an overlay (help, topology, alerts, the run dialog,
+jobs) it stays visible and keeps updating, but every few seconds only: Textual repaints the
+whole screen for any change behind a modal, so a per-sample update would cost a full frame each
+time. It catches up at once when it is shown again.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.literal_text import plain
+from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import Preferences
 from gpumon.tui.screens.card_actions import CardActions
 from gpumon.tui.widgets.card_list import CardList
@@ -78,7 +81,9 @@ class MainScreen(CardActions, Screen):
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
                  env: Mapping[str, str] | None = None, waiting: str = "starting…",
-                 identity: Snapshot | None = None) -> None:
+                 identity: Snapshot | None = None, *, process_history: ProcessHistory) -> None:
+        """`process_history`: each process's recent past, for its screen (Enter), fed every fresh
+        reading by the app that reads them (a reading this screen never draws counts too)."""
         super().__init__()
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.waiting = waiting  # the status line until the first sample
@@ -93,10 +98,9 @@ class MainScreen(CardActions, Screen):
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
-        # Each process's recent past, for its screen (Enter); fed every fresh reading by the app.
-        self.process_history = ProcessHistory(seconds=max(WINDOWS))
+        self.process_history = process_history
         self.process_screen = None  # the process screen while it is open (screens/process.py)
-        self.alerts: dict[int, tuple[str, ...]] = {}
+        self.alerts: Mapping[int, tuple[str, ...]] = {}  # the rules firing, per card, as of the reading shown
         self.job_of_pid: dict[int, tuple[str, str]] = {}  # pid -> (job name, job id)
         self._ordinals_for: tuple | None = None
         self._ordinals: dict[int, str] | None = None
@@ -162,10 +166,14 @@ class MainScreen(CardActions, Screen):
 
     # -- data in --
 
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.alerts = message.alerts
+        self.show_snapshot(message.snapshot)
+
     def show_snapshot(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         if self.process_screen is not None and self.app.screen is self.process_screen:
-            self.process_screen.show(snapshot)
+            self.process_screen.post_message(SnapshotArrived(snapshot, self.alerts))
         elif self.app.screen is self:
             self._apply()
         elif self.is_current and time.monotonic() - self._applied_at >= BEHIND_OVERLAY_S:

@@ -1,10 +1,11 @@
 """Enter on a process: the whole of it on one screen (nvitop's process screen) — its command line,
 user, owner (job, pod, container, unit), start time, cards, CPU % and resident memory, and charts
 of its GPU memory, SM % and CPU % over the chart window (`w`), from the per-process history the
-main screen keeps (cards/process_history.py). The keys that act on the selected process in the
-main screen act on this one, through the main screen itself (so a fleet host's view signals
+main screen is given (cards/process_history.py). The keys that act on the selected process in
+the main screen act on this one, through the main screen itself (so a fleet host's view signals
 through its host, and demo or recorded processes say they are not real). Escape or q goes back
-to the main screen as it was.
+to the main screen as it was. What it needs of the main screen is `Opener` below: the main
+screen imports this module, never the other way round.
 
 When the process leaves the driver's list (or its pid is now another process's), the screen says
 it has exited, keeps its last values and charts, and no longer offers the actions. Everything
@@ -15,7 +16,7 @@ as markup.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rich.table import Table
 from rich.text import Text
@@ -25,15 +26,13 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from gpumon.cards.process_history import Track, key_of, point_of
+from gpumon.cards.process_history import ProcessHistory, Track, key_of, point_of
 from gpumon.model import GpuSample, ProcessSample, Snapshot
 from gpumon.tui.literal_text import plain
+from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.widgets.history_chart import HistoryChart
-from gpumon.tui.widgets.process_table import Row
+from gpumon.tui.widgets.process_table import ProcessTable, Row
 from gpumon.units import format_bytes, format_duration
-
-if TYPE_CHECKING:
-    from gpumon.tui.screens.main import MainScreen
 
 CHARTS = ("proc_mem", "proc_sm", "proc_cpu")
 CHART_METRIC = {"proc_mem": "gpu_memory", "proc_sm": "sm_util", "proc_cpu": "cpu_percent"}
@@ -61,6 +60,26 @@ def _owner(process: ProcessSample) -> Text:
     return plain(words)
 
 
+class Opener(Protocol):
+    """The screen the process was picked on (the main screen, or a fleet host's view): what it
+    shows and the actions that reach the process's host."""
+
+    snapshot: Snapshot | None
+    process_history: ProcessHistory
+    window: int
+    interval: float
+    readonly: bool
+    real_pids: bool
+    table: ProcessTable
+
+    def card_label(self, gpu: GpuSample) -> str: ...
+    def signal_process(self, process: ProcessSample, kind: str) -> None: ...
+    def signal_menu_for(self, process: ProcessSample) -> None: ...
+    def show_environment(self, process: ProcessSample) -> None: ...
+    def say_not_real(self, process: ProcessSample, why: str) -> None: ...
+    def action_cycle_window(self) -> None: ...
+
+
 class ProcessScreen(Screen[None]):
     DEFAULT_CSS = """
     ProcessScreen #process-body { height: auto; max-height: 60%; }
@@ -82,7 +101,7 @@ class ProcessScreen(Screen[None]):
         Binding("w", "cycle_window", "Window"),
     ]
 
-    def __init__(self, main: MainScreen, row: Row) -> None:
+    def __init__(self, main: Opener, row: Row) -> None:
         super().__init__()
         self.main = main
         self.process = row.process
@@ -115,9 +134,10 @@ class ProcessScreen(Screen[None]):
         """The process on each card that lists it (by pid and start time: not a new process with its pid)."""
         return [(gpu, p) for gpu in snapshot.gpus for p in gpu.processes if key_of(p) == self.key]
 
-    # -- data in (from the main screen, each snapshot it is given while this screen is shown) --
+    # -- data in (from the main screen, each reading it is given while this screen is shown) --
 
-    def show(self, snapshot: Snapshot) -> None:
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        snapshot = message.snapshot
         if self.gone_at is not None:
             return
         found = self._find(snapshot)

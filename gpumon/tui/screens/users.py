@@ -3,8 +3,9 @@ it: cards held, memory, SM %, power share, energy, how long held, how long idle 
 top naming the holders that hold cards idle.
 
 The app keeps one HolderTracker fed with every reading from its start (owners/holders.py), so
-idle time counts before the view is opened; the view asks `source()` for the holders of the
-latest reading each time the app says there is one (`show_latest`), and repaints only what changed.
+idle time counts before the view is opened; each time the app posts it a reading while it is
+shown (`SnapshotArrived` from this machine, `HostsReported` from a fleet: tui/messages.py), the
+view asks `source()` for the holders of the latest one and repaints only what changed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from textual.widgets import Footer, Static
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.sharing.view import ReservationsSeen, reservations_text
+from gpumon.tui.messages import HostsReported, SnapshotArrived
 from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.holder_table import HolderTable
@@ -89,6 +91,16 @@ class UsersScreen(Screen):
 
     def on_screen_resume(self, event: ScreenResume) -> None:
         self.show_latest()
+
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self._reading_arrived()
+
+    def on_hosts_reported(self, message: HostsReported) -> None:
+        self._reading_arrived()
+
+    def _reading_arrived(self) -> None:
+        if self.app.screen is self:  # hidden: drawn when shown again (on_screen_resume)
+            self.show_latest()
 
     def show_latest(self) -> None:
         """The holders of the latest reading, on screen."""
