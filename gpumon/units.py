@@ -8,8 +8,11 @@ from gpumon.errors import UsageError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Every duration gpumon reads (options, config keys, rules) goes through this one grammar. `min`
+# and upper case were accepted by `report --since` and `[history] keep`, so they still are.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d|w)\s*$", re.IGNORECASE)
+_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+DURATION_EXAMPLES = "500ms, 30s, 10m, 2h, 2d or 1w"
 
 
 def parse_size(text: str, total: int | None = None) -> int:
@@ -40,12 +43,13 @@ def parse_size(text: str, total: int | None = None) -> int:
     return size
 
 
-def parse_duration(text: str) -> float:
-    """'500ms', '30s', '10m', '1h' -> seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise UsageError(f"bad duration {text!r}: expected e.g. 500ms, 30s, 10m or 1h")
-    return float(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+def parse_duration(text: str, what: str = "duration", above_zero: bool = False) -> float:
+    """'500ms', '30s', '10m', '2h', '2d', '1w' (also '10min') -> seconds; a bare number is refused,
+    since whether it means seconds or minutes is a guess. `above_zero` refuses '0s' too."""
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if not match or (above_zero and float(match.group(1)) <= 0):
+        raise UsageError(f"bad {what} {text!r}: expected e.g. {DURATION_EXAMPLES}")
+    return float(match.group(1)) * _DURATION_SECONDS[match.group(2).lower()]
 
 
 def format_bytes(value: int | None, na: str = "N/A") -> str:

@@ -11,10 +11,10 @@ BY = ("user", "job", "card", "day")
 
 
 def _span(text: str) -> float:
-    from gpumon.usage.settings import parse_span
+    from gpumon.units import parse_duration
 
     try:
-        return parse_span(text, "--since")
+        return parse_duration(text, "--since", above_zero=True)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("bad --since ")) from None
 

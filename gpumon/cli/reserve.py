@@ -92,7 +92,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
         return print_as_they_answer(as_they_answer(args, ["reserve", "--list"]))
     if not args.gpu or args.duration is None:
         raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
-    argv = ["reserve", "--gpu", args.gpu, "--for", f"{args.duration:g}s"]
+    argv = ["reserve", "--gpu", args.gpu, "--for", f"{round(args.duration, 3)}s"]
     return print_as_they_answer(as_they_answer(args, argv + (["--note", args.note] if args.note else [])))
 
 
