@@ -1,8 +1,10 @@
-"""Parsing and formatting of sizes, durations and CPU lists: the units users type and read."""
+"""Parsing and formatting of sizes, durations, times and CPU lists: the units users type and read."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import time
 
 from gpumon.errors import UsageError
 
@@ -84,6 +86,19 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def format_time(t: float, now: float | None = None, seconds: bool = False) -> str:
+    """A moment in local time, as every view shows one: '19:41' today, 'Wed 19:41' up to six days
+    before or after today, '2026-12-20 19:41' further off (`seconds`: '19:41:05'). A bare clock
+    from another day reads as today's, so the day comes with it. JSON, CSV and file names keep
+    their machine formats; `now` is the day compared with (default: the present)."""
+    at = time.localtime(t)
+    clock = time.strftime("%H:%M:%S" if seconds else "%H:%M", at)
+    days = dt.date(*at[:3]).toordinal() - dt.date(*time.localtime(time.time() if now is None else now)[:3]).toordinal()
+    if days == 0:
+        return clock
+    return time.strftime("%a " if abs(days) <= 6 else "%Y-%m-%d ", at) + clock
 
 
 def format_energy(joules: float | None, shared: bool | None = None, na: str = "") -> str:

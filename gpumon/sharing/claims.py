@@ -16,6 +16,7 @@ from typing import Any
 
 from gpumon.sanitize import printable
 from gpumon.sharing.place import Hold, create, inherited, name_part, records
+from gpumon.units import format_time
 
 PREFIX = "claim"
 MAX_TEXT = 80
@@ -34,7 +35,7 @@ class Claim:
 
     def words(self) -> str:
         """'claimed by alice: job 3f2a train.py, since 10:02' (their text made printable)."""
-        when = f", since {time.strftime('%H:%M', time.localtime(self.since))}" if self.since else ""
+        when = f", since {format_time(self.since)}" if self.since else ""
         return f"claimed by {printable(self.user)}: job {printable(self.job)} {printable(self.name)}{when}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
 from gpumon.sharing.place import Hold, create, inherited, name_part, records
+from gpumon.units import format_time
 
 PREFIX = "queue"
 MAX_TEXT = 80
@@ -40,7 +40,7 @@ class Entry:
     def words(self, numbered: bool = True) -> str:
         number = f"{self.position}. " if numbered else ""
         return (f"{number}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
-                f"wants {printable(self.gpu_spec)}, queued {time.strftime('%H:%M:%S', time.localtime(self.queued))}")
+                f"wants {printable(self.gpu_spec)}, queued {format_time(self.queued, seconds=True)}")
 
 
 def _text(value: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing.place import create, name_part, records
+from gpumon.units import format_time
 
 PREFIX = "reserve"
 IDLE_RELEASE_S = 30 * 60.0
@@ -44,7 +45,7 @@ class Reservation:
     def words(self) -> str:
         """'reserved by alice until 14:00: "paper deadline"' (their note made printable)."""
         note = f': "{printable(self.note)}"' if self.note else ""
-        return f"reserved by {printable(self.user)} until {time.strftime('%H:%M', time.localtime(self.until))}{note}"
+        return f"reserved by {printable(self.user)} until {format_time(self.until)}{note}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "until": self.until, "note": self.note, "since": self.created,

@@ -30,7 +30,7 @@ from gpumon.model import GpuSample, ProcessSample, Snapshot
 from gpumon.tui.plain import plain
 from gpumon.tui.widgets.history_chart import HistoryChart
 from gpumon.tui.widgets.process_table import Row
-from gpumon.units import format_bytes, format_duration
+from gpumon.units import format_bytes, format_duration, format_time
 
 if TYPE_CHECKING:
     from gpumon.tui.screens.main import MainScreen
@@ -155,7 +155,7 @@ class ProcessScreen(Screen[None]):
             title.append(" · ")
             title.append_text(plain(p.user))
         if self.gone_at is not None:
-            title.append(f" · exited (gone at {time.strftime('%H:%M:%S', time.localtime(self.gone_at))})",
+            title.append(f" · exited (gone at {format_time(self.gone_at, seconds=True)})",
                          style="bold")
         return title
 
