@@ -58,9 +58,48 @@ def name_part(text: str) -> str:
     return _UNSAFE.sub("_", text)[:96] or "_"
 
 
+@dataclass(frozen=True)
+class FolderCheck:
+    """Whether a launch may keep its records in a folder (`usable`), in one line (`why`), with what
+    fixes it; `shared_badly`: usable by this user, but not as a place every user shares."""
+
+    usable: bool
+    why: str
+    fix: str = ""
+    shared_badly: bool = False
+
+
+def check_folder(directory: Path) -> FolderCheck:
+    """The one judgement of a claims folder, for launches (`ensure`) and `gpumon doctor` alike.
+    The folder itself is judged, never where a link points: a link in /tmp is anyone's to make."""
+    made, chmod = f"as root: install -d -m 1777 {directory}", f"chmod 1777 {directory}"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        if os.access(directory.parent, os.W_OK | os.X_OK):
+            return FolderCheck(True, f"{directory} does not exist yet; it can be created")
+        return FolderCheck(False, f"{directory} does not exist and {directory.parent} is not writable", made)
+    except OSError as exc:
+        return FolderCheck(False, f"cannot read {directory}: {exc.strerror}", f"check {directory}'s permissions")
+    if stat.S_ISLNK(st.st_mode):
+        return FolderCheck(False, f"{directory} is a symbolic link, not a folder",
+                           f"name the folder itself in [claims] dir, or remove the link; {made}")
+    if not stat.S_ISDIR(st.st_mode):
+        return FolderCheck(False, f"{directory} is not a folder", f"remove it; {made}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return FolderCheck(False, f"{directory} is writable by others but not sticky (chmod +t): anyone could "
+                                  "remove a claim", chmod)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return FolderCheck(False, f"{directory} is not writable by {user_name(os.geteuid())}", chmod)
+    if not st.st_mode & stat.S_ISVTX:
+        return FolderCheck(True, f"{directory} is not sticky and only its owner may write there: other users' "
+                                 "launches cannot claim", chmod, shared_badly=True)
+    return FolderCheck(True, f"{directory} is usable (sticky, writable)")
+
+
 def ensure(directory: Path) -> Path:
-    """The folder, made (sticky, world-writable) if missing; Unavailable if it cannot be used
-    safely: a folder others may write to must be sticky, or anyone could remove a claim."""
+    """The folder, made (sticky, world-writable) if missing; Unavailable if check_folder finds it
+    unusable (a folder others may write to must be sticky, or anyone could remove a claim)."""
     try:
         os.mkdir(directory, 0o1777)
         os.chmod(directory, 0o1777)  # the umask took bits away
@@ -68,16 +107,9 @@ def ensure(directory: Path) -> Path:
         pass
     except OSError as exc:
         raise Unavailable(f"cannot make {directory}: {exc.strerror}") from None
-    try:
-        st = os.lstat(directory)
-    except OSError as exc:
-        raise Unavailable(f"cannot read {directory}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise Unavailable(f"{directory} is not a folder")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise Unavailable(f"{directory} is writable by others but not sticky (chmod +t): anyone could remove a claim")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise Unavailable(f"{directory} is not writable by {user_name(os.geteuid())}")
+    check = check_folder(directory)
+    if not check.usable:
+        raise Unavailable(check.why)
     return directory
 
 
