@@ -26,6 +26,8 @@ DEFAULT_DIR = "/tmp/gpumon-claims"
 ENV = "GPUMON_CLAIMS_DIR"  # tests (and admins trying a folder) point it elsewhere
 LOCK_TIMEOUT_S = 2.0
 MAX_RECORD = 4096  # bytes of a record read: the files are other users'
+MAX_TEXT = 80  # characters of a record's text field kept (a job, a name, a host)
+MAX_CARD = 96  # characters of a card's reference, as name_part keeps it
 PLACE_LOCK = "place.lock"
 _UNSAFE = re.compile(r"[^A-Za-z0-9-]")
 
@@ -55,7 +57,17 @@ def idle_release() -> float:
 
 def name_part(text: str) -> str:
     """A card's reference or a job id as part of a file name (bus ids have dots and colons)."""
-    return _UNSAFE.sub("_", text)[:96] or "_"
+    return _UNSAFE.sub("_", text)[:MAX_CARD] or "_"
+
+
+def record_name(prefix: str, *parts: str) -> str:
+    """`prefix.part…`, each part made safe: what `create` names a record (adding `.random`)."""
+    return ".".join([prefix, *map(name_part, parts)])
+
+
+def name_parts(path: Path) -> list[str]:
+    """The parts record_name put in a record's file name, without its prefix and random end."""
+    return path.name.split(".")[1:-1]
 
 
 @dataclass(frozen=True)
@@ -213,11 +225,33 @@ def create(directory: Path, name: str, data: dict[str, Any], locked: bool = True
 
 @dataclass(frozen=True)
 class Record:
+    """A live record: whose it is from stat, the rest as its owner wrote it, read through the
+    accessors below, each bounded, so that no record reads differently as a claim, a queue entry
+    or a reservation."""
+
     path: Path
     uid: int
     user: str
     changed_ns: int  # st_ctime_ns: set by the kernel when the record was put in place
     data: dict[str, Any]
+
+    def text(self, key: str, limit: int = MAX_TEXT) -> str:
+        """A text field ('' when absent or not text; a number as written), cut to `limit`."""
+        value = self.data.get(key)
+        return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
+
+    def number(self, key: str) -> float | None:
+        value = self.data.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def whole(self, key: str) -> int | None:
+        value = self.data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def card(self) -> str | None:
+        """The card it is about (UUID, bus id, MIG slice), None when it names none."""
+        card = self.data.get("card")
+        return card if isinstance(card, str) and 0 < len(card) <= MAX_CARD else None
 
 
 def records(directory: Path, prefix: str, locked: bool = True) -> list[Record]:
