@@ -68,6 +68,7 @@ from pathlib import Path
 import platformdirs
 
 from gpumon.errors import UsageError
+from gpumon.units import parse_duration
 
 SYSTEM_PATH = "/etc/gpumon/config.toml"
 
@@ -276,11 +277,11 @@ def load_config(path: str | None = None) -> Config:
     if config.jobs_keep < 0:
         raise bad("jobs.keep", f"'jobs.keep' must be 0 or more, got {config.jobs_keep}")
     if "keep_for" in jobs:
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)(s|m|h|d)", jobs["keep_for"].strip())
-        if match is None:
+        try:
+            config.jobs_keep_for = parse_duration(jobs["keep_for"])
+        except UsageError:
             raise bad("jobs.keep_for", f"'jobs.keep_for' must be a duration like \"720h\" or \"30d\", "
-                                  f"not {jobs['keep_for']!r}")
-        config.jobs_keep_for = float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+                                  f"not {jobs['keep_for']!r}") from None
     if bool(config.serve_tls_cert) != bool(config.serve_tls_key):
         raise bad("serve.tls_cert" if config.serve_tls_cert else "serve.tls_key",
                   "[serve] needs both tls_cert and tls_key (the certificate and its private key)")

@@ -1,15 +1,20 @@
-"""Parsing and formatting of sizes, durations and CPU lists: the units users type and read."""
+"""Parsing and formatting of sizes, durations, times and CPU lists: the units users type and read."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import time
 
 from gpumon.errors import UsageError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Every duration gpumon reads (options, config keys, rules) goes through this one grammar. `min`
+# and upper case were accepted by `report --since` and `[history] keep`, so they still are.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d|w)\s*$", re.IGNORECASE)
+_DURATION_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+DURATION_EXAMPLES = "500ms, 30s, 10m, 2h, 2d or 1w"
 
 
 def parse_size(text: str, total: int | None = None) -> int:
@@ -40,12 +45,13 @@ def parse_size(text: str, total: int | None = None) -> int:
     return size
 
 
-def parse_duration(text: str) -> float:
-    """'500ms', '30s', '10m', '1h' -> seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise UsageError(f"bad duration {text!r}: expected e.g. 500ms, 30s, 10m or 1h")
-    return float(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+def parse_duration(text: str, what: str = "duration", above_zero: bool = False) -> float:
+    """'500ms', '30s', '10m', '2h', '2d', '1w' (also '10min') -> seconds; a bare number is refused,
+    since whether it means seconds or minutes is a guess. `above_zero` refuses '0s' too."""
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if not match or (above_zero and float(match.group(1)) <= 0):
+        raise UsageError(f"bad {what} {text!r}: expected e.g. {DURATION_EXAMPLES}")
+    return float(match.group(1)) * _DURATION_SECONDS[match.group(2).lower()]
 
 
 def format_bytes(value: int | None, na: str = "N/A") -> str:
@@ -80,6 +86,19 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def format_time(t: float, now: float | None = None, seconds: bool = False) -> str:
+    """A moment in local time, as every view shows one: '19:41' today, 'Wed 19:41' up to six days
+    before or after today, '2026-12-20 19:41' further off (`seconds`: '19:41:05'). A bare clock
+    from another day reads as today's, so the day comes with it. JSON, CSV and file names keep
+    their machine formats; `now` is the day compared with (default: the present)."""
+    at = time.localtime(t)
+    clock = time.strftime("%H:%M:%S" if seconds else "%H:%M", at)
+    days = dt.date(*at[:3]).toordinal() - dt.date(*time.localtime(time.time() if now is None else now)[:3]).toordinal()
+    if days == 0:
+        return clock
+    return time.strftime("%a " if abs(days) <= 6 else "%Y-%m-%d ", at) + clock
 
 
 def format_energy(joules: float | None, shared: bool | None = None, na: str = "") -> str:

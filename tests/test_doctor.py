@@ -4,11 +4,14 @@ sshd and a dead one, a port someone holds)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 
+import pytest
 from sshd import free_port
+from test_claims import free_cards
 
 
 def _doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict]]:
@@ -135,3 +138,30 @@ def test_without_a_claims_setting_the_default_folder_is_checked(fake_driver, tmp
     config.write_text("interval = 1.0\n")
     _, checks = _doctor(env, "--config", str(config))
     assert "/tmp/gpumon-claims" in checks["claims.dir"]["summary"]
+
+
+@pytest.mark.parametrize("trap", ["link", "group-writable"])
+def test_doctor_says_of_the_claims_folder_what_a_launch_finds(fake_driver, tmp_path, trap):
+    """One check for both: a link to another user's sticky folder, or a folder its group may write
+    but not sticky, is refused by a launch, and doctor fails it in the same words."""
+    free_cards(fake_driver.machine, 1)
+    fake_driver.write()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    if trap == "link":
+        theirs.chmod(0o1777)
+        os.chown(theirs, 65534, 65534)  # nobody's: the link could point anywhere its maker likes
+        place = tmp_path / "claims"
+        place.symlink_to(theirs)
+    else:
+        theirs.chmod(0o775)
+        place = theirs
+    env = dict(fake_driver.env, GPUMON_CLAIMS_DIR=str(place))
+    _, checks = _doctor(env)
+    claims = checks["claims.dir"]
+    assert claims["status"] == "fail", claims
+    why = claims["summary"].removesuffix(" ($GPUMON_CLAIMS_DIR)")
+    launched = subprocess.run([sys.executable, "-m", "gpumon", "run", "--foreground", "--", "true"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 0, launched.stderr
+    assert f"claims: {why}; cards are chosen without them" in launched.stderr, (why, launched.stderr)

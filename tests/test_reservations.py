@@ -55,6 +55,17 @@ def test_reserve_list_prefer_release(fake_driver):
     assert "no reservation" in fake_driver.run("release").stdout
 
 
+def test_a_reservation_may_last_days_and_its_end_says_its_day_everywhere(fake_driver):
+    cards(fake_driver, 1)
+    made = fake_driver.run("reserve", "--gpu", "0", "--for", "2d")
+    assert made.returncode == 0 and "(2d0h)" in made.stdout, made.stderr
+    (r,) = listed(fake_driver)
+    assert 2 * 86400 - 100 < r["until"] - time.time() <= 2 * 86400
+    until = time.strftime("%a %H:%M", time.localtime(r["until"]))
+    assert f"until {until} (2d0h)" in made.stdout
+    assert f"GPU 0  reserved by root until {until}" in fake_driver.run("reserve", "--list").stdout
+
+
 def test_a_reservation_ends_by_itself_at_its_time(fake_driver):
     cards(fake_driver, 1)
     assert fake_driver.run("reserve", "--gpu", "0", "--for", "1s").returncode == 0
@@ -64,6 +75,7 @@ def test_a_reservation_ends_by_itself_at_its_time(fake_driver):
 @pytest.mark.parametrize("args, words", [
     (["--gpu", "auto", "--for", "1h"], "name the cards to reserve"),
     (["--gpu", "0", "--for", "200h"], "at most 168h (a week)"),
+    (["--gpu", "0", "--for", "2w"], "at most 168h (a week)"),
     (["--gpu", "0"], "needs --gpu N[,M...] and --for DURATION"),
     (["--gpu", "9", "--for", "1h"], "no card 9"),
     (["--json"], "--json goes with --list"),

@@ -13,7 +13,7 @@ from gpumon.failover_event import FailoverEvent
 from gpumon.model import GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing.reservations import ReservationEvent
-from gpumon.units import format_bytes
+from gpumon.units import format_bytes, format_time
 
 
 class EventWriter:
@@ -71,7 +71,7 @@ class EventWriter:
                  "temp": g.temperature, "power": g.power_draw, "procs": len(g.processes)}
                 for g in snapshot.gpus]}))
             return
-        when = time.strftime("%H:%M:%S", time.localtime(snapshot.time))
+        when = format_time(snapshot.time, seconds=True)
         cards = "  ".join(_card_text(g) for g in snapshot.gpus)
         self._line(f"{when}  {host + '  ' if host is not None else ''}{cards}")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpumon.errors import UsageError
 from gpumon.model import GpuSample
-from gpumon.units import parse_duration
+from gpumon.units import DURATION_EXAMPLES, parse_duration
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -137,7 +137,7 @@ def parse_tail(words: Words, kind: RuleKind, metric: str, fields: dict[str, Any]
             try:
                 fields["duration"] = parse_duration(arg[0])
             except UsageError:
-                raise words.error(arg, f"bad duration {arg[0]!r}: expected e.g. 500ms, 30s, 10m, 1h") from None
+                raise words.error(arg, f"bad duration {arg[0]!r}: expected e.g. {DURATION_EXAMPLES}") from None
         elif keyword == "clear":
             if kind.clear_value is None:
                 raise words.error(tok, f"'clear' does not apply to {metric}")

@@ -29,7 +29,7 @@ from gpumon.alerting.grammar import HOLDER, OPS, Rule, RuleKind, parse_gpus, rul
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
-from gpumon.units import parse_duration, parse_size
+from gpumon.units import DURATION_EXAMPLES, parse_duration, parse_size
 
 HOLDER_METRICS = ("idle",)
 LONGER = (">", ">=")  # `idle < 5m` would be true of everyone who just stopped: not a rule anyone means
@@ -91,7 +91,7 @@ def _duration(text: str, tok: tuple[str, int, int] | None) -> float:
     try:
         return parse_duration(tok[0])
     except UsageError:
-        raise rule_error(text, tok[1], tok[2], f"bad duration {tok[0]!r}: expected e.g. 30s, 10m, 2h") from None
+        raise rule_error(text, tok[1], tok[2], f"bad duration {tok[0]!r}: expected e.g. {DURATION_EXAMPLES}") from None
 
 
 def _size(text: str, tok: tuple[str, int, int] | None) -> int:

@@ -113,10 +113,10 @@ SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 def span(text: str) -> float:
     """`report --since`: how far back."""
-    from gpumon.usage.settings import parse_span
+    from gpumon.units import parse_duration
 
     try:
-        return parse_span(text, "--since")
+        return parse_duration(text, "--since", above_zero=True)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("bad --since ")) from None
 

@@ -14,6 +14,7 @@ from gpumon.errors import EXIT_OK
 from gpumon.sanitize import printable
 from gpumon.sharing import queue
 from gpumon.sharing.folder import where
+from gpumon.units import format_time
 
 
 def queue_document() -> dict:
@@ -29,7 +30,7 @@ def queue_text(document: dict) -> str:
     rows = [("POS", "USER", "JOB", "NAME", "WANTS", "QUEUED")]
     for e in document["queue"]:
         rows.append((str(e["position"]), printable(e["user"]), printable(e["job"]), printable(e["name"]),
-                     printable(e["gpu_spec"]), time.strftime("%H:%M:%S", time.localtime(e["queued"]))))
+                     printable(e["gpu_spec"]), format_time(e["queued"], seconds=True)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n" for row in rows)
 

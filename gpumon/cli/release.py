@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from gpumon.cli.common import fleet_requested, load_settings
-from gpumon.cli.reserve import cards_named, when
+from gpumon.cli.reserve import cards_named
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import reservations
 from gpumon.sharing.folder import idle_release, where
+from gpumon.units import format_time
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,5 +25,5 @@ def run(args: argparse.Namespace) -> int:
     if not gone:
         print("you hold no reservation here" + (" of those cards" if cards else ""))
     for r in sorted(gone, key=lambda r: r.index if r.index is not None else 1 << 30):
-        print(f"released GPU {r.index if r.index is not None else r.card} (reserved until {when(r.until)})")
+        print(f"released GPU {r.index if r.index is not None else r.card} (reserved until {format_time(r.until)})")
     return EXIT_OK

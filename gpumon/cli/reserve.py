@@ -19,7 +19,7 @@ from gpumon.model import GpuSample
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
 from gpumon.sharing.folder import Unavailable, exclusive, idle_release, where
-from gpumon.units import format_duration
+from gpumon.units import format_duration, format_time
 
 LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
 
@@ -34,10 +34,6 @@ def cards_named(args: argparse.Namespace, spec: str) -> list[GpuSample]:
     finally:
         backend.close()
     return resolve_spec(spec, snapshot)
-
-
-def when(t: float) -> str:
-    return time.strftime("%H:%M" if t - time.time() < 86400 else "%a %H:%M", time.localtime(t))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     except Unavailable as exc:
         raise UsageError(f"cannot reserve: {exc}") from None
     for g in gpus:
-        print(f"reserved GPU {g.index} ({g.ref}) until {when(until)} ({format_duration(args.duration)})"
+        print(f"reserved GPU {g.index} ({g.ref}) until {format_time(until)} ({format_duration(args.duration)})"
               + (f": {printable(note)}" if note else ""))
         for claim in held.get(g.ref, []):
             print(f"gpumon: note: GPU {g.index} is {claim.words()} (running jobs are not stopped)", file=sys.stderr)
@@ -92,7 +88,7 @@ def _on_hosts(args: argparse.Namespace) -> int:
         return print_as_they_answer(as_they_answer(args, ["reserve", "--list"]))
     if not args.gpu or args.duration is None:
         raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
-    argv = ["reserve", "--gpu", args.gpu, "--for", f"{args.duration:g}s"]
+    argv = ["reserve", "--gpu", args.gpu, "--for", f"{round(args.duration, 3)}s"]
     return print_as_they_answer(as_they_answer(args, argv + (["--note", args.note] if args.note else [])))
 
 

@@ -9,6 +9,7 @@ gpumon may add some). Anything else raises SchemaError with what was wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,25 +43,26 @@ GPU_STATES = ("ok", "lost", "error", "stale")
 BACKENDS = ("nvml", "demo", "replay", "drm")
 _THROTTLE_NAMES = frozenset(THROTTLE_REASONS.values())
 
-_INT_FIELDS = ("utilization_gpu", "utilization_memory", "memory_total", "memory_used", "memory_free", "temperature",
-               "fan", "clock_sm", "clock_mem", "ecc_errors_uncorrected", "pcie_tx", "pcie_rx", "encoder_util",
-               "decoder_util", "numa_node",
-               # AMD and Intel cards' (model.GpuSample: vendor)
-               "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_width",
-               "pcie_link_width_max")
-_FLOAT_FIELDS = ("power_draw", "power_limit", "stale_s", "pcie_link_speed", "pcie_link_speed_max")
-_TEXT_FIELDS = ("pstate", "cpu_affinity", "vbios", "serial", "perf_level")
-# Card health (gpumon/counters.py): counters by kind, and the verdict's reasons.
-_COUNTER_INTS = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "retired_pages_sbe", "retired_pages_dbe",
-                 "retired_pages_reserved", "retired_pages_failed",
-                 "ecc_errors_corrected", "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
-                 "pcie_replay_counter", "memory_temperature", "memory_temperature_max", "nvlink_tx", "nvlink_rx",
-                 "nvlink_tx_total", "nvlink_rx_total", "nvlink_crc_flit_errors", "nvlink_crc_data_errors",
-                 "nvlink_replay_errors", "nvlink_recovery_errors")
-_COUNTER_FLOATS = ("pcie_replay_rate", "energy_j", "throttled_power_pct", "throttled_thermal_pct",
-                   "throttled_hw_slowdown_pct", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active",
-                   "dram_active")
-_COUNTER_FLAGS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
+def fields_by_type(cls: type, apart: frozenset[str], *types: str) -> tuple[tuple[str, ...], ...]:
+    """The fields of a model dataclass annotated with each of `types`, less those `apart` (read one
+    by one, or never); any other field is a TypeError, so that none is dropped unseen."""
+    found: dict[str, list[str]] = {t: [] for t in types}
+    for f in dataclasses.fields(cls):
+        if f.name not in apart:
+            if f.type not in found:
+                raise TypeError(f"{cls.__name__}.{f.name} ({f.type}): read it in fleet/schema.py or name it apart")
+            found[f.type].append(f.name)
+    return tuple(tuple(names) for names in found.values())
+
+
+# Read one by one in _gpu, but for the last three: never sent (model._gpu_to_dict leaves them out).
+GPU_APART = frozenset({"index", "uuid", "name", "pci_bus_id", "owner", "state", "processes", "throttle_reasons",
+                       "fabric", "mig_mode", "asleep", "vendor", "counters", "health", "error", "mig_devices",
+                       "vendor_index"})
+COUNTER_APART = frozenset({"recovery_action", "energy_source", "clock_event_s"})  # read one by one in _counters
+_INT, _FLOAT, _TEXT, _FLAG = "int | None", "float | None", "str | None", "bool | None"
+_INT_FIELDS, _FLOAT_FIELDS, _TEXT_FIELDS = fields_by_type(GpuSample, GPU_APART, _INT, _FLOAT, _TEXT)
+_COUNTER_INTS, _COUNTER_FLOATS, _COUNTER_FLAGS = fields_by_type(CardCounters, COUNTER_APART, _INT, _FLOAT, _FLAG)
 MAX_REASONS = 32
 
 

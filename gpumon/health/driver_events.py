@@ -4,10 +4,10 @@ the NVIDIA backend as they come; the XID each stands beside in NVIDIA's catalogu
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from gpumon.counters import HealthReason, recovery_action_name
+from gpumon.units import format_time
 
 # name -> (verdict, what happened, what fixes it)
 EVENTS: dict[str, tuple[str, str, str]] = {
@@ -41,6 +41,6 @@ def event_reasons(events: Iterable[tuple[str, int, float]], now: float, window_s
                 continue
             text = text.format(action=action_name)
             action = recovery_words.get(action_name, "see NVIDIA's error-recovery guide for this driver")
-        stamp = time.strftime("%H:%M:%S", time.localtime(when))
+        stamp = format_time(when, now=now, seconds=True)
         out.append((HealthReason(f"event_{name}", f"{text} at {stamp}", action), verdict))
     return out

@@ -41,7 +41,7 @@ from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
 from gpumon.health import xid as catalogue
 from gpumon.health.driver_events import event_reasons
-from gpumon.units import parse_duration
+from gpumon.units import format_time, parse_duration
 from gpumon.vendors import DEFAULT_VENDOR, vendor
 
 DEFAULT_WINDOW_S = 600.0
@@ -306,7 +306,7 @@ def _xid_reasons(rule: HealthRule, values: HealthValues,
         if fatal != (rule.value == "fatal_xid"):
             continue
         text = _fill(rule.text, xid=found.code, xid_words=catalogue.words(found.code),
-                     xid_time=time.strftime("%H:%M:%S", time.localtime(found.when)))
+                     xid_time=format_time(found.when, now=now, seconds=True))
         code = f"xid_{found.code}"
         if found.within_s:
             text += f": {found.count} times within {_span(found.within_s)}"

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumon.units import format_time
+
 RECORD = "attempts.json"
 
 
@@ -58,12 +60,14 @@ def banner(number: int, most: int, indices: list[int], uuids: list[str], why_mov
 
 
 def describe(attempt: Attempt) -> str:
-    """One attempt for people: 'attempt 1: GPU 0, 05-14 12:00:01 to 12:00:09, SIGTERM; moved: GPU 0 is lost'."""
+    """One attempt for people: 'attempt 1: GPU 0, Mon 12:00:01 to 12:00:09, SIGTERM; moved: GPU 0 is lost'."""
     cards = _cards(attempt.gpu_indices)
-    when = f"since {_clock(attempt.started)}"
+    when = f"since {format_time(attempt.started, seconds=True)}"
     if attempt.ended is not None:
+        # An end on its start's day needs no day of its own.
         same_day = time.localtime(attempt.started)[:3] == time.localtime(attempt.ended)[:3]
-        when = f"{_clock(attempt.started)} to {_clock(attempt.ended, with_day=not same_day)}"
+        end = format_time(attempt.ended, now=attempt.started if same_day else None, seconds=True)
+        when = f"{format_time(attempt.started, seconds=True)} to {end}"
     how = attempt.signal or ("" if attempt.exit_code is None else f"exit {attempt.exit_code}")
     return (f"attempt {attempt.number}: {cards}, {when}" + (f", {how}" if how else "")
             + (f"; moved: {attempt.moved_because}" if attempt.moved_because else ""))
@@ -73,6 +77,3 @@ def _cards(indices: list[int]) -> str:
     """'GPU 0', 'GPUs 0,1'."""
     return ("GPU " if len(indices) == 1 else "GPUs ") + ",".join(map(str, indices))
 
-
-def _clock(when: float, with_day: bool = True) -> str:
-    return time.strftime("%m-%d %H:%M:%S" if with_day else "%H:%M:%S", time.localtime(when))

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import Hold, create, inherited, name_part, records
+from gpumon.sharing.folder import MAX_TEXT, Hold, create, inherited, name_part, name_parts, record_name, records
+from gpumon.units import format_time
 
 PREFIX = "claim"
-MAX_TEXT = 80
 
 
 @dataclass(frozen=True)
@@ -34,31 +34,23 @@ class Claim:
 
     def words(self) -> str:
         """'claimed by alice: job 3f2a train.py, since 10:02' (their text made printable)."""
-        when = f", since {time.strftime('%H:%M', time.localtime(self.since))}" if self.since else ""
+        when = f", since {format_time(self.since)}" if self.since else ""
         return f"claimed by {printable(self.user)}: job {printable(self.job)} {printable(self.name)}{when}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "job": self.job, "name": self.name, "since": self.since, "host": self.host}
 
 
-def _text(value: Any) -> str:
-    return str(value)[:MAX_TEXT] if isinstance(value, (str, int)) else ""
-
-
 def read(directory: Path) -> dict[str, list[Claim]]:
     """Every live claim of the place, by card (oldest first)."""
     found: dict[str, list[Claim]] = {}
     for record in sorted(records(directory, PREFIX), key=lambda r: r.changed_ns):
-        data = record.data
-        card = data.get("card")
-        if not isinstance(card, str) or not 0 < len(card) <= 96:
+        card = record.card()
+        if card is None:
             continue
-        since = data.get("since")
-        pid = data.get("pid")
         found.setdefault(card, []).append(Claim(
-            card=card, user=record.user, uid=record.uid, job=_text(data.get("job")), name=_text(data.get("name")),
-            since=float(since) if isinstance(since, (int, float)) else None, host=_text(data.get("host")),
-            pid=pid if isinstance(pid, int) else None))
+            card=card, user=record.user, uid=record.uid, job=record.text("job"), name=record.text("name"),
+            since=record.number("since"), host=record.text("host"), pid=record.whole("pid")))
     return found
 
 
@@ -67,7 +59,7 @@ def claim(directory: Path, cards: list[str], job: str, name: str) -> Hold:
     hold = Hold([])
     try:
         for card in cards:
-            hold.items.append(create(directory, f"{PREFIX}.{name_part(card)}.{name_part(job)}", {
+            hold.items.append(create(directory, record_name(PREFIX, card, job), {
                     "card": card, "job": job, "name": name[:MAX_TEXT], "since": time.time(),
                     "host": socket.gethostname(), "pid": os.getpid()}))
     except Exception:
@@ -79,4 +71,4 @@ def claim(directory: Path, cards: list[str], job: str, name: str) -> Hold:
 def adopt(directory: Path, job: str) -> Hold:
     """The claims of `job` this process was handed by its launcher."""
     return Hold([(fd, path) for fd, path in inherited(directory, PREFIX)
-                 if path.name.split(".")[2:3] == [name_part(job)]])
+                 if name_parts(path)[1:2] == [name_part(job)]])

@@ -26,6 +26,8 @@ DEFAULT_DIR = "/tmp/gpumon-claims"
 ENV = "GPUMON_CLAIMS_DIR"  # tests (and admins trying a folder) point it elsewhere
 LOCK_TIMEOUT_S = 2.0
 MAX_RECORD = 4096  # bytes of a record read: the files are other users'
+MAX_TEXT = 80  # characters of a record's text field kept (a job, a name, a host)
+MAX_CARD = 96  # characters of a card's reference, as name_part keeps it
 PLACE_LOCK = "place.lock"
 _UNSAFE = re.compile(r"[^A-Za-z0-9-]")
 
@@ -55,12 +57,61 @@ def idle_release() -> float:
 
 def name_part(text: str) -> str:
     """A card's reference or a job id as part of a file name (bus ids have dots and colons)."""
-    return _UNSAFE.sub("_", text)[:96] or "_"
+    return _UNSAFE.sub("_", text)[:MAX_CARD] or "_"
+
+
+def record_name(prefix: str, *parts: str) -> str:
+    """`prefix.part…`, each part made safe: what `create` names a record (adding `.random`)."""
+    return ".".join([prefix, *map(name_part, parts)])
+
+
+def name_parts(path: Path) -> list[str]:
+    """The parts record_name put in a record's file name, without its prefix and random end."""
+    return path.name.split(".")[1:-1]
+
+
+@dataclass(frozen=True)
+class FolderCheck:
+    """Whether a launch may keep its records in a folder (`usable`), in one line (`why`), with what
+    fixes it; `shared_badly`: usable by this user, but not as a place every user shares."""
+
+    usable: bool
+    why: str
+    fix: str = ""
+    shared_badly: bool = False
+
+
+def check_folder(directory: Path) -> FolderCheck:
+    """The one judgement of a claims folder, for launches (`ensure`) and `gpumon doctor` alike.
+    The folder itself is judged, never where a link points: a link in /tmp is anyone's to make."""
+    made, chmod = f"as root: install -d -m 1777 {directory}", f"chmod 1777 {directory}"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        if os.access(directory.parent, os.W_OK | os.X_OK):
+            return FolderCheck(True, f"{directory} does not exist yet; it can be created")
+        return FolderCheck(False, f"{directory} does not exist and {directory.parent} is not writable", made)
+    except OSError as exc:
+        return FolderCheck(False, f"cannot read {directory}: {exc.strerror}", f"check {directory}'s permissions")
+    if stat.S_ISLNK(st.st_mode):
+        return FolderCheck(False, f"{directory} is a symbolic link, not a folder",
+                           f"name the folder itself in [claims] dir, or remove the link; {made}")
+    if not stat.S_ISDIR(st.st_mode):
+        return FolderCheck(False, f"{directory} is not a folder", f"remove it; {made}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return FolderCheck(False, f"{directory} is writable by others but not sticky (chmod +t): anyone could "
+                                  "remove a claim", chmod)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return FolderCheck(False, f"{directory} is not writable by {user_name(os.geteuid())}", chmod)
+    if not st.st_mode & stat.S_ISVTX:
+        return FolderCheck(True, f"{directory} is not sticky and only its owner may write there: other users' "
+                                 "launches cannot claim", chmod, shared_badly=True)
+    return FolderCheck(True, f"{directory} is usable (sticky, writable)")
 
 
 def ensure(directory: Path) -> Path:
-    """The folder, made (sticky, world-writable) if missing; Unavailable if it cannot be used
-    safely: a folder others may write to must be sticky, or anyone could remove a claim."""
+    """The folder, made (sticky, world-writable) if missing; Unavailable if check_folder finds it
+    unusable (a folder others may write to must be sticky, or anyone could remove a claim)."""
     try:
         os.mkdir(directory, 0o1777)
         os.chmod(directory, 0o1777)  # the umask took bits away
@@ -68,16 +119,9 @@ def ensure(directory: Path) -> Path:
         pass
     except OSError as exc:
         raise Unavailable(f"cannot make {directory}: {exc.strerror}") from None
-    try:
-        st = os.lstat(directory)
-    except OSError as exc:
-        raise Unavailable(f"cannot read {directory}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise Unavailable(f"{directory} is not a folder")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise Unavailable(f"{directory} is writable by others but not sticky (chmod +t): anyone could remove a claim")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise Unavailable(f"{directory} is not writable by {user_name(os.geteuid())}")
+    check = check_folder(directory)
+    if not check.usable:
+        raise Unavailable(check.why)
     return directory
 
 
@@ -181,11 +225,33 @@ def create(directory: Path, name: str, data: dict[str, Any], locked: bool = True
 
 @dataclass(frozen=True)
 class Record:
+    """A live record: whose it is from stat, the rest as its owner wrote it, read through the
+    accessors below, each bounded, so that no record reads differently as a claim, a queue entry
+    or a reservation."""
+
     path: Path
     uid: int
     user: str
     changed_ns: int  # st_ctime_ns: set by the kernel when the record was put in place
     data: dict[str, Any]
+
+    def text(self, key: str, limit: int = MAX_TEXT) -> str:
+        """A text field ('' when absent or not text; a number as written), cut to `limit`."""
+        value = self.data.get(key)
+        return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
+
+    def number(self, key: str) -> float | None:
+        value = self.data.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def whole(self, key: str) -> int | None:
+        value = self.data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def card(self) -> str | None:
+        """The card it is about (UUID, bus id, MIG slice), None when it names none."""
+        card = self.data.get("card")
+        return card if isinstance(card, str) and 0 < len(card) <= MAX_CARD else None
 
 
 def records(directory: Path, prefix: str, locked: bool = True) -> list[Record]:

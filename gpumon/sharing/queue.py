@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import Hold, create, inherited, name_part, records
+from gpumon.sharing.folder import MAX_TEXT, Hold, create, inherited, name_part, name_parts, record_name, records
+from gpumon.units import format_time
 
 PREFIX = "queue"
-MAX_TEXT = 80
 
 
 @dataclass(frozen=True)
@@ -40,24 +39,19 @@ class Entry:
     def words(self, numbered: bool = True) -> str:
         number = f"{self.position}. " if numbered else ""
         return (f"{number}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
-                f"wants {printable(self.gpu_spec)}, queued {time.strftime('%H:%M:%S', time.localtime(self.queued))}")
-
-
-def _text(value: Any) -> str:
-    return str(value)[:MAX_TEXT] if isinstance(value, (str, int, float)) else ""
+                f"wants {printable(self.gpu_spec)}, queued {format_time(self.queued, seconds=True)}")
 
 
 def read(directory: Path) -> list[Entry]:
     """The live entries, first in line first."""
     live = sorted(records(directory, PREFIX), key=lambda r: (r.changed_ns, r.path.name))
-    return [Entry(position=i, user=r.user, uid=r.uid, job=_text(r.data.get("job")), name=_text(r.data.get("name")),
-                  gpu_spec=_text(r.data.get("gpu_spec")) or "auto", queued=r.changed_ns / 1e9,
-                  host=_text(r.data.get("host")), path=r.path)
+    return [Entry(position=i, user=r.user, uid=r.uid, job=r.text("job"), name=r.text("name"),
+                  gpu_spec=r.text("gpu_spec") or "auto", queued=r.changed_ns / 1e9, host=r.text("host"), path=r.path)
             for i, r in enumerate(live, start=1)]
 
 
 def enqueue(directory: Path, job: str, name: str, gpu_spec: str) -> Hold:
-    return Hold([create(directory, f"{PREFIX}.{name_part(job)}", {
+    return Hold([create(directory, record_name(PREFIX, job), {
         "job": job, "name": name[:MAX_TEXT], "gpu_spec": gpu_spec[:MAX_TEXT], "host": socket.gethostname(),
         "pid": os.getpid()})])
 
@@ -65,4 +59,4 @@ def enqueue(directory: Path, job: str, name: str, gpu_spec: str) -> Hold:
 def adopt(directory: Path, job: str) -> Hold:
     """The queue entry of `job` this process was handed by its launcher."""
     return Hold([(fd, path) for fd, path in inherited(directory, PREFIX)
-                 if path.name.split(".")[1:2] == [name_part(job)]])
+                 if name_parts(path)[:1] == [name_part(job)]])

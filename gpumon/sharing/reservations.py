@@ -20,7 +20,8 @@ from typing import Any
 
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import create, name_part, records
+from gpumon.sharing.folder import create, record_name, records
+from gpumon.units import format_time
 
 PREFIX = "reserve"
 IDLE_RELEASE_S = 30 * 60.0
@@ -44,7 +45,7 @@ class Reservation:
     def words(self) -> str:
         """'reserved by alice until 14:00: "paper deadline"' (their note made printable)."""
         note = f': "{printable(self.note)}"' if self.note else ""
-        return f"reserved by {printable(self.user)} until {time.strftime('%H:%M', time.localtime(self.until))}{note}"
+        return f"reserved by {printable(self.user)} until {format_time(self.until)}{note}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "until": self.until, "note": self.note, "since": self.created,
@@ -61,10 +62,6 @@ class Ended:
 
     reservation: Reservation
     why: str
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float = IDLE_RELEASE_S,
@@ -85,19 +82,16 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
                     users_on[ref] = who
     found: dict[str, Reservation] = {}
     for record in records(directory, PREFIX, locked=False):
-        data = record.data
-        card, until, created = data.get("card"), _number(data.get("until")), _number(data.get("created"))
-        if not isinstance(card, str) or not 0 < len(card) <= 96 or until is None or created is None:
+        card, until, created = record.card(), record.number("until"), record.number("created")
+        if card is None or until is None or created is None:
             continue
         try:
             used = max(created, os.stat(record.path).st_mtime)
         except OSError:
             continue
-        index = data.get("index")
-        note = data.get("note")
-        r = Reservation(card=card, index=index if isinstance(index, int) else None, user=record.user,
-                        uid=record.uid, until=until, note=note[:MAX_NOTE] if isinstance(note, str) else "",
-                        created=created, used=used, host=str(data.get("host", ""))[:80], path=record.path)
+        r = Reservation(card=card, index=record.whole("index"), user=record.user, uid=record.uid, until=until,
+                        note=record.text("note", MAX_NOTE), created=created, used=used, host=record.text("host"),
+                        path=record.path)
         in_use = bool(users_on.get(card, set()) & {r.uid, r.user})
         if in_use:
             r = _note_use(r, now)
@@ -130,7 +124,7 @@ def note_use(directory: Path, cards: set[str], now: float | None = None) -> None
     """Our reservations of `cards` are in use now (a job of ours runs there: its supervisor says so)."""
     now = time.time() if now is None else now
     for record in records(directory, PREFIX, locked=False):
-        if record.uid == os.geteuid() and record.data.get("card") in cards:
+        if record.uid == os.geteuid() and record.card() in cards:
             try:
                 os.utime(record.path, (now, now))
             except OSError:
@@ -141,7 +135,7 @@ def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: s
     """Book `cards` (reference, index) until `until`; the caller holds the place's lock."""
     made = []
     for card, index in cards:
-        fd, path = create(directory, f"{PREFIX}.{name_part(card)}", {
+        fd, path = create(directory, record_name(PREFIX, card), {
             "card": card, "index": index, "until": until, "note": note[:MAX_NOTE], "created": time.time(),
             "host": socket.gethostname()}, locked=False)
         os.close(fd)

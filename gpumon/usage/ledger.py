@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpumon.units import format_time
 from gpumon.usage.minutes import Minute
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class LedgerWriter:
         try:
             self._queue.put_nowait(minute)
         except queue.Full:
-            at = time.strftime("%H:%M", time.localtime(minute.start))
+            at = format_time(minute.start)
             self._fail(f"the disk is not keeping up: the minute from {at} is not recorded")
 
     def close(self, timeout: float = 5.0) -> None:

@@ -1,5 +1,5 @@
-"""Where the usage ledger is and what it keeps: the config's `[history]` table, and the spans and
-dates `gpumon report` is given.
+"""Where the usage ledger is and what it keeps: the config's `[history]` table, and the dates
+`gpumon report` is given (its spans are units.parse_duration's).
 
     [history]
     path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
@@ -23,11 +23,10 @@ from pathlib import Path
 import platformdirs
 
 from gpumon.errors import UsageError
+from gpumon.units import parse_duration
 
 PERIOD_S = 60.0  # one row per card per holder per minute
 DEFAULT_KEEP_S = 90 * 86400.0
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
-_SPAN_SECONDS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 @dataclass(frozen=True)
@@ -42,14 +41,6 @@ class HistorySettings:
 def default_path() -> Path:
     """In the state folder gpumon's jobs use (jobs/files.py's state_dir)."""
     return Path(platformdirs.user_state_dir("gpumon")) / "usage.sqlite"
-
-
-def parse_span(text: str, what: str = "span") -> float:
-    """'7d', '12h', '30m', '2w' -> seconds (more than zero)."""
-    match = _SPAN.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"bad {what} {text!r}: expected e.g. 30m, 12h, 7d or 2w")
-    return float(match.group(1)) * _SPAN_SECONDS[match.group(2).lower()]
 
 
 def parse_when(text: str, what: str) -> float:
@@ -68,7 +59,7 @@ def parse_when(text: str, what: str) -> float:
 def history_settings(table: dict | None) -> HistorySettings:
     """The `[history]` table (config.history) checked: a bad value is a UsageError naming it."""
     table = table or {}
-    keep = parse_span(table["keep"], "[history] keep") if "keep" in table else DEFAULT_KEEP_S
+    keep = parse_duration(table["keep"], "[history] keep", above_zero=True) if "keep" in table else DEFAULT_KEEP_S
     price = table.get("price_per_kwh")
     if price is not None and not 0 <= float(price) < 1e6:
         raise UsageError(f"bad [history] price_per_kwh {price!r}: expected a price of one kWh, 0 or more")

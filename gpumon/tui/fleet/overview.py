@@ -32,6 +32,7 @@ from gpumon.tui.widgets.changed_cells import PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
 from gpumon.tui.widgets.line_table import TableFrame
 from gpumon.tui.wire.compositor import use_lean_compositor
+from gpumon.units import format_time
 
 BEHIND_OVERLAY_S = 5.0
 # Letters that are commands on this screen; any other letter or digit jumps to a host.
@@ -180,7 +181,8 @@ class FleetScreen(Screen):
         arrow = "" if table.sort_key == "listed" else " ▼" if table.sort_reverse else " ▲"
         text.append(f"  ·  {SORT_LABELS[table.sort_key]}{arrow}", style=muted)
         text.append(f"  ·  every {self.fleet.interval:g}s  ", style=muted)
-        text.append(time.strftime("%H:%M:%S", time.localtime(self.clock())))
+        now = self.clock()
+        text.append(format_time(now, now=now, seconds=True))  # the present: a clock, never a date
         line.show(text)
 
     def on_host_table_jumped(self, message: HostTable.Jumped) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,6 +12,7 @@ from textual.widgets import Static
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent
 from gpumon.tui.literal_text import plain
+from gpumon.units import format_time
 
 
 def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
@@ -35,7 +34,7 @@ def alerts_table(engine: AlertEngine, log: list[AlertEvent]) -> Table:
     table.add_row("", "")
     table.add_row(Text("Recent events", style="bold underline"), "")
     for event in reversed(log[-30:]):
-        when = time.strftime("%H:%M:%S", time.localtime(event.time))
+        when = format_time(event.time, seconds=True)
         table.add_row(f"{when}  GPU {event.gpu}",
                       plain(f"{event.event.upper():8} {event.rule}  ({event.metric}={event.value:g})"))
     table.add_row("", "")

@@ -32,7 +32,7 @@ from gpumon.tui.literal_text import plain
 from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.widgets.history_chart import HistoryChart
 from gpumon.tui.widgets.process_table import ProcessTable, Row
-from gpumon.units import format_bytes, format_duration
+from gpumon.units import format_bytes, format_duration, format_time
 
 CHARTS = ("proc_mem", "proc_sm", "proc_cpu")
 CHART_METRIC = {"proc_mem": "gpu_memory", "proc_sm": "sm_util", "proc_cpu": "cpu_percent"}
@@ -175,7 +175,7 @@ class ProcessScreen(Screen[None]):
             title.append(" · ")
             title.append_text(plain(p.user))
         if self.gone_at is not None:
-            title.append(f" · exited (gone at {time.strftime('%H:%M:%S', time.localtime(self.gone_at))})",
+            title.append(f" · exited (gone at {format_time(self.gone_at, seconds=True)})",
                          style="bold")
         return title
 

@@ -3,8 +3,6 @@ says so on its own panel: the trouble is that card's, not the whole driver's.)""
 
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
@@ -12,6 +10,7 @@ from textual.widget import Widget
 from gpumon.model import Snapshot
 from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh, line_strip
 from gpumon.tui.widgets.unboxed_lines import draw_unboxed_lines
+from gpumon.units import format_time
 
 
 class StatusBar(CachedStyles, PartialRefresh, Widget):
@@ -69,7 +68,8 @@ class StatusBar(CachedStyles, PartialRefresh, Widget):
         text.append(f"  every {self.interval:g}s  ", style=muted)
         if self._identity_only:
             return text.append(self.waiting, style=muted)
-        text.append(time.strftime("%H:%M:%S", time.localtime(snap.time)))
+        # The latest sample is the screen's present: its clock, never a date.
+        text.append(format_time(snap.time, now=snap.time, seconds=True))
         if snap.backend != "nvml":
             text.append("  ")
             text.append(f" {snap.backend.upper()} ", style=self._style("badge"))

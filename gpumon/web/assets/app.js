@@ -16,6 +16,20 @@
     return node;
   }
 
+  // A moment as every gpumon view shows one (units.format_time): "19:41" today, "Wed 19:41" up to
+  // six days before or after, "2026-12-20 19:41" further off; in this browser's time zone.
+  const WEEKDAYS = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+  function formatTime(t, seconds) {
+    const at = new Date(t * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    const clock = `${pad(at.getHours())}:${pad(at.getMinutes())}${seconds ? `:${pad(at.getSeconds())}` : ""}`;
+    const dayNumber = (d) => Math.round(Date.UTC(d.getFullYear(), d.getMonth(), d.getDate()) / 86400000);
+    const days = dayNumber(at) - dayNumber(new Date());
+    if (days === 0) return clock;
+    if (Math.abs(days) <= 6) return `${WEEKDAYS[at.getDay()]} ${clock}`;
+    return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())} ${clock}`;
+  }
+
   function na(value, unit) {
     return value === null || value === undefined ? "N/A" : `${value}${unit}`;
   }
@@ -207,7 +221,7 @@
     summary.textContent = words.join(" \u00b7 ");
     summary.dataset.free = String(s.free);
     document.getElementById("updated").textContent =
-      `updated ${new Date(doc.time * 1000).toLocaleTimeString()}`;
+      `updated ${formatTime(doc.time, true)}`;
     const problems = document.getElementById("problems");
     problems.replaceChildren(...(doc.problems || []).map((p) => el("li", null, p)));
     const seen = new Set();
@@ -264,7 +278,7 @@
         strip.append(cell);
       }
       const last = lastUse.get(key);
-      row.append(strip, el("span", "value", last ? `last used ${new Date(last * 1000).toLocaleString()}` : "unused"));
+      row.append(strip, el("span", "value", last ? `last used ${formatTime(last)}` : "unused"));
       return row;
     }));
   }
