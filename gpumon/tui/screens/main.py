@@ -26,6 +26,7 @@ from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
+from gpumon.sharing.place import SharingSettings
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.plain import plain
 from gpumon.tui.preferences import Preferences
@@ -78,7 +79,8 @@ class MainScreen(CardActions, Screen):
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
                  env: Mapping[str, str] | None = None, waiting: str = "starting…",
-                 identity: Snapshot | None = None) -> None:
+                 identity: Snapshot | None = None, sharing: SharingSettings | None = None) -> None:
+        """`sharing`: where this machine's reservations are ([claims]; None: the defaults)."""
         super().__init__()
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.waiting = waiting  # the status line until the first sample
@@ -89,7 +91,7 @@ class MainScreen(CardActions, Screen):
         self.readonly = readonly
         self.env = dict(os.environ if env is None else env)
         self.snapshot: Snapshot | None = None
-        self.reservations = ReservationsSeen()
+        self.reservations = ReservationsSeen(sharing or SharingSettings())
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
