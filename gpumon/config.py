@@ -43,7 +43,9 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
 
     [claims]                          # sharing this host's cards (gpumon/sharing)
     dir = "/run/lock/gpumon"          # the shared sticky folder (default /tmp/gpumon-claims)
-    idle_release = "30m"              # a reservation whose holder has no process on the card this long ends
+    idle_release = "30m"              # a reservation whose holder has no process on the card this long ends:
+                                      # the system file's is the host's, for everyone; a user's own may only
+                                      # shorten it, for the reservations that user makes
     [history]                 # the usage ledger (gpumon report; gpumon/usage/settings.py checks it)
     path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
     keep = "90d"
@@ -127,6 +129,8 @@ class Config:
     serve_tls_key: str | None = None
     claims_dir: str | None = None  # [claims]: the host's shared place for claims, the queue, reservations
     claims_idle_release: str | None = None  # a reservation unused this long is released (default 30m)
+    # The system file's: the host's limit, the same for every user (the user's may only shorten theirs).
+    claims_idle_release_host: str | None = None
     history: dict = field(default_factory=dict)  # the [history] table, as written (path: ~ expanded, relative
     # to the config file's folder)
     jobs_keep: int = JOBS_KEEP  # [jobs]: finished jobs kept, the newest, and for how long
@@ -217,6 +221,8 @@ def load_config(path: str | None = None) -> Config:
     for file in files:
         text, layer = _read(file)
         config.texts[file] = text
+        if file.resolve() == system_path().resolve():
+            config.claims_idle_release_host = layer.get("claims", {}).get("idle_release") or None
         for section in SCHEMA:
             table = layer if section == "" else layer.get(section, {})
             for key, value in table.items():

@@ -24,7 +24,6 @@ SOFT_MODULE_LINES = 400
 LONG_BY_DESIGN = {
     "cli/parser.py": "the command line's whole grammar, one argparse tree read top to bottom",
     "jobs/supervision/supervisor.py": "one job's life from start to record, read in the order it happens",
-    "jobs/records.py": "what a job's files say and the one state read from them, beside each other",
     "tui/widgets/gpu_panel.py": "one card's panel at every size: what each width shows is compared side by side",
     "tui/screens/main.py": "the main screen: what it composes and how a reading reaches each of its parts",
     "fleet/schema.py": "every check of a document from another host, in the order of the document",

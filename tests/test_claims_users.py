@@ -150,3 +150,37 @@ def test_alices_reservation_is_skipped_by_bob_and_only_alice_can_release_it(two_
     assert alice.gpumon("select").returncode == 0  # hers to use
     assert alice.gpumon("release").stdout.startswith("released GPU 3")
     assert bob.gpumon("select").returncode == 0
+
+
+def _short_release(user: User) -> str:
+    """A config of `user`'s own that asks for a reservation's release after 1 s unused."""
+    config = user.home / "short.toml"
+    config.write_text('[claims]\nidle_release = "1s"\n')
+    return str(config)
+
+
+def _listed(user: User, *config: str) -> list[tuple[int, str]]:
+    answer = user.gpumon(*config, "reserve", "--list", "--json")
+    assert answer.returncode == 0, answer.stderr
+    return sorted((r["index"], r["user"]) for r in json.loads(answer.stdout)["reservations"])
+
+
+def test_a_reservation_is_judged_by_the_same_rule_whoever_reads_it(two_users):
+    """A reader's own `[claims] idle_release` never decides whether another's reservation stands
+    (bob's 1 s neither hides alice's from his list, as his `select` still skips her card, nor
+    removes his own older one); a holder's own shorter release is written in the reservation, and
+    ends it for every reader."""
+    alice, bob = two_users
+    assert alice.gpumon("reserve", "--gpu", "3", "--for", "1h").returncode == 0
+    assert bob.gpumon("reserve", "--gpu", "2", "--for", "1h").returncode == 0
+    time.sleep(2.5)  # both unused for longer than bob's own idle release
+    short = ("--config", _short_release(bob))
+    assert _listed(bob, *short) == [(2, bob.name), (3, alice.name)]
+    assert "GPU 3 skipped: reserved by" in bob.gpumon(*short, "select", "--verbose").stderr
+    assert len([p for p in bob.place.iterdir() if p.name.startswith("reserve.")]) == 2  # none removed
+
+    made = alice.gpumon("--config", _short_release(alice), "reserve", "--gpu", "1", "--for", "1h")
+    assert made.returncode == 0, made.stderr
+    time.sleep(2.5)
+    assert _listed(bob) == _listed(alice) == [(2, bob.name), (3, alice.name)]
+    assert "GPU 1 skipped: reserved" not in bob.gpumon("select", "--verbose").stderr

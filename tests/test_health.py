@@ -120,20 +120,19 @@ def calls(lib, fn: str) -> int:
 def test_what_a_card_lacks_is_never_asked_again(fake_driver):
     fake_driver.machine.cards = [Card(A100, extra=dict(mem_temp=50))]  # no remaps, no GPM, no energy
     fake_driver.write()
-    health_rules.configure({"interval": "0s"})  # read the counters every sample
+    every_sample = health_rules.parse_settings({"interval": "0s"})  # read the counters every sample
     lib = fake_driver.lib
     asked_once = ("nvmlDeviceGetRemappedRows", "nvmlGpmQueryDeviceSupport", "nvmlDeviceGetTotalEnergyConsumption",
                   "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetTemperatureThreshold")
     # The library is loaded once per test run and counts for the whole run: count from here.
     before = {fn: calls(lib, fn) for fn in (*asked_once, "nvmlDeviceGetFieldValues")}
-    backend = NvmlBackend(lib_path=str(lib))
+    backend = NvmlBackend(lib_path=str(lib), health=every_sample)
     try:
         for _ in range(5):
             gpu = backend.sample().gpus[0]
         assert gpu.counters.memory_temperature == 50 and gpu.counters.remapped_rows_correctable is None
     finally:
         backend.close()
-        health_rules.configure({})
     for fn in asked_once:
         assert calls(lib, fn) - before[fn] == 1, fn
     # one call a read, for the fields it has

@@ -11,10 +11,10 @@ from gpumon.jobs import records
 from gpumon.jobs.files import jobs_dir, write_atomic
 
 
-def _finished(n: int, ended: float) -> records.JobSpec:
+def _finished(n: int, ended: float, keep: records.JobsKeep = records.JobsKeep()) -> records.JobSpec:
     spec = records.JobSpec(id=f"20260101-000000-{n:04x}", name=f"job{n}", command=["true"], gpu_spec="0",
                            cwd="/", created=ended - 5)
-    directory = records.create_job(spec)
+    directory = records.create_job(spec, keep)
     write_atomic(directory / "exit.json", json.dumps({"state": "exited", "exit_code": 0, "signal": None,
                                                       "ended": ended, "reason": None}))
     return spec
@@ -23,21 +23,21 @@ def _finished(n: int, ended: float) -> records.JobSpec:
 def test_finished_jobs_are_pruned_beyond_the_count_and_after_the_age(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     now = time.time()
-    records.configure_keep(10**6, 10**9)  # nothing pruned while they are made
-    try:
-        for n in range(30):
-            _finished(n, now - 100 + n)
-        old = _finished(99, now - 40 * 86400)
-        assert len(records.list_jobs()) == 31
-        removed = records.prune_old(keep=20, keep_for=30 * 86400, now=now)
-        assert old.id in {j.spec.id for j in removed}
-        kept = records.list_jobs()
-        assert len(kept) == 20 and [j.spec.name for j in kept][-1] == "job29"  # the newest are kept
-        records.configure_keep(5, 30 * 86400)  # as the config's [jobs] keep says: each new job prunes
-        _finished(200, now)
-        assert len(records.list_jobs()) <= 6
-    finally:
-        records.configure_keep(JOBS_KEEP, JOBS_KEEP_FOR_S)
+    keep_all = records.JobsKeep(10**6, 10**9)  # nothing pruned while they are made
+    for n in range(30):
+        _finished(n, now - 100 + n, keep_all)
+    old = _finished(99, now - 40 * 86400, keep_all)
+    assert len(records.list_jobs()) == 31
+    removed = records.prune_old(keep=20, keep_for=30 * 86400, now=now)
+    assert old.id in {j.spec.id for j in removed}
+    kept = records.list_jobs()
+    assert len(kept) == 20 and [j.spec.name for j in kept][-1] == "job29"  # the newest are kept
+    _finished(200, now, records.JobsKeep(5, 30 * 86400))  # as the config's [jobs] keep says: each new job prunes
+    assert len(records.list_jobs()) <= 6
+
+
+def test_the_defaults_keep_what_the_config_says_by_default():
+    assert records.JobsKeep() == records.JobsKeep(JOBS_KEEP, JOBS_KEEP_FOR_S) == records.JobsKeep(200, 30 * 86400.0)
 
 
 def test_the_reader_reads_again_only_what_changed(tmp_path, monkeypatch):

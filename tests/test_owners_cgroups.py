@@ -17,8 +17,8 @@ from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
 from conftest import GIB, Card
 
 from gpumon.cards.backends.nvml import NvmlBackend
-from gpumon.owners import reader as owners
 from gpumon.owners.reader import HostPaths
+from gpumon.settings import Settings
 from gpumon.tui.app import create_app
 from gpumon.tui.widgets.process_table import ProcessTable
 
@@ -151,13 +151,13 @@ def test_owners_from_real_cgroups_in_the_snapshot(owned, fake_driver, tmp_path):
     assert owner == dict(expected("k8s-v1-burstable"), name=None)
 
 
-def test_the_process_table_shows_filters_and_sorts_by_owner(owned, fake_driver, monkeypatch):
+def test_the_process_table_shows_filters_and_sorts_by_owner(owned, fake_driver):
     pids, records = owned
-    monkeypatch.setattr(owners, "_host_paths", HostPaths(**records))
+    settings = Settings(host_paths=HostPaths(**records))
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
 
     async def go():
-        async with create_app(backend, interval=0.3).run_test(size=(180, 50)) as pilot:
+        async with create_app(backend, interval=0.3, settings=settings).run_test(size=(180, 50)) as pilot:
             table = pilot.app.main_screen.query_one(ProcessTable)
             await rows_shown(pilot, table, len(pids) + 1)
             owner_of = {int(table.cell_text(i, "pid")): table.cell_text(i, "owner") for i in range(table.row_count)}

@@ -23,7 +23,7 @@ from gpumon.alerting.holder_rules import alerted
 from gpumon.cards.backends.nvml import NvmlBackend
 from gpumon.cards.sampler import Sampler
 from gpumon.owners.holders import HolderTracker
-from gpumon.owners.reader import HostPaths, OwnerReader, host_paths, use_host_paths
+from gpumon.owners.reader import HostPaths, OwnerReader
 from gpumon.owners.records import SlurmArrays
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.users import UsersScreen
@@ -261,11 +261,9 @@ def test_a_hung_scontrol_delays_no_sample(fake_driver, idle_processes, tmp_path,
     fake_driver.machine.cards = [Card()]
     fake_driver.machine.procs = [dict(gpu=0, pid=task.pid, mem=GIB)]
     fake_driver.write()
-    before = host_paths()
-    use_host_paths(HostPaths(procfs=procfs))
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
     try:
-        sampler = Sampler(backend, interval=0.1)
+        sampler = Sampler(backend, interval=0.1, owners=HostPaths(procfs=procfs))
         while_hung: list[tuple[float, str]] = []
         deadline = time.monotonic() + 30
 
@@ -280,6 +278,5 @@ def test_a_hung_scontrol_delays_no_sample(fake_driver, idle_processes, tmp_path,
         asyncio.run(sampler.run())
     finally:
         backend.close()
-        use_host_paths(before)
     assert len(while_hung) >= 5, while_hung  # before: no sample until scontrol was killed (2 s)
     assert all(owners == ["777.0"] for _, owners in while_hung), while_hung

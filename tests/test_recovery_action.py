@@ -88,8 +88,8 @@ def test_the_exporter_has_one_gauge_of_it(fake_driver):
 def test_a_driver_without_the_field_is_never_asked_again(fake_driver):
     fake_driver.machine.cards = [Card("Tesla V100-SXM2-32GB", extra=dict(mem_temp=50))]
     fake_driver.write()
-    health_rules.configure({"interval": "0s"})  # read the counters every sample
-    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+    every_sample = health_rules.parse_settings({"interval": "0s"})  # read the counters every sample
+    backend = NvmlBackend(lib_path=str(fake_driver.lib), health=every_sample)
     try:
         for _ in range(3):
             gpu = backend.sample().gpus[0]
@@ -98,4 +98,3 @@ def test_a_driver_without_the_field_is_never_asked_again(fake_driver):
         assert "recovery_action" not in asked and "memory_temperature" in asked
     finally:
         backend.close()
-        health_rules.configure({})

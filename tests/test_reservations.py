@@ -131,3 +131,35 @@ def test_the_exporter_says_which_cards_are_reserved(fake_driver, monkeypatch):
     assert len(lines) == 2
     assert any('gpu="1"' in line and 'user="root"' in line and line.endswith(" 1.0") for line in lines)
     assert any('gpu="0"' in line and 'user=""' in line and line.endswith(" 0.0") for line in lines)
+
+
+def test_the_hosts_idle_release_is_the_system_files_and_a_users_own_may_only_shorten_theirs(tmp_path, monkeypatch):
+    from gpumon.config import load_config
+    from gpumon.settings import settings_from
+
+    system, user = tmp_path / "system.toml", tmp_path / "user.toml"
+    system.write_text('[claims]\nidle_release = "10m"\n')
+    user.write_text('[claims]\nidle_release = "1h"\n')
+    monkeypatch.setenv("GPUMON_SYSTEM_CONFIG", str(system))
+    shared = settings_from(load_config(str(user))).sharing
+    assert (shared.idle_release_s, shared.own_idle_release_s, shared.recorded_idle_release) == (600, 3600, None)
+    user.write_text('[claims]\nidle_release = "1m"\n')
+    assert settings_from(load_config(str(user))).sharing.recorded_idle_release == 60
+    monkeypatch.setenv("GPUMON_SYSTEM_CONFIG", str(tmp_path / "none.toml"))  # no system file: the default
+    assert settings_from(load_config(str(user))).sharing.idle_release_s == 30 * 60
+
+
+def test_a_reservation_ends_unused_by_the_shorter_of_its_own_release_and_the_hosts(tmp_path):
+    from gpumon.sharing import reservations
+
+    place = tmp_path / "claims"
+    place.mkdir(mode=0o1777)
+    now = time.time()
+    for card, asked in (("GPU-short", 60.0), ("GPU-long", 7200.0), ("GPU-none", None)):
+        reservations.reserve(place, [(card, 0)], now + 86400, "", asked)
+    # Read as if unused for 2 minutes, then 20: by the host's 10 minutes, whatever a record asks beyond.
+    assert set(reservations.read(place, idle_release=600.0, now=now + 120)) == {"GPU-long", "GPU-none"}
+    ended: list[reservations.Ended] = []
+    assert reservations.read(place, idle_release=600.0, now=now + 1200, ended=ended) == {}
+    assert {(e.reservation.card, e.reservation.idle_release) for e in ended} == {("GPU-long", 600.0),
+                                                                                  ("GPU-none", 600.0)}

@@ -19,7 +19,7 @@ from gpumon.cards.backends.demo import DemoBackend
 from gpumon.jobs import control, records
 from gpumon.jobs.launch import card_limits
 from gpumon.sharing import claims
-from gpumon.sharing.folder import where
+from gpumon.sharing.folder import SharingSettings
 
 TRIES = 10
 # No letter that is a key of the main screen: were Enter taken early, what follows it must not
@@ -57,7 +57,7 @@ def paste_then_enter(tmux: Tmux, text: str) -> None:
 def wait_until_no_card_is_claimed() -> None:
     """The last job launched holds its card until its supervisor ends; `r` on a claimed card asks
     first (sharing it), and this test is about the run dialog: the next try waits for a free card."""
-    place = where()
+    place = SharingSettings().directory
     deadline = time.monotonic() + 30
     while claims.read(place):
         assert time.monotonic() < deadline, f"a card is still claimed: {claims.read(place)}"

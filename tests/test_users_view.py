@@ -18,9 +18,9 @@ from conftest import GIB, Card
 from holders_lab import two_hosts
 
 from gpumon.cards.backends.nvml import NvmlBackend
-from gpumon.owners import reader as owners
 from gpumon.owners.reader import HostPaths
 from gpumon.sanitize import printable
+from gpumon.settings import Settings
 from gpumon.tui.app import create_app
 from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.screens.users import UsersScreen
@@ -34,7 +34,7 @@ FAKE_RELOAD_S = 0.1
 
 
 @pytest.fixture
-def held(cgroup_lab, idle_processes, fake_driver, tmp_path, monkeypatch):  # noqa: F811 - the fixture above
+def held(cgroup_lab, idle_processes, fake_driver, tmp_path):  # noqa: F811 - the fixture above
     """Slurm job 77 on cards 0 and 1, a pod on card 0, a Docker container (hostile name) on card 2."""
     job, pod, box = (idle_processes("sleep", "600") for _ in range(3))
     cgroup_lab.place(cgroup_lab.v2, "system.slice/slurmstepd.scope/job_77/step_0/user/task_0", job.pid)
@@ -44,13 +44,13 @@ def held(cgroup_lab, idle_processes, fake_driver, tmp_path, monkeypatch):  # noq
     docker = tmp_path / "docker"
     (docker / "containers" / CONTAINER).mkdir(parents=True)
     (docker / "containers" / CONTAINER / "config.v2.json").write_text(json.dumps({"Name": "/" + HOSTILE}))
-    monkeypatch.setattr(owners, "_host_paths", HostPaths(docker_dir=docker))
+    settings = Settings(host_paths=HostPaths(docker_dir=docker))
     fake_driver.machine.cards = [Card(extra={"power_mw": 300_000}), Card(extra={"power_mw": 200_000}),
                                  Card(extra={"power_mw": 100_000})]
     pids = {"job": job.pid, "pod": pod.pid, "box": box.pid}
     set_load(fake_driver, pids, job_sm=60)
     backend = NvmlBackend(lib_path=str(fake_driver.lib))
-    yield pids, backend
+    yield pids, backend, settings
     backend.close()
 
 
@@ -85,10 +85,10 @@ def row(table: HolderTable, label: str):
 
 
 def test_u_shows_users_and_their_jobs_a_job_goes_idle_its_time_grows_and_it_computes_again(held, fake_driver):
-    pids, backend = held
+    pids, backend, settings = held
 
     async def go():
-        async with create_app(backend, interval=0.2).run_test(size=(160, 40)) as pilot:
+        async with create_app(backend, interval=0.2, settings=settings).run_test(size=(160, 40)) as pilot:
             app = pilot.app
             await until(pilot, lambda: app.sampler.latest is not None and app.holding, "a first reading")
             stopped_at = time.time()

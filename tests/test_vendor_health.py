@@ -95,17 +95,17 @@ def test_counters_are_read_every_interval_never_from_a_sleeping_card(fake_kernel
     first = drm.sample().gpus[0]
     assert first.counters.ecc_errors_corrected == 0 and first.health.verdict == "ok"
     fake_kernel.sys.set(card, "ras/gpu_vram_bad_pages", bad_page(3, "P"))
-    clock.now += health.settings().interval_s / 2
+    clock.now += health.HealthSettings().interval_s / 2
     between = drm.sample().gpus[0]
     assert between.counters is first.counters and between.health is first.health  # not read again yet
-    clock.now += health.settings().interval_s
+    clock.now += health.HealthSettings().interval_s
     fresh = drm.sample().gpus[0]
     assert fresh.counters.retired_pages_pending is True and fresh.health.verdict == "fail"
 
     # Asleep: its RAS files hang whoever opens them; it keeps what was last read (still pending).
     fifos = fake_kernel.sys.suspend(card)
     assert any(f.parent.name == "ras" for f in fifos)
-    clock.now += 10 * health.settings().interval_s
+    clock.now += 10 * health.HealthSettings().interval_s
     asleep = drm.sample().gpus[0]
     assert asleep.asleep is True and asleep.health.verdict == "fail"
     assert [r.code for r in asleep.health.reasons] == ["retired_pending"]

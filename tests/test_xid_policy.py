@@ -30,7 +30,7 @@ verdict = "fail"
 
 
 def test_the_default_policy_is_the_fatal_list():
-    assert sorted(health_rules.settings().xid.fatal) == sorted(FATAL_XIDS) == [48, 63, 64, 74, 79, 92, 94, 95,
+    assert sorted(health_rules.HealthSettings().xid.fatal) == sorted(FATAL_XIDS) == [48, 63, 64, 74, 79, 92, 94, 95,
                                                                                119, 120]
 
 

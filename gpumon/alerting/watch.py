@@ -31,6 +31,7 @@ from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.exporter.fields import XID_COUNT_WINDOW_S
 from gpumon.failover_event import FailoverEvent
 from gpumon.model import GpuSample, Snapshot
+from gpumon.sharing.folder import SharingSettings
 
 if TYPE_CHECKING:
     from gpumon.exporter.web_config import WebConfig
@@ -66,14 +67,14 @@ class Watch:
         self.sampler.stop()
 
     def serve_prometheus(self, address: str, processes: bool = False, hostname: str | None = None,
-                         web: WebConfig | None = None):
+                         web: WebConfig | None = None, sharing: SharingSettings | None = None):
         # The exporter (prometheus_client, a WSGI server) only with --prometheus: a watch that only
         # alerts never loads it (tests/test_lazy_imports.py).
         from gpumon.exporter.collector import GpumonCollector
         from gpumon.exporter.serving import serve
 
         collector = GpumonCollector(lambda: self.sampler.latest, self.engine.firing, lambda: self.xid_seen, processes,
-                                    hostname, lambda: self.xid_recent)
+                                    hostname, lambda: self.xid_recent, sharing)
         return serve(address, collector, web)
 
     async def run(self) -> int:

@@ -11,7 +11,7 @@ again when the name changes and otherwise every COMMAND_REFRESH_S. Who owns the 
 job, a pod, a container, a unit: owners/reader.py) is read with its user, once; the job a
 scheduler mapped a card to is looked up each sample (a stat of a file, when configured). A pid
 that cannot be seen (exited, or in another PID namespace) keeps what the driver said, with
-user/command None. /proc is where owners/reader.host_paths() says (--path.procfs).
+user/command None. /proc is where the owners' HostPaths say (--path.procfs).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import psutil
 
 from gpumon.cards.procroot import RootProcess
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample
-from gpumon.owners.reader import OwnerReader, container_label, on_mapped_card
+from gpumon.owners.reader import HostPaths, OwnerReader, container_label, on_mapped_card
 from gpumon.sanitize import printable
 
 # A command line that changes without the process name changing is noticed within this long.
@@ -128,11 +128,12 @@ def _uid(proc: psutil.Process) -> int | None:
 
 
 class ProcessEnricher:
-    def __init__(self, clock=time.monotonic, owners: OwnerReader | None = None, procfs: str | None = None) -> None:
-        """`procfs`: where /proc is (a host's, mounted in a container); else the owners' paths say."""
+    def __init__(self, clock=time.monotonic, owners: OwnerReader | None = None, procfs: str | None = None,
+                 paths: HostPaths = HostPaths()) -> None:
+        """`procfs`: where /proc is (a host's, mounted in a container); else the owners' `paths` say."""
         self._known: dict[int, _Known] = {}
         self._clock = clock
-        self.owners = owners or OwnerReader()
+        self.owners = owners or OwnerReader(paths)
         self._procfs = procfs or str(self.owners.paths.procfs)
 
     def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:

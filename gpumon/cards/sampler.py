@@ -24,6 +24,7 @@ from gpumon.cards.backends import Backend
 from gpumon.cards.procinfo import ProcessEnricher
 from gpumon.errors import GpumonError
 from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.owners.reader import HostPaths
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,10 @@ def read_topology(backend: Backend, wait_s: float | None = None,
     return backend.topology_within(wait_s, on_progress)
 
 
-def _enricher(backend: Backend) -> ProcessEnricher:
-    """Reads the processes where the backend finds them (a host's /proc mounted elsewhere)."""
-    return ProcessEnricher(procfs=backend.procfs)
+def _enricher(backend: Backend, owners: HostPaths) -> ProcessEnricher:
+    """Reads the processes where the backend finds them (a host's /proc mounted elsewhere), their
+    owners from the host's records where `owners` says."""
+    return ProcessEnricher(procfs=backend.procfs, paths=owners)
 
 
 class History:
@@ -160,14 +162,17 @@ class Sampler:
         history_seconds: float = 600.0,
         enrich: bool = True,
         opener: Callable[[], Backend] | None = None,
+        owners: HostPaths = HostPaths(),
     ) -> None:
-        """`backend`, or None and an `opener` that run() calls (in a thread) to make one."""
+        """`backend`, or None and an `opener` that run() calls (in a thread) to make one; `owners`:
+        where this host's records of who runs what are ([owners], --path.procfs)."""
         self.backend = backend
+        self.owners = owners
         self.opener = opener
         self.interval = interval
         self._enrich = enrich
         # psutil is asked about every GPU process each sample: only when someone will show it.
-        self.enricher = _enricher(backend) if backend is not None and enrich and backend.real_pids else None
+        self.enricher = _enricher(backend, owners) if backend is not None and enrich and backend.real_pids else None
         # Interval 0 (replaying as fast as possible) sizes history as if sampled every 0.1 s.
         self.history = History(capacity=int(history_seconds / max(interval, 0.1)) + 1)
         self.latest: Snapshot | None = None
@@ -181,7 +186,7 @@ class Sampler:
             assert self.opener is not None, "a Sampler needs a backend or an opener"
             backend = await run_in_daemon_thread(self.opener)
             self.backend = backend
-            self.enricher = _enricher(backend) if self._enrich and backend.real_pids else None
+            self.enricher = _enricher(backend, self.owners) if self._enrich and backend.real_pids else None
         return self.backend
 
     async def topology(self, on_progress: Callable[[Topology], None] | None = None,
@@ -268,7 +273,7 @@ class Sampler:
             return None
 
 
-def sample_once(backend: Backend, wait_s: float = ONCE_WAIT_S) -> Snapshot:
+def sample_once(backend: Backend, wait_s: float = ONCE_WAIT_S, owners: HostPaths = HostPaths()) -> Snapshot:
     """A single enriched snapshot, for `gpumon snapshot` and scripts; cards that have not answered
-    within `wait_s` are reported as they stand ("stale")."""
-    return Sampler(backend).collect(wait_s=wait_s)
+    within `wait_s` are reported as they stand ("stale"); `owners`: as Sampler's."""
+    return Sampler(backend, owners=owners).collect(wait_s=wait_s)

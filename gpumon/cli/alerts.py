@@ -12,6 +12,6 @@ from gpumon.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    config = load_settings(args).config
     sys.stdout.write(prometheus_rules(parse_rules(config.watch_rules + config.rules + args.alert)))
     return EXIT_OK

@@ -9,36 +9,32 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumon.config import Config, load_config
 from gpumon.errors import EXIT_OK, NoDriverError, UsageError
 
+if TYPE_CHECKING:
+    from gpumon.health.rules import HealthSettings
+    from gpumon.settings import Settings
 
-def load_settings(args: argparse.Namespace, config: Config | None = None) -> Config:
-    """The config file (checked by every command), with its interval as the default; its [health]
-    rules apply to every card's verdict in this process. `config`: the file already read."""
+
+def load_settings(args: argparse.Namespace, config: Config | None = None) -> Settings:
+    """The settings of this run, built once from the config files (checked by every command), the
+    environment and the options; the config's interval becomes the default --interval. `config`:
+    the file already read. Hand the settings (or the part needed) to what reads them."""
     from gpumon.alerting.config_rules import check_config_rules
-    from gpumon.health import rules as health
-    from gpumon.sharing import folder as sharing_place
+    from gpumon.settings import settings_from
 
     if config is None:
         config = load_config(getattr(args, "config", None))
     check_config_rules(config)
-    source = next((file for key, (file, _) in config.origins.items() if key.startswith("health")), config.path)
-    health.configure(config.health, f"config {source}" if source else "config")
-    sharing_place.configure(config.claims_dir, config.claims_idle_release)
     if not hasattr(args, "interval_given"):  # on the command line (a source may have another default)
         args.interval_given = getattr(args, "interval", None) is not None
     if getattr(args, "interval", "absent") is None:
         args.interval = config.interval or 1.0
     _, procfs = filesystem_roots(args, config)
-    if procfs or config.owners:
-        _use_host_paths(procfs, config)
-    from gpumon.jobs import records  # (its modules are light; imported here so a start stays lean)
-
-    records.configure_keep(config.jobs_keep, config.jobs_keep_for)
-    return config
+    return settings_from(config, procfs)
 
 
 def xid_state_file(config: Config):
@@ -63,20 +59,6 @@ def filesystem_roots(args: argparse.Namespace, config: Config | None = None) -> 
     return args.path_sysfs, args.path_procfs
 
 
-def _use_host_paths(procfs: str | None, config: Config) -> None:
-    """Where this host's /proc and records of who runs what are (--path.procfs or [paths] procfs, [owners])."""
-    from pathlib import Path
-
-    from gpumon.owners.reader import HostPaths, use_host_paths
-
-    given = {key: Path(value).expanduser() for key, value in config.owners.items()}
-    if procfs:
-        given["procfs"] = Path(procfs).expanduser()
-        if not given["procfs"].is_dir():
-            raise UsageError(f"--path.procfs (or [paths] procfs) {str(given['procfs'])!r} is not a directory")
-    use_host_paths(HostPaths(**given))
-
-
 def fleet_requested(args: argparse.Namespace) -> bool:
     """Did the command line name hosts (--hosts/--hostfile/--prometheus-url)? Then the command
     reads the fleet. (--local, this machine alone, names none.)"""
@@ -96,9 +78,10 @@ def backend_args(args: argparse.Namespace) -> dict[str, Any]:
             "nvml_lib": args.nvml_lib or os.environ.get("GPUMON_NVML_LIB"), "sysfs": sysfs, "procfs": procfs}
 
 
-def open_source(args: argparse.Namespace, timeout: float | None = None):
-    """The backend the options ask for: the demo, a recording, or the NVIDIA driver. With a
-    `timeout`, a driver that does not even start within it is an error (exit status 3)."""
+def open_source(args: argparse.Namespace, health: HealthSettings, timeout: float | None = None):
+    """The backend the options ask for: the demo, a recording, or the NVIDIA driver, its verdicts
+    drawn by `health` (the settings'). With a `timeout`, a driver that does not even start within
+    it is an error (exit status 3)."""
     from gpumon.cards.backends import open_backend
 
     replay = getattr(args, "replay", None)
@@ -108,7 +91,7 @@ def open_source(args: argparse.Namespace, timeout: float | None = None):
 
     def open_it():
         return open_backend(demo=opened["demo"], replay=replay, nvml_lib=args.nvml_lib, seed=args.seed,
-                            sysfs=opened["sysfs"], procfs=opened["procfs"])
+                            sysfs=opened["sysfs"], procfs=opened["procfs"], health=health)
 
     if timeout is None:
         return open_it()
@@ -131,11 +114,10 @@ def open_source(args: argparse.Namespace, timeout: float | None = None):
     return outcome["backend"]
 
 
-def read_once(args: argparse.Namespace, read: Callable[[Any, float], Any]) -> Any:
+def read_once(args: argparse.Namespace, settings: Settings, read: Callable[[Any, float], Any]) -> Any:
     """Open the source, read(backend, seconds left of --timeout), close."""
-    load_settings(args)
     deadline = time.monotonic() + args.timeout
-    backend = open_source(args, timeout=args.timeout)
+    backend = open_source(args, settings.health, timeout=args.timeout)
     try:
         return read(backend, max(0.0, deadline - time.monotonic()))
     finally:

@@ -21,7 +21,7 @@ DEFAULTS = {"interval": 1.0, "readonly": False, "watch.hook_timeout": 10.0, "wat
 def run(args: argparse.Namespace) -> int:
     if not args.show:
         raise UsageError("say what to do: gpumon config --show (see `gpumon config --help`)")
-    config = load_settings(args)
+    config = load_settings(args).config
     tables = {file: tomllib.loads(text) for file, text in config.texts.items()}
     rows = []
     for section, schema in SCHEMA.items():

@@ -17,6 +17,7 @@ from gpumon.jobs.host import local_args as host_local_args
 from gpumon.model import FleetSnapshot, HostStatus
 from gpumon.remote.hosts import HostSpec, parse_hosts, read_hostfile, resolve
 from gpumon.remote.ssh import CONNECT_TIMEOUT_S, SshTransport
+from gpumon.settings import Settings
 
 
 def host_list(args: argparse.Namespace, config: Config, use_config: bool = False) -> list[HostSpec]:
@@ -55,20 +56,22 @@ def local_args(args: argparse.Namespace) -> list[str]:
     return host_local_args(backend_args(args))
 
 
-def build(args: argparse.Namespace, config: Config, hosts: list[HostSpec], url: str | None = None) -> Fleet:
+def build(args: argparse.Namespace, settings: Settings, hosts: list[HostSpec], url: str | None = None) -> Fleet:
     """The fleet of `hosts` (over ssh, or `local`) and of the Prometheus server at `url` (default:
     --prometheus-url), which is read every 5 s unless --interval was given."""
+    config = settings.config
     if getattr(args, "replay", None) or getattr(args, "record", None):
         raise UsageError("--replay and --record read or write one machine: not with --hosts")
     url = url or getattr(args, "prometheus_url", None)
     given = getattr(args, "interval_given", False)
     extra = [PrometheusSource(url, args.interval if given else DEFAULT_INTERVAL_S, user=config.fleet_prometheus_user,
-                              password_file=config.fleet_prometheus_password_file)] if url else []
+                              password_file=config.fleet_prometheus_password_file,
+                              health=settings.health)] if url else []
     # The fleet's own tick (watch's clock for `unreachable for …`): its ssh hosts', else Prometheus'.
     interval = args.interval if hosts or given or not url else DEFAULT_INTERVAL_S
     remote = any(not h.is_local for h in hosts)
-    return open_fleet(hosts, transport(args, config) if remote else None, interval, lambda: open_source(args),
-                      local_args(args), extra)
+    return open_fleet(hosts, transport(args, config) if remote else None, interval,
+                      lambda: open_source(args, settings.health), local_args(args), extra, settings.host_paths)
 
 
 def settle_timeout(interval: float) -> float:
@@ -87,11 +90,11 @@ def read_status(statuses: Iterable[HostStatus]) -> int:
 
 
 
-def collect(args: argparse.Namespace, config: Config, hosts: list[HostSpec],
+def collect(args: argparse.Namespace, settings: Settings, hosts: list[HostSpec],
             on_answer: Callable[[HostStatus], None] | None = None) -> FleetSnapshot:
     """One reading of every host: each one's first answer, or why there was none. `on_answer`
     hears each host's as it comes."""
-    fleet = build(args, config, hosts)
+    fleet = build(args, settings, hosts)
     if on_answer is not None:
         fleet.on_first_answer(on_answer)
 

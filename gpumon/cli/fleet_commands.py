@@ -23,6 +23,8 @@ from gpumon.jobs.placement import auto_count
 from gpumon.model import FleetSnapshot, HostStatus, Topology
 from gpumon.remote.children import end_all
 from gpumon.remote.hosts import parse_entry
+from gpumon.settings import Settings
+from gpumon.sharing.folder import SharingSettings
 from gpumon.units import format_bytes, format_runtime
 
 
@@ -55,25 +57,27 @@ def _now(text: str) -> None:
 
 def snapshot_hosts(args: argparse.Namespace) -> int:
     """For people, each host as it answers (a slow host holds up no other); --json, one document."""
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     hosts = fleet.host_list(args, config)
     if args.json:
-        doc = fleet.collect(args, config, hosts)
+        doc = fleet.collect(args, settings, hosts)
         print_document(args, doc, fleet_text)
     else:
-        doc = fleet.collect(args, config, hosts, on_answer=lambda status: _now(host_text(status)))
+        doc = fleet.collect(args, settings, hosts, on_answer=lambda status: _now(host_text(status)))
     return fleet.read_status(doc.hosts)
 
 
 def select_hosts(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     hosts = fleet.host_list(args, config)
-    doc = fleet.collect(args, config, hosts)
-    runner = fleet.build(args, config, hosts)
+    doc = fleet.collect(args, settings, hosts)
+    runner = fleet.build(args, settings, hosts)
 
     bars = {"min_free": args.min_free, "max_util": args.max_util, "max_used": args.max_used}
     topologies = _topologies(runner, list(doc.hosts), args.count, **bars)
-    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, **bars, here=_here(config))
+    best, reasons = choose_across(list(doc.hosts), args.count, topologies.get, **bars, here=_here(settings.sharing))
     if args.verbose or best is None:
         for reason in reasons:
             print(f"gpumon: {reason}", file=sys.stderr)
@@ -158,10 +162,11 @@ def _show_log(host, job_id: str, follow: bool) -> int:
 
 
 def jobs_hosts(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     _refuse_prometheus(args, "cannot list, follow or stop jobs")
     hosts = fleet.host_list(args, config)
-    runner = fleet.build(args, config, hosts)
+    runner = fleet.build(args, settings, hosts)
     if args.stop or args.log:
         if len(hosts) != 1:
             raise UsageError("--stop and --log act on one host: give --hosts HOST")
@@ -193,7 +198,8 @@ def jobs_hosts(args: argparse.Namespace) -> int:
 
 def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
     """`run --host HOST`, or `run --hosts LIST --gpu auto[:N]`: the best free set on one of them."""
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     _refuse_prometheus(args, f"cannot launch on {args.host}" if args.host else "cannot launch")
     if not request.command or not request.command[0].strip():
         raise UsageError("no command given: gpumon run --host HOST [OPTIONS] -- CMD [ARG...]")
@@ -202,7 +208,7 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
             raise UsageError("--host launches on one host; --hosts chooses among several: give one of them")
         spec = parse_entry(args.host)
     else:
-        return _run_across(args, config, request)
+        return _run_across(args, settings, request)
     host = host_at(spec, None if spec.is_local else fleet.transport(args, config), fleet.local_args(args))
     if request.foreground:  # the job in this terminal, through a remote terminal
         return host.run_here(request, tty=sys.stdin.isatty())
@@ -210,7 +216,7 @@ def run_host(args: argparse.Namespace, request: LaunchRequest) -> int:
     return EXIT_OK
 
 
-def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int:
+def _run_across(args: argparse.Namespace, settings: Settings, request: LaunchRequest) -> int:
     """The best free set on one host, launched there as `--gpu auto:N`, so that host's own claims
     and reservations (which its stream does not carry) have the last word: when they leave it no
     free set now, the next best host is tried."""
@@ -220,15 +226,16 @@ def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int
         raise UsageError(f"--gpu {spec} names cards of one host: use --host HOST (--hosts goes with --gpu auto[:N])")
     if request.wait:
         raise UsageError("--wait queues on one host: use --host HOST with --wait")
+    config = settings.config
     hosts = fleet.host_list(args, config)
-    doc = fleet.collect(args, config, hosts)
-    runner = fleet.build(args, config, hosts)
+    doc = fleet.collect(args, settings, hosts)
+    runner = fleet.build(args, settings, hosts)
     candidates = list(doc.hosts)
     topologies = _topologies(runner, candidates, count, request.min_free, request.max_util)
     taken: list[str] = []
     while True:
         best, reasons = choose_across(candidates, count, topologies.get, request.min_free, request.max_util,
-                                      here=_here(config))
+                                      here=_here(settings.sharing))
         if best is None:
             raise UsageError(f"no host has {count} free card(s) for --gpu {spec}: " + "; ".join(taken + reasons))
         print(f"gpumon: {best.host}: " + ", ".join(f"GPU {g.index}" for g in best.choice.gpus), file=sys.stderr)
@@ -248,9 +255,9 @@ def _run_across(args: argparse.Namespace, config, request: LaunchRequest) -> int
             candidates = [h for h in candidates if h.host != best.host]
 
 
-def _here(config) -> Taken:
+def _here(shared: SharingSettings) -> Taken:
     """What this machine's launches claim and its users reserve (for the host `local`)."""
-    return Sharing(config.claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    return Sharing(shared, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
 
 
 def _topologies(runner, hosts, count: int, min_free: str | None = None, max_util: float | None = None,

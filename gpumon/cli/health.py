@@ -31,7 +31,6 @@ from gpumon.cards.sampler import sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
 from gpumon.config import Config
 from gpumon.counters import Health
-from gpumon.health import rules as health_rules
 from gpumon.health.seen_xids import Seen, pci_key, read_kernel_log, read_watch_state
 from gpumon.health.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.model import GpuSample, HostStatus
@@ -44,9 +43,10 @@ EXIT = {"ok": 0, "warn": 1, "fail": 2}
 def run(args: argparse.Namespace) -> int:
     if fleet_requested(args):
         return _hosts(args)
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     deadline = time.monotonic() + args.timeout
-    backend = open_source(args, timeout=args.timeout)
+    backend = open_source(args, settings.health, timeout=args.timeout)
     tracker = backend.health_baseline()
     baseline = _baseline_file() if tracker is not None else None
     seen = None
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if baseline is not None:
             _load(tracker, baseline)
             seen = _xids_before(backend, tracker, config, args.kernel_log, deadline)
-        snapshot = sample_once(backend, wait_s=max(0.0, deadline - time.monotonic()))
+        snapshot = sample_once(backend, max(0.0, deadline - time.monotonic()), settings.host_paths)
         if baseline is not None:
             _save(tracker, baseline)
     finally:
@@ -81,10 +81,10 @@ def _hosts(args: argparse.Namespace) -> int:
     """Each host's cards as it answers (a slow host holds up no other); --json, one document."""
     from gpumon.cli import fleet
 
-    config = load_settings(args)
-    hosts = fleet.host_list(args, config)
+    settings = load_settings(args)
+    hosts = fleet.host_list(args, settings.config)
     if args.json:
-        report = fleet_health_document(fleet.collect(args, config, hosts))
+        report = fleet_health_document(fleet.collect(args, settings, hosts))
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")
     else:
@@ -92,7 +92,7 @@ def _hosts(args: argparse.Namespace) -> int:
             sys.stdout.write(_host_lines(status))
             sys.stdout.flush()
 
-        report = fleet_health_document(fleet.collect(args, config, hosts, on_answer=show))
+        report = fleet_health_document(fleet.collect(args, settings, hosts, on_answer=show))
     return EXIT[report["verdict"]]
 
 
@@ -108,7 +108,7 @@ def _host_lines(status: HostStatus) -> str:
 
 def _xids_before(backend: Any, tracker: Any, config: Config, kernel_log: str, deadline: float) -> Seen:
     """Noted in the tracker by card, as if this run had heard them: watch's, else the kernel log's."""
-    settings = health_rules.settings()
+    settings = tracker.settings  # the config's [health]: its window and XID policy
     now = time.time()
     span = max([settings.window_s, *(t.within_s for t in settings.xid.thresholds)])
     seen = read_watch_state(xid_state_file(config))

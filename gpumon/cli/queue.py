@@ -13,13 +13,13 @@ from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.errors import EXIT_OK
 from gpumon.sanitize import printable
 from gpumon.sharing import queue
-from gpumon.sharing.folder import where
+from gpumon.sharing.folder import SharingSettings
 from gpumon.units import format_time
 
 
-def queue_document() -> dict:
+def queue_document(sharing: SharingSettings) -> dict:
     """`{"schema": 1, "host", "time", "queue": [entry]}`, entries next to start first."""
-    directory = where()
+    directory = sharing.directory
     entries = queue.read(directory) if directory.is_dir() else []
     return {"schema": 1, "host": socket.gethostname(), "time": time.time(), "queue": [e.to_dict() for e in entries]}
 
@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return status
-    load_settings(args)
-    document = queue_document()
+    document = queue_document(load_settings(args).sharing)
     if args.json:
         json.dump(document, sys.stdout)
         sys.stdout.write("\n")

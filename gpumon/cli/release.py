@@ -8,7 +8,6 @@ from gpumon.cli.common import fleet_requested, load_settings
 from gpumon.cli.reserve import cards_named
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import reservations
-from gpumon.sharing.folder import idle_release, where
 from gpumon.units import format_time
 
 
@@ -17,10 +16,10 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.sharing_hosts import as_they_answer, print_as_they_answer
 
         return print_as_they_answer(as_they_answer(args, ["release", *(["--gpu", args.gpu] if args.gpu else [])]))
-    load_settings(args)
-    cards = {g.ref for g in cards_named(args, args.gpu)} if args.gpu else None
-    directory = where()
-    found = reservations.read(directory, idle_release=idle_release()) if directory.is_dir() else {}
+    settings = load_settings(args)
+    cards = {g.ref for g in cards_named(args, settings, args.gpu)} if args.gpu else None
+    directory = settings.sharing.directory
+    found = reservations.read(directory, idle_release=settings.sharing.idle_release_s) if directory.is_dir() else {}
     gone = reservations.release(found, cards)
     if not gone:
         print("you hold no reservation here" + (" of those cards" if cards else ""))

@@ -36,7 +36,7 @@ def _iso(t: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    config = load_settings(args).config
     settings = history_settings(config.history)
     start, end = window(args, time.time())
     if fleet_requested(args):

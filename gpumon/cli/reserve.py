@@ -17,20 +17,21 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.jobs.placement import resolve_spec
 from gpumon.model import GpuSample
 from gpumon.sanitize import printable
+from gpumon.settings import Settings
 from gpumon.sharing import claims, reservations
-from gpumon.sharing.folder import Unavailable, exclusive, idle_release, where
+from gpumon.sharing.folder import SharingSettings, Unavailable, exclusive
 from gpumon.units import format_duration, format_time
 
 LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
 
 
-def cards_named(args: argparse.Namespace, spec: str) -> list[GpuSample]:
+def cards_named(args: argparse.Namespace, settings: Settings, spec: str) -> list[GpuSample]:
     """The cards `--gpu` names (indices, UUIDs, bus ids; not auto), read once from the driver."""
     if spec.strip().startswith("auto"):
         raise UsageError(f"bad --gpu {spec!r}: name the cards to reserve (N[,M...]), not auto")
-    backend = open_source(args, timeout=args.timeout)
+    backend = open_source(args, settings.health, timeout=args.timeout)
     try:
-        snapshot = sample_once(backend, wait_s=args.timeout)
+        snapshot = sample_once(backend, args.timeout, settings.host_paths)
     finally:
         backend.close()
     return resolve_spec(spec, snapshot)
@@ -39,11 +40,12 @@ def cards_named(args: argparse.Namespace, spec: str) -> list[GpuSample]:
 def run(args: argparse.Namespace) -> int:
     if fleet_requested(args):  # each host reserves its own cards
         return _on_hosts(args)
-    load_settings(args)
+    settings = load_settings(args)
+    shared = settings.sharing
     if args.list:
         if args.gpu or args.duration is not None or args.note is not None:
             raise UsageError("--list lists the host's reservations: not with --gpu, --for or --note")
-        return _list(args.json)
+        return _list(shared, args.json)
     if args.json:
         raise UsageError("--json goes with --list")
     if not args.gpu or args.duration is None:
@@ -53,18 +55,18 @@ def run(args: argparse.Namespace) -> int:
     note = args.note or ""
     if len(note) > reservations.MAX_NOTE:
         raise UsageError(f"--note is {len(note)} characters long: at most {reservations.MAX_NOTE}")
-    gpus = cards_named(args, args.gpu)
+    gpus = cards_named(args, settings, args.gpu)
     until = time.time() + args.duration
-    directory = where()
+    directory = shared.directory
     try:
         with exclusive(directory):
-            booked = reservations.read(directory, idle_release=idle_release())
+            booked = reservations.read(directory, idle_release=shared.idle_release_s)
             theirs = [f"GPU {g.index} is {booked[g.ref].words()}" for g in gpus
                       if g.ref in booked and not booked[g.ref].mine]
             if theirs:
                 raise UsageError("; ".join(theirs))
             reservations.release(booked, {g.ref for g in gpus})  # ours again: the new time stands
-            reservations.reserve(directory, [(g.ref, g.index) for g in gpus], until, note)
+            reservations.reserve(directory, [(g.ref, g.index) for g in gpus], until, note, shared.recorded_idle_release)
             held = claims.read(directory)
     except Unavailable as exc:
         raise UsageError(f"cannot reserve: {exc}") from None
@@ -92,9 +94,9 @@ def _on_hosts(args: argparse.Namespace) -> int:
     return print_as_they_answer(as_they_answer(args, argv + (["--note", args.note] if args.note else [])))
 
 
-def _list(as_json: bool) -> int:
-    directory = where()
-    found = reservations.read(directory, idle_release=idle_release()) if directory.is_dir() else {}
+def _list(shared: SharingSettings, as_json: bool) -> int:
+    directory = shared.directory
+    found = reservations.read(directory, idle_release=shared.idle_release_s) if directory.is_dir() else {}
     listed = sorted(found.values(), key=lambda r: (r.index if r.index is not None else 1 << 30, r.card))
     if as_json:
         json.dump({"schema": 1, "host": socket.gethostname(), "time": time.time(),

@@ -30,12 +30,12 @@ def run(args: argparse.Namespace) -> int:
         return run_host(args, request)
     if args.wait_timeout is not None and not args.wait:
         raise UsageError("--wait-timeout goes with --wait")
-    config = load_settings(args)
-    backend = open_source(args)
+    settings = load_settings(args)
+    backend = open_source(args, settings.health)
     try:
         code = launch(request, backend, backend_args=backend_args(args), interval=args.interval, out=sys.stdout,
-                      as_json=args.json, claims_dir=config.claims_dir,
-                      config_file=getattr(args, "config", None))
+                      as_json=args.json, shared=settings.sharing, keep=settings.jobs_keep,
+                      config_file=getattr(args, "config", None), owners=settings.host_paths)
     finally:
         backend.close()
     if not request.foreground and (note := logout_note(request.systemd)):

@@ -33,16 +33,16 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import select_hosts
 
         return select_hosts(args)
-    config = load_settings(args)
+    settings = load_settings(args)
     deadline = time.monotonic() + args.timeout
-    backend = open_source(args, timeout=args.timeout)
+    backend = open_source(args, settings.health, timeout=args.timeout)
     try:
         # A card that does not answer in time is "not responding", never waited for past --timeout.
-        snapshot = sample_once(backend, wait_s=max(0.0, deadline - time.monotonic()))
+        snapshot = sample_once(backend, max(0.0, deadline - time.monotonic()), settings.host_paths)
         topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
-    taken = Sharing(config.claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    taken = Sharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
     try:
         choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
                         max_used=args.max_used, taken=taken.skip, preferred=taken.mine)

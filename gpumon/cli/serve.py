@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 
 from gpumon.cli.common import fleet_requested, load_settings, open_source
-from gpumon.config import Config
 from gpumon.errors import EXIT_OK
+from gpumon.settings import Settings
 from gpumon.web.address import DEFAULT, is_loopback, parse_listen, url_host
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     host, port = parse_listen(args.listen or config.serve_listen or DEFAULT)
     # aiohttp is loaded by `serve` alone (the other commands start without it).
     from gpumon.usage.report import PageReport
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             token, made = stored_token()
             note = "the token is kept for the next start; it is printed this once" if made else None
     feed = Feed()
-    cards, backend = _cards(args, config, feed)
+    cards, backend = _cards(args, settings, feed)
     # "Last 7 days": this machine's usage ledger, shown with this machine's cards only (not beside a
     # fleet's, the demo's or a replay's).
     own = backend is not None and not (args.demo or args.scenario is not None or args.replay)
@@ -63,20 +64,22 @@ def run(args: argparse.Namespace) -> int:
             backend.close()
 
 
-def _cards(args: argparse.Namespace, config: Config, feed):
+def _cards(args: argparse.Namespace, settings: Settings, feed):
     """(LocalCards or FleetCards, this machine's backend to close or None)."""
     from gpumon.web.feed import FleetCards, LocalCards
 
+    config = settings.config
     one_machine = args.local or args.demo or args.scenario is not None or args.replay
     if fleet_requested(args) or ((config.fleet_hosts or config.fleet_prometheus_url) and not one_machine):
         from gpumon.cli.fleet import build, host_list, prometheus_url
 
-        fleet = build(args, config, host_list(args, config, use_config=True), prometheus_url(args, config, True))
+        fleet = build(args, settings, host_list(args, config, use_config=True), prometheus_url(args, config, True))
         return FleetCards(fleet, feed), None
     from gpumon.cards.sampler import Sampler
 
-    backend = open_source(args)  # no driver: said now (status 3), before anything is bound
-    return LocalCards(Sampler(backend, interval=args.interval, enrich=True), feed), backend
+    backend = open_source(args, settings.health)  # no driver: said now (status 3), before anything is bound
+    sampler = Sampler(backend, interval=args.interval, enrich=True, owners=settings.host_paths)
+    return LocalCards(sampler, feed, settings.sharing), backend
 
 
 async def _serve(cards, server, announce) -> int:

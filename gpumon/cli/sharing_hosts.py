@@ -24,7 +24,7 @@ Answer = tuple[str, "str | None", "str | None"]  # (host, its gpumon's stdout or
 
 def as_they_answer(args: argparse.Namespace, argv: Sequence[str]) -> Iterator[Answer]:
     """Every host listed, each as soon as it has answered (or failed)."""
-    config = load_settings(args)
+    config = load_settings(args).config
     if getattr(args, "prometheus_url", None):
         raise UsageError("--prometheus-url reads hosts through Prometheus: there is no way to reach them (--hosts)")
     hosts = fleet.host_list(args, config)
@@ -52,7 +52,7 @@ def as_they_answer(args: argparse.Namespace, argv: Sequence[str]) -> Iterator[An
 
 def on_each_host(args: argparse.Namespace, argv: Sequence[str]) -> list[Answer]:
     """Every host's answer, in the order listed (for one document)."""
-    config = load_settings(args)
+    config = load_settings(args).config
     order = {spec.name: i for i, spec in enumerate(fleet.host_list(args, config))}
     return sorted(as_they_answer(args, argv), key=lambda answer: order[answer[0]])
 

@@ -8,11 +8,10 @@ import json
 import sys
 
 from gpumon.cards.sampler import sample_once
-from gpumon.cli.common import fleet_requested, print_document, read_once
+from gpumon.cli.common import fleet_requested, load_settings, print_document, read_once
 from gpumon.cli.tables import snapshot_text
 from gpumon.errors import EXIT_OK
 from gpumon.sharing import view
-from gpumon.sharing.folder import idle_release, where
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
         from gpumon.cli.fleet_commands import snapshot_hosts
 
         return snapshot_hosts(args)
-    snapshot = read_once(args, lambda backend, left: sample_once(backend, wait_s=left))
+    settings = load_settings(args)
+    snapshot = read_once(args, settings, lambda backend, left: sample_once(backend, left, settings.host_paths))
     if args.json:  # each card's claims and reservation (gpumon/sharing), added to the document
-        shares = view.per_card(where(), snapshot, idle_release())
+        shares = view.per_card(settings.sharing.directory, snapshot, settings.sharing.idle_release_s)
         json.dump(view.annotate(snapshot.to_dict(), shares), sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK

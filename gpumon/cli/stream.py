@@ -26,7 +26,7 @@ from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import Snapshot
 from gpumon.remote.connection import stdin_connection
 from gpumon.sharing import view
-from gpumon.sharing.folder import idle_release, where
+from gpumon.sharing.folder import SharingSettings
 
 
 def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:
@@ -49,7 +49,7 @@ def watch_stdin(loop: asyncio.AbstractEventLoop, on_end) -> None:
     loop.add_reader(fd, readable)
 
 
-async def _stream(sampler: Sampler) -> None:
+async def _stream(sampler: Sampler, sharing: SharingSettings) -> None:
     loop = asyncio.get_running_loop()
     out = sys.stdout.buffer
 
@@ -58,7 +58,7 @@ async def _stream(sampler: Sampler) -> None:
             return
         # Who claims or reserves each card, as `snapshot --json` says it: `select --hosts` must not
         # offer a card a launch here holds.
-        doc = view.annotate(snapshot.to_dict(), view.per_card(where(), snapshot, idle_release()))
+        doc = view.annotate(snapshot.to_dict(), view.per_card(sharing.directory, snapshot, sharing.idle_release_s))
         try:
             out.write(json.dumps(doc, separators=(",", ":")).encode() + b"\n")
             out.flush()
@@ -101,10 +101,11 @@ async def _sample(sampler: Sampler, loop: asyncio.AbstractEventLoop) -> None:
 def run_stream(args: argparse.Namespace) -> int:
     if not args.json:
         raise UsageError("--stream prints JSON lines: use snapshot --json --stream")
-    load_settings(args)
-    sampler = Sampler(None, interval=args.interval, history_seconds=0, opener=lambda: open_source(args))
+    settings = load_settings(args)
+    sampler = Sampler(None, interval=args.interval, history_seconds=0,
+                      opener=lambda: open_source(args, settings.health), owners=settings.host_paths)
     try:
-        asyncio.run(_stream(sampler))
+        asyncio.run(_stream(sampler, settings.sharing))
     finally:
         # Closing the driver could wait on a call that hangs: never let it keep this process alive.
         if sampler.backend is not None:

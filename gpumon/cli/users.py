@@ -22,7 +22,10 @@ from gpumon.cli.tables import HOST_CELLS, USERS_HEADER, USERS_RIGHT, USERS_WIDTH
 from gpumon.errors import EXIT_OK, UsageError
 from gpumon.model import HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
+from gpumon.owners.reader import HostPaths
 from gpumon.sanitize import printable
+from gpumon.settings import Settings
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.view import reservations_now, reservations_text
 from gpumon.units import format_duration
 
@@ -30,27 +33,28 @@ DEFAULT_SAMPLES = 3
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    settings = load_settings(args)
     if fleet_requested(args):
-        return _fleet(args, config)
+        return _fleet(args, settings)
     window = _window(args, args.interval)
-    backend = open_source(args)
+    backend = open_source(args, settings.health)
     try:
-        holders, watched, last = asyncio.run(_watch_host(args, backend, window))
+        holders, watched, last = asyncio.run(_watch_host(args, backend, window, settings.host_paths))
     finally:
         backend.close()
-    return _print(args, holders, watched, None, last)
+    return _print(args, holders, watched, None, last, settings.sharing)
 
 
 def _window(args: argparse.Namespace, interval: float) -> float:
     return args.window if args.window is not None else (DEFAULT_SAMPLES - 1) * interval
 
 
-async def _watch_host(args: argparse.Namespace, backend: Any, window: float) -> tuple[tuple[Holder, ...], float, float]:
+async def _watch_host(args: argparse.Namespace, backend: Any, window: float,
+                      owners: HostPaths) -> tuple[tuple[Holder, ...], float, float]:
     """Sample until the samples span `window` (by their own times: a replay goes as fast as it reads)."""
     replaying = getattr(args, "replay", None) is not None
     interval = 0.0 if replaying else args.interval
-    sampler = Sampler(backend, interval=interval, enrich=True)  # holders need each process's owner
+    sampler = Sampler(backend, interval=interval, enrich=True, owners=owners)  # holders need each process's owner
     tracker = HolderTracker()
     seen: dict[str, Any] = {"holders": (), "first": None, "last": None}
 
@@ -73,15 +77,15 @@ async def _watch_host(args: argparse.Namespace, backend: Any, window: float) -> 
 Answer = tuple[HostStatus, tuple[Holder, ...]]  # a host's status when it was done with, its holders then
 
 
-def _fleet(args: argparse.Namespace, config: Any) -> int:
+def _fleet(args: argparse.Namespace, settings: Settings) -> int:
     """Every host's holders, each host printed once it has been watched for the window (or has
     failed), as it comes: a slow host holds up no other. --json: one document at the end."""
     from gpumon.cli import fleet
 
     if getattr(args, "replay", None):
         raise UsageError("--replay reads one machine: not with --hosts")
-    hosts = fleet.host_list(args, config)
-    runner = fleet.build(args, config, hosts)
+    hosts = fleet.host_list(args, settings.config)
+    runner = fleet.build(args, settings, hosts)
     text = None if args.json else _HostsText(min(HOST_CELLS, max((len(h.name) for h in hosts), default=HOST_CELLS)))
     answers, watched = asyncio.run(_watch_fleet(runner, _window(args, runner.interval),
                                                 text.host if text is not None else None))
@@ -92,7 +96,7 @@ def _fleet(args: argparse.Namespace, config: Any) -> int:
     if text is not None:
         text.end(watched)
     else:
-        _print(args, [h for name in order for h in answers[name][1]], watched, statuses)
+        _print(args, [h for name in order for h in answers[name][1]], watched, statuses, sharing=settings.sharing)
     return fleet.read_status(statuses)
 
 
@@ -172,17 +176,18 @@ async def _watch_fleet(runner: Any, window: float,
 
 
 def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tuple[HostStatus, ...] | None,
-           now: float | None = None) -> int:
+           now: float | None = None, sharing: SharingSettings | None = None) -> int:
+    """`sharing`: this machine's place, for its reservations (none with `statuses`: hosts')."""
     if args.json:
         doc = users_document(holders, now if now is not None else time.time(), watched, statuses)
         if statuses is None:  # this machine's reservations (gpumon/sharing)
-            doc["reservations"] = [r.to_dict() for r in reservations_now().values()]
+            doc["reservations"] = [r.to_dict() for r in reservations_now(sharing or SharingSettings()).values()]
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK
     out = users_text(list(holders), show_hosts=statuses is not None)
     if statuses is None:
-        out += "".join(line + "\n" for line in reservations_text(reservations_now()))
+        out += "".join(line + "\n" for line in reservations_text(reservations_now(sharing or SharingSettings())))
     for status in statuses or ():
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):

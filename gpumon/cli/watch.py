@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from gpumon.alerting.events import EventWriter
 from gpumon.alerting.holder_rules import needs_processes
@@ -19,15 +20,20 @@ from gpumon.health.seen_xids import XidStateWriter
 from gpumon.jobs.supervision.job_events import EventFollower
 from gpumon.usage import usage_recorder
 
+if TYPE_CHECKING:
+    from gpumon.settings import Settings
+    from gpumon.sharing.folder import SharingSettings
+
 
 def run(args: argparse.Namespace) -> int:
-    config = load_settings(args)
+    settings = load_settings(args)
+    config = settings.config
     rules = parse_rules(config.watch_rules + config.rules + args.alert)
     fmt = args.format or config.format or ("text" if sys.stdout.isatty() else "jsonl")
     web = _web_config(args.web_config_file or config.web_config_file, args.prometheus or config.prometheus)
     if fleet_requested(args):
-        return _watch_hosts(args, config, rules, fmt, web)
-    backend = open_source(args)
+        return _watch_hosts(args, settings, rules, fmt, web)
+    backend = open_source(args, settings.health)
     replaying = args.replay is not None
     count = args.count
     if replaying:  # as fast as the data comes: rule durations use the recorded times
@@ -45,12 +51,12 @@ def run(args: argparse.Namespace) -> int:
     # replay or the demo (neither happened on this machine).
     usage = None if replaying or backend.name == "demo" else usage_recorder(config.history, "watch")
     enrich = recorder is not None or bool(address) or needs_processes(rules) or usage is not None
-    sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich)
+    sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich, owners=settings.host_paths)
     watch = Watch(
         sampler, AlertEngine(rules, tracker=usage.tracker if usage is not None else None),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
-        job_events=None if replaying else _job_and_reservation_events(sampler),
+        job_events=None if replaying else _job_and_reservation_events(sampler, settings.sharing),
         usage=usage.feed if usage is not None else None,
     )
     if not replaying and backend.xid_events:  # what `gpumon health` reads of the XIDs before it
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         if address:
-            server = watch.serve_prometheus(address, per_process, _hostname(args, config), web)
+            server = watch.serve_prometheus(address, per_process, _hostname(args, config), web, settings.sharing)
         return asyncio.run(watch.run())
     finally:
         if watch.xid_state is not None:
@@ -87,12 +93,12 @@ def _web_config(path: str | None, address: str | None):
     return load_web_config(path)
 
 
-def _job_and_reservation_events(sampler: Sampler):
+def _job_and_reservation_events(sampler: Sampler, sharing: SharingSettings):
     """Jobs of this user on this host that moved to other cards, and reservations of this host
     that ended by themselves (gpumon/sharing; judged on the newest sample): news once per sample."""
     from gpumon.sharing.view import ReservationFollower
 
-    jobs, reservations = EventFollower(), ReservationFollower(socket.gethostname())
+    jobs, reservations = EventFollower(), ReservationFollower(socket.gethostname(), sharing)
     reservations.read_new(None)  # what ended before watch started is not news
     return lambda: [*jobs.read_new(), *reservations.read_new(sampler.latest)]
 
@@ -107,7 +113,7 @@ def _hostname(args: argparse.Namespace, config) -> str | None:
     return name
 
 
-def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str, web=None) -> int:
+def _watch_hosts(args: argparse.Namespace, settings: Settings, rules, fmt: str, web=None) -> int:
     from gpumon.alerting.fleet_watch import FleetWatch
     from gpumon.cli import fleet
     from gpumon.errors import UsageError
@@ -115,7 +121,8 @@ def _watch_hosts(args: argparse.Namespace, config, rules, fmt: str, web=None) ->
     if args.prometheus_hostname is not None:
         raise UsageError("--prometheus-hostname names one machine: with --hosts each host's Hostname is its name "
                          "in the host list")
-    runner = fleet.build(args, config, fleet.host_list(args, config))
+    config = settings.config
+    runner = fleet.build(args, settings, fleet.host_list(args, config))
     on_alert = args.on_alert or config.on_alert
     hooks = HookRunner(on_alert, args.hook_timeout or config.hook_timeout) if on_alert else None
     watch = FleetWatch(runner, rules, EventWriter(sys.stdout, fmt, show_hosts=True), hooks, args.exit_on_alert,

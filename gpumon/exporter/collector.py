@@ -32,6 +32,7 @@ from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
 from gpumon.exporter.sharing import reserved_family
 from gpumon.exporter.vendors import vendor_families
 from gpumon.model import Snapshot
+from gpumon.sharing.folder import SharingSettings
 
 # Every card's readings under one set of labels, in the exposition's order.
 GAUGES = [f for f in CARD_FIELDS + HEALTH_FIELDS + DRM_FIELDS if f.exported]
@@ -62,17 +63,20 @@ class GpumonCollector(Collector):
                  firing: Callable[[], dict[int, tuple[str, ...]]] | None = None,
                  xid: Callable[[], dict[tuple[int, int], float]] | None = None, processes: bool = False,
                  hostname: str | None = None,
-                 recent_xids: Callable[[], dict[tuple[int, int], tuple[float, ...]]] | None = None) -> None:
+                 recent_xids: Callable[[], dict[tuple[int, int], tuple[float, ...]]] | None = None,
+                 sharing: SharingSettings | None = None) -> None:
         """`xid`: (card index, XID code) -> unix time of the newest such XID; a copy the caller
         replaces whole (read from the scrape thread); `recent_xids` the same with the times of each
         within XID_COUNT_WINDOW_S. `hostname`: the Hostname label (default: the snapshot's host,
-        this machine's name), which is how a Prometheus reader tells hosts apart."""
+        this machine's name), which is how a Prometheus reader tells hosts apart. `sharing`: where
+        this host's reservations are ([claims]; None: the defaults)."""
         self.latest = latest
         self.firing = firing
         self.xid = xid
         self.recent_xids = recent_xids
         self.processes = processes
         self.hostname = hostname
+        self.sharing = sharing or SharingSettings()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self.latest()
@@ -82,7 +86,7 @@ class GpumonCollector(Collector):
         reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {},
                           self.recent_xids() if self.recent_xids else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
-        yield reserved_family(snap, reading.host)  # this machine's reservations (exporter/sharing.py)
+        yield reserved_family(snap, reading.host, self.sharing)  # this machine's reservations (exporter/sharing.py)
 
 
 class FleetCollector(Collector):

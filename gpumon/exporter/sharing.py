@@ -7,6 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpumon.exporter.owners import OWNER_LABELS, card_labels
 from gpumon.model import Snapshot
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.view import host_sharing, of
 
 RESERVED = "gpumon_gpu_reserved"
@@ -14,8 +15,8 @@ RESERVED_HELP = ("1 while the card is reserved (gpumon reserve; user: who holds 
                  "until: the reservation's end, unix time.")
 
 
-def reserved_family(snapshot: Snapshot, hostname: str) -> GaugeMetricFamily:
-    shares = host_sharing(snapshot).cards
+def reserved_family(snapshot: Snapshot, hostname: str, sharing: SharingSettings) -> GaugeMetricFamily:
+    shares = host_sharing(sharing, snapshot).cards
     # Who holds the card now (the owners' labels), as on every card series: a reservation its
     # holder's job uses reads as that job's.
     family = GaugeMetricFamily(RESERVED, RESERVED_HELP,

@@ -11,6 +11,7 @@ from gpumon.cards.sampler import run_in_daemon_thread as in_daemon_thread  # a h
 from gpumon.errors import GpumonError
 from gpumon.fleet.fleet import Source
 from gpumon.model import Snapshot
+from gpumon.owners.reader import HostPaths
 from gpumon.remote.hosts import LOCAL
 
 RETRY_S = 30.0
@@ -20,9 +21,10 @@ class LocalSource(Source):
     kind = "local"
     hosts = (LOCAL,)
 
-    def __init__(self, open_backend: Callable[[], Backend], interval: float) -> None:
+    def __init__(self, open_backend: Callable[[], Backend], interval: float, owners: HostPaths = HostPaths()) -> None:
         self.open_backend = open_backend
         self.interval = interval
+        self.owners = owners  # where this host's records of who runs what are
 
     async def run(self, fleet) -> None:
         while True:
@@ -32,7 +34,7 @@ class LocalSource(Source):
                 fleet.report(LOCAL, "error", error=str(exc).split("\n")[0], source="local")
                 await asyncio.sleep(RETRY_S)
                 continue
-            sampler = Sampler(backend, interval=self.interval, history_seconds=0)
+            sampler = Sampler(backend, interval=self.interval, history_seconds=0, owners=self.owners)
 
             def publish(snapshot: Snapshot) -> None:
                 fleet.report(LOCAL, "stale" if snapshot.stale else "live", snapshot=snapshot, source="local",

@@ -54,14 +54,15 @@ class _Card:
 
 
 class HealthTracker:
-    def __init__(self) -> None:
+    def __init__(self, settings: health.HealthSettings = health.HealthSettings()) -> None:
+        self.settings = settings  # the rules, the window, the XID policy ([health])
         self._cards: dict[str, _Card] = {}
         self._lock = threading.Lock()  # note_xid comes from the XID thread
 
     def note_xid(self, key: str, code: int, when: float) -> None:
         """An XID of the card known by `key`; kept only when the XID policy counts its code (the
         others are programs' own faults)."""
-        policy = health.settings().xid
+        policy = self.settings.xid
         if not policy.noted(code):
             return
         with self._lock:
@@ -93,7 +94,7 @@ class HealthTracker:
         if raw is not card.raw:
             card.raw = raw
             card.counters = self._with_rates(card, raw, now) if raw is not None else None
-        settings = health.settings()
+        settings = self.settings
         key_now = (id(card.counters), state, fabric, ecc_uncorrected, card.xid_version, id(settings), vendor, unread)
         if key_now != card.key or now >= card.expires or card.verdict is None:
             card.key = key_now
@@ -148,7 +149,7 @@ class HealthTracker:
 
     def _with_rates(self, card: _Card, raw: Raw, now: float) -> CardCounters:
         readings = card.readings
-        window = health.settings().window_s
+        window = self.settings.window_s
         while len(readings) > 1 and readings[1][0] <= now - window:  # keep one reading from before it
             readings.popleft()
         previous = readings[-1] if readings else None
@@ -178,7 +179,7 @@ class HealthTracker:
                 for key, card in self._cards.items() if card.readings}
 
     def import_readings(self, saved: dict[str, Any], now: float) -> None:
-        window = health.settings().window_s
+        window = self.settings.window_s
         for key, readings in saved.items():
             card = self._cards.setdefault(key, _Card())
             for when, raw in readings[-MAX_READINGS:]:

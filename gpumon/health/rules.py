@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpumon.config import Config
 from gpumon.counters import VERDICTS, Health, HealthReason
 from gpumon.errors import UsageError
 from gpumon.health import xid as catalogue
@@ -175,28 +176,22 @@ class HealthValues:
 
 @dataclass(frozen=True)
 class HealthSettings:
+    """The config's [health] (parse_settings), handed to every tracker and backend that draws verdicts."""
+
     rules: tuple[HealthRule, ...] = RULES
     window_s: float = DEFAULT_WINDOW_S
     interval_s: float = DEFAULT_INTERVAL_S  # how often a backend reads the counters
     xid: catalogue.XidPolicy = catalogue.XidPolicy()
 
 
-_settings = HealthSettings()
-
-
-def settings() -> HealthSettings:
-    return _settings
-
-
-def configure(table: Mapping[str, Any] | None, where: str = "config") -> HealthSettings:
-    """Apply the config's [health] table for this process (every tracker reads it); UsageError names
-    the bad key. An empty or missing table restores the defaults."""
-    global _settings
-    _settings = parse_settings(table or {}, where)
-    return _settings
+def configured_settings(config: Config) -> HealthSettings:
+    """The config's [health]; its errors name the file that set it."""
+    source = next((file for key, (file, _) in config.origins.items() if key.startswith("health")), config.path)
+    return parse_settings(config.health, f"config {source}" if source else "config")
 
 
 def parse_settings(table: Mapping[str, Any], where: str = "config") -> HealthSettings:
+    """The config's [health] table as settings (empty: the defaults); UsageError names the bad key."""
     known = {rule.code: rule for rule in RULES}
     for key in table:
         if key not in ("window", "interval", "rules", "xid", "xid_state"):  # xid_state: cli/health.py's
@@ -244,9 +239,8 @@ def _override(rule: HealthRule, change: Mapping[str, Any], where: str) -> Health
     return dataclasses.replace(rule, **fields)
 
 
-def assess(values: HealthValues, settings: HealthSettings | None = None) -> Health:
+def assess(values: HealthValues, settings: HealthSettings = HealthSettings()) -> Health:
     """The verdict: the worst of the rules that hold, each with its reason and action."""
-    settings = settings or _settings
     reasons: list[HealthReason] = []
     worst = "ok"
     for rule in settings.rules:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpumon.model import GpuSample
 from gpumon.sharing import claims, queue, reservations
-from gpumon.sharing.folder import Hold, Unavailable, exclusive, where
+from gpumon.sharing.folder import IDLE_RELEASE_S, Hold, SharingSettings, Unavailable, exclusive
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,9 @@ class Taken:
     claimed: dict[str, list[claims.Claim]] = field(default_factory=dict)
 
 
-def taken_now(directory: Path) -> Taken:
+def taken_now(directory: Path, idle_release: float = IDLE_RELEASE_S) -> Taken:
     held = claims.read(directory)
-    booked = reservations.read(directory)
+    booked = reservations.read(directory, idle_release=idle_release)
     skip = {card: ", ".join(c.words() for c in listed) for card, listed in held.items()}
     for card, r in booked.items():
         if not r.mine:
@@ -48,8 +48,9 @@ def notes_for(gpus: Sequence[GpuSample], taken: Taken) -> list[str]:
 class Sharing:
     """The place as one launch or one supervisor uses it; says once why it cannot."""
 
-    def __init__(self, configured: str | None, warn: Callable[[str], None]) -> None:
-        self.directory = where(configured)
+    def __init__(self, settings: SharingSettings, warn: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.directory = settings.directory
         self.warn = warn
         self.warned = False
 
@@ -77,7 +78,7 @@ class Sharing:
         if place is None:
             return Taken()
         try:
-            return taken_now(place)
+            return taken_now(place, self.settings.idle_release_s)
         except (OSError, Unavailable) as exc:
             self.unavailable(Unavailable(str(exc)))
             return Taken()
@@ -87,7 +88,7 @@ class Sharing:
         if not self.directory.exists():
             return Taken()
         try:
-            return taken_now(self.directory)
+            return taken_now(self.directory, self.settings.idle_release_s)
         except OSError as exc:
             self.unavailable(Unavailable(f"cannot read {self.directory}: {exc.strerror}"))
             return Taken()
@@ -115,9 +116,9 @@ class SupervisorSharing:
     """A supervisor's claims and queue entry: adopted from its launcher (or made, for a supervisor
     systemd started, which inherits no descriptors), given up when the job ends."""
 
-    def __init__(self, configured: str | None, job: str, name: str, gpu_spec: str,
+    def __init__(self, settings: SharingSettings, job: str, name: str, gpu_spec: str,
                  warn: Callable[[str], None]) -> None:
-        self.sharing = Sharing(configured, warn)
+        self.sharing = Sharing(settings, warn)
         self.job, self.name, self.gpu_spec = job, name, gpu_spec
         self.claims = claims.adopt(self.sharing.directory, job)
         self.entry = queue.adopt(self.sharing.directory, job)

@@ -35,6 +35,8 @@ from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs rea
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
+from gpumon.owners.reader import HostPaths
+from gpumon.sharing.folder import SharingSettings
 from gpumon.units import format_bytes, format_cpu_list, parse_size
 
 # How many times a job launched with the run dialog's "move if the card fails" may move.
@@ -129,13 +131,15 @@ def systemd_available() -> bool:
 
 
 def start(spec: jobs.JobSpec, foreground: bool = False, systemd: bool = False, typed: str | None = None,
-          env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Path:
+          env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+          keep: jobs.JobsKeep = jobs.JobsKeep()) -> Path:
     """Record the job and start its supervisor (not in the foreground: the caller does that, see
     `run_foreground`); returns the job's directory. `env`: the job's environment (default ours);
-    `pass_fds`: its claims, handed to the supervisor (systemd's starts without: it claims anew)."""
+    `pass_fds`: its claims, handed to the supervisor (systemd's starts without: it claims anew);
+    `keep`: how many finished jobs' records are kept ([jobs])."""
     if systemd and not systemd_available():
         raise UsageError("--systemd: no systemd user instance is reachable here (systemctl --user failed)")
-    directory = jobs.create_job(spec)
+    directory = jobs.create_job(spec, keep)
     command_history.remember_command(typed or shlex.join(spec.command))
     if systemd:
         files.save_environment(directory, dict(os.environ if env is None else env))
@@ -223,15 +227,17 @@ def how_it_ended(job: Mapping[str, Any] | None, code: int) -> str:
 
 
 def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any], interval: float,
-           out: IO[str], as_json: bool = False,
-           claims_dir: str | None = None, config_file: str | None = None) -> int:
+           out: IO[str], as_json: bool = False, shared: SharingSettings | None = None,
+           keep: jobs.JobsKeep = jobs.JobsKeep(), config_file: str | None = None,
+           owners: HostPaths = HostPaths()) -> int:
     """`gpumon run`: what it started, for people, or (`as_json`, what a host's `run` answers to the
     gpumon that asked, jobs/host.py) `{"job": <its jobs --json entry>, "summary": [those lines]}`.
-    `config_file`: the one given with --config, handed to the supervisor."""
-    snapshot = sample_once(backend)
+    `shared`: the host's shared place ([claims]; None: the defaults); `keep`: [jobs] keep; `config_file`: the one given
+    with --config, handed to the supervisor; `owners`: where the host's records of who runs what are."""
+    snapshot = sample_once(backend, owners=owners)
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     topo = backend.topology() if needs_topo else None
-    sharing = Sharing(claims_dir, lambda line: print(f"gpumon: {line}", file=sys.stderr))
+    sharing = Sharing(shared or SharingSettings(), lambda line: print(f"gpumon: {line}", file=sys.stderr))
     # Choosing and claiming are one step under the host's lock: two launches never choose one card.
     with sharing.placing() as place:
         taken = sharing.taken(place)
@@ -250,7 +256,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
                 if note := busy_note(gpu):
                     print(f"gpumon: {note}; starting there as asked", file=sys.stderr)
         directory = start(spec, foreground=request.foreground, systemd=request.systemd, typed=request.typed,
-                          pass_fds=hold.fds)
+                          pass_fds=hold.fds, keep=keep)
         if request.foreground:
             return run_foreground(directory, pass_fds=hold.fds)
         job = control.wait_until_started(directory)

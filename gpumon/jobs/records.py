@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
 from gpumon.jobs.files import jobs_dir, read_json, write_atomic
@@ -308,22 +309,17 @@ def prune() -> list[Job]:
     return removed
 
 
-KEEP = 200  # finished jobs kept (the newest) by prune_old, and for how long: config [jobs] keep, keep_for
-KEEP_FOR_S = 30 * 86400.0
+@dataclass(frozen=True)
+class JobsKeep:
+    """The config's [jobs] keep and keep_for: finished jobs kept (the newest), and for how long."""
+
+    count: int = JOBS_KEEP
+    for_s: float = JOBS_KEEP_FOR_S
 
 
-def configure_keep(keep: int, keep_for: float) -> None:
-    """The config's [jobs] keep and keep_for, for prune_old (each new job prunes)."""
-    global KEEP, KEEP_FOR_S
-    KEEP, KEEP_FOR_S = keep, keep_for
-
-
-def prune_old(keep: int | None = None, keep_for: float | None = None, now: float | None = None) -> list[Job]:
+def prune_old(keep: int = JOBS_KEEP, keep_for: float = JOBS_KEEP_FOR_S, now: float | None = None) -> list[Job]:
     """Remove the records of finished jobs beyond the newest `keep`, and of those that ended over
-    `keep_for` seconds ago (defaults: configure_keep's); returns them. Unfinished jobs, and
-    another host's, are never removed here."""
-    keep = KEEP if keep is None else keep
-    keep_for = KEEP_FOR_S if keep_for is None else keep_for
+    `keep_for` seconds ago; returns them. Unfinished jobs, and another host's, are never removed here."""
     now = time.time() if now is None else now
     finished = [job for job in list_jobs() if job.state in FINISHED and not job.remote]
     removed = []
@@ -383,8 +379,8 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
 
 
-def create_job(spec: JobSpec) -> Path:
-    prune_old()  # each new job makes room: the records stay as many as [jobs] keep says
+def create_job(spec: JobSpec, keep: JobsKeep = JobsKeep()) -> Path:
+    prune_old(keep.count, keep.for_s)  # each new job makes room: the records stay as many as [jobs] keep says
     directory = jobs_dir() / spec.id
     directory.mkdir(parents=True, mode=0o700)
     os.chmod(directory, 0o700)

@@ -43,24 +43,12 @@ class HostPaths:
     job_map_dir: Path | None = None
 
 
-_host_paths = HostPaths()
-
-
-def use_host_paths(paths: HostPaths) -> None:
-    """Read this host's records there from now on: every reader made afterwards. (Not psutil's
-    process-wide root: gpumon's own jobs and supervisors live in this /proc; the processes of the
-    host's /proc are read through cards/procroot.)"""
-    global _host_paths
-    _host_paths = paths
-
-
-def host_paths() -> HostPaths:
-    return _host_paths
-
-
 class OwnerReader:
-    def __init__(self, paths: HostPaths | None = None) -> None:
-        self.paths = paths or host_paths()
+    def __init__(self, paths: HostPaths = HostPaths()) -> None:
+        """`paths`: where this host's records are. (Never psutil's process-wide root: gpumon's own
+        jobs and supervisors live in this /proc; the processes of the host's /proc are read
+        through cards/procroot.)"""
+        self.paths = paths
         self.pods = PodNames(self.paths.pods_dir)
         self.containers = ContainerNames(self.paths.docker_dir, self.paths.podman_dir)
         self.job_map = JobMap(self.paths.job_map_dir) if self.paths.job_map_dir is not None else None

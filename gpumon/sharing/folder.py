@@ -16,9 +16,9 @@ import pwd
 import re
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +36,41 @@ class Unavailable(Exception):
     """The place cannot be used; the text says why, in one line."""
 
 
-_configured: dict[str, Any] = {"dir": None, "idle_release": None}
+IDLE_RELEASE_S = 30 * 60.0  # a reservation unused this long ends, unless the host's config says otherwise
 
 
-def configure(directory: str | None, idle_release: str | None = None) -> None:
-    """The config's `[claims]` for this process (cli/common.load_settings); checked here."""
-    _configured["dir"] = directory
-    _configured["idle_release"] = idle_release_s(idle_release)
+def where(configured: str | None, environ: Mapping[str, str] = os.environ) -> Path:
+    """$GPUMON_CLAIMS_DIR, else `configured` (the config's `[claims] dir`), else /tmp/gpumon-claims."""
+    return Path(environ.get(ENV) or configured or DEFAULT_DIR).expanduser()
 
 
-def where(configured: str | None = None) -> Path:
-    """$GPUMON_CLAIMS_DIR, else `configured`, else the config's `[claims] dir`, else /tmp/gpumon-claims."""
-    return Path(os.environ.get(ENV) or configured or _configured["dir"] or DEFAULT_DIR).expanduser()
+@dataclass(frozen=True)
+class SharingSettings:
+    """`[claims]`: the folder every user of the host shares, and how long a reservation may go unused."""
+
+    directory: Path = field(default_factory=lambda: where(None))
+    # The host's limit (the admin's system config, else 30 min). Every reader judges every
+    # reservation by it, so whose config is read never decides whether another's booking stands.
+    idle_release_s: float = IDLE_RELEASE_S
+    # This user's own `[claims] idle_release`: written into the reservations they make, where it
+    # may only shorten the host's limit.
+    own_idle_release_s: float | None = None
+
+    @property
+    def recorded_idle_release(self) -> float | None:
+        """What this user's new reservations record for every reader: their own idle release,
+        where it is shorter than the host's (never longer)."""
+        own = self.own_idle_release_s
+        return own if own is not None and own < self.idle_release_s else None
 
 
-def idle_release() -> float:
-    """Seconds a reservation may go unused (`[claims] idle_release`, default 30 minutes)."""
-    return _configured["idle_release"] or idle_release_s(None)
+def sharing_settings(directory: str | None, host_idle_release: str | None = None,
+                     own_idle_release: str | None = None,
+                     environ: Mapping[str, str] = os.environ) -> SharingSettings:
+    """The settings from the config's `[claims]` (the host's file's idle_release apart from the
+    user's), checked; UsageError names the bad key."""
+    own = idle_release_s(own_idle_release) if own_idle_release else None
+    return SharingSettings(where(directory, environ), idle_release_s(host_idle_release), own)
 
 
 def name_part(text: str) -> str:
@@ -328,7 +346,7 @@ def idle_release_s(configured: str | None) -> float:
     from gpumon.units import parse_duration
 
     if not configured:
-        return 30 * 60.0
+        return IDLE_RELEASE_S
     try:
         return parse_duration(configured)
     except UsageError as exc:

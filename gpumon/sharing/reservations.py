@@ -3,10 +3,12 @@
 A reservation is a record in the shared place (folder.py), `reserve.<card>.<random>`, owned by the
 user who made it (stat), with its end time and note inside. It is not held by a process: it ends
 at its time, when its holder releases it, or when the holder has had no process on the card for
-`[claims] idle_release` (default 30 minutes). The holder's own gpumon notes their use of the card
-by touching the file (its mtime), so anyone can tell how long it has been unused; only the holder
-can remove it (the folder is sticky). Everyone else's placement skips a reserved card; the
-holder's prefers it.
+its idle release: the host's `[claims] idle_release` (the system config's, default 30 minutes),
+or the shorter one its holder's own config asked for, written in the record when it was made.
+Every reader judges a reservation by that same rule, whatever its own config says. The holder's
+own gpumon notes their use of the card by touching the file (its mtime), so anyone can tell how
+long it has been unused; only the holder can remove it (the folder is sticky). Everyone else's
+placement skips a reserved card; the holder's prefers it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from typing import Any
 
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import create, record_name, records
+from gpumon.sharing.folder import IDLE_RELEASE_S, create, record_name, records
 from gpumon.units import format_time
 
 PREFIX = "reserve"
-IDLE_RELEASE_S = 30 * 60.0
 MAX_NOTE = 200
 TOUCH_EVERY_S = 60.0  # the holder's use is noted at most this often (a utime per card)
 
@@ -41,6 +42,7 @@ class Reservation:
     used: float  # the last time the holder's use of the card was noted (the file's mtime)
     host: str
     path: Path
+    idle_release: float = IDLE_RELEASE_S  # seconds unused after which it ends (see the module's rule)
 
     def words(self) -> str:
         """'reserved by alice until 14:00: "paper deadline"' (their note made printable)."""
@@ -68,7 +70,8 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
          now: float | None = None, ended: list[Ended] | None = None,
          seen: dict[str, float] | None = None) -> dict[str, Reservation]:
     """Reservations in force, by card. With a `snapshot`, a holder's process on the card is use
-    (noted, for our own); one unused for `idle_release` is over. Over ones are skipped (and ours
+    (noted, for our own); one unused for its idle release is over: `idle_release` (the host's
+    limit), or the shorter one written in the record. Over ones are skipped (and ours
     removed); `ended` collects them. `seen`: a long-running reader's memory of when it last saw
     each in use (by file name), for the holders it cannot note use for."""
     now = time.time() if now is None else now
@@ -89,9 +92,11 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
             used = max(created, os.stat(record.path).st_mtime)
         except OSError:
             continue
+        asked = record.number("idle_release")
         r = Reservation(card=card, index=record.whole("index"), user=record.user, uid=record.uid, until=until,
                         note=record.text("note", MAX_NOTE), created=created, used=used, host=record.text("host"),
-                        path=record.path)
+                        path=record.path,
+                        idle_release=min(asked, idle_release) if asked is not None and asked > 0 else idle_release)
         in_use = bool(users_on.get(card, set()) & {r.uid, r.user})
         if in_use:
             r = _note_use(r, now)
@@ -99,7 +104,7 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
                 seen[r.path.name] = now
         elif seen is not None and seen.get(r.path.name, 0.0) > r.used:
             r = Reservation(**{**r.__dict__, "used": seen[r.path.name]})
-        why = "expired" if until <= now else ("idle" if not in_use and now - r.used >= idle_release else None)
+        why = "expired" if until <= now else ("idle" if not in_use and now - r.used >= r.idle_release else None)
         if why:
             if r.mine:
                 r.path.unlink(missing_ok=True)
@@ -131,13 +136,16 @@ def note_use(directory: Path, cards: set[str], now: float | None = None) -> None
                 pass
 
 
-def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: str) -> list[Path]:
-    """Book `cards` (reference, index) until `until`; the caller holds the place's lock."""
+def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: str,
+            idle_release: float | None = None) -> list[Path]:
+    """Book `cards` (reference, index) until `until`; the caller holds the place's lock.
+    `idle_release`: the holder's own shorter release, written for every reader to honour."""
     made = []
+    asked = {"idle_release": idle_release} if idle_release is not None else {}
     for card, index in cards:
         fd, path = create(directory, record_name(PREFIX, card), {
             "card": card, "index": index, "until": until, "note": note[:MAX_NOTE], "created": time.time(),
-            "host": socket.gethostname()}, locked=False)
+            "host": socket.gethostname(), **asked}, locked=False)
         os.close(fd)
         made.append(path)
     return made
@@ -156,7 +164,7 @@ def release(found: dict[str, Reservation], cards: set[str] | None = None) -> lis
 @dataclass(frozen=True, slots=True)
 class ReservationEvent:
     """A reservation of a card ended by itself (gpumon/sharing/reservations.py): its holder had
-    no process on the card for `[claims] idle_release`, or its time was up. `watch` emits it."""
+    no process on the card for its idle release, or its time was up. `watch` emits it."""
 
     host: str
     gpu: int | None

@@ -12,7 +12,7 @@ from gpumon.model import GpuSample, Snapshot
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
-from gpumon.sharing.folder import idle_release, where
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.reservations import Ended, Reservation, ReservationEvent
 from gpumon.units import format_duration
 
@@ -72,16 +72,17 @@ class HostSharing:
     queue: list[queue_mod.Entry] = field(default_factory=list)
 
 
-def host_sharing(snapshot: Snapshot | None = None, ended: list[Ended] | None = None) -> HostSharing:
+def host_sharing(sharing: SharingSettings, snapshot: Snapshot | None = None,
+                 ended: list[Ended] | None = None) -> HostSharing:
     """Read this host's place (`[claims] dir`) once: every view of one sample uses the result."""
-    directory = where()
+    directory = sharing.directory
     if not directory.is_dir():
         return HostSharing()
     try:
         line = queue_mod.read(directory)
     except OSError:
         line = []
-    return HostSharing(per_card(directory, snapshot, idle_release(), ended), line)
+    return HostSharing(per_card(directory, snapshot, sharing.idle_release_s, ended), line)
 
 
 class ReservationsSeen:
@@ -89,14 +90,15 @@ class ReservationsSeen:
     when the place changed (a reservation made or released), and every `every` seconds (one ends
     by itself at its time, or unused)."""
 
-    def __init__(self, every: float = 5.0) -> None:
+    def __init__(self, sharing: SharingSettings, every: float = 5.0) -> None:
+        self.sharing = sharing
         self.every = every
         self.read_at = float("-inf")
         self.changed: int | None = None
         self.found: dict[str, Reservation] = {}
 
     def get(self, snapshot: Snapshot | None = None) -> dict[str, Reservation]:
-        directory = where()
+        directory = self.sharing.directory
         try:
             changed = directory.stat().st_mtime_ns
         except OSError:
@@ -106,7 +108,7 @@ class ReservationsSeen:
         if changed != self.changed or now - self.read_at >= self.every:
             self.changed, self.read_at = changed, now
             try:
-                self.found = reservations.read(directory, snapshot, idle_release())
+                self.found = reservations.read(directory, snapshot, self.sharing.idle_release_s)
             except OSError:
                 self.found = {}
         return self.found
@@ -115,11 +117,11 @@ class ReservationsSeen:
         return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
 
 
-def reservations_now(snapshot: Snapshot | None = None) -> dict[str, Reservation]:
+def reservations_now(sharing: SharingSettings, snapshot: Snapshot | None = None) -> dict[str, Reservation]:
     """This host's reservations in force (none where the place is missing or unreadable)."""
-    directory = where()
+    directory = sharing.directory
     try:
-        return reservations.read(directory, snapshot, idle_release()) if directory.is_dir() else {}
+        return reservations.read(directory, snapshot, sharing.idle_release_s) if directory.is_dir() else {}
     except OSError:
         return {}
 
@@ -135,18 +137,19 @@ class ReservationFollower:
     """For `watch`: the reservations of this host that ended since the last call, once each (those
     over before it started are not news), as events for the hooks."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, sharing: SharingSettings) -> None:
         self.host = host
+        self.sharing = sharing
         self.seen: dict[str, float] = {}  # when each reservation was last seen in use, by file name
         self.told: set[str] = set()
         self.started = False
 
     def read_new(self, snapshot: Snapshot | None) -> list[ReservationEvent]:
-        directory = where()
+        directory = self.sharing.directory
         ended: list[Ended] = []
         if directory.is_dir():
             try:
-                reservations.read(directory, snapshot, idle_release(), ended=ended, seen=self.seen)
+                reservations.read(directory, snapshot, self.sharing.idle_release_s, ended=ended, seen=self.seen)
             except OSError:
                 return []
         new = [e for e in ended if e.reservation.path.name not in self.told]
@@ -157,5 +160,5 @@ class ReservationFollower:
         return [ReservationEvent(host=self.host, gpu=e.reservation.index, uuid=e.reservation.card,
                                  user=e.reservation.user, note=e.reservation.note, until=e.reservation.until,
                                  reason="its time was up" if e.why == "expired"
-                                 else f"unused for {format_duration(idle_release())}", time=time.time())
+                                 else f"unused for {format_duration(e.reservation.idle_release)}", time=time.time())
                 for e in new]

@@ -29,6 +29,7 @@ from gpumon.cards.xid_events import XidListener
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.messages import SnapshotArrived
@@ -37,6 +38,7 @@ from gpumon.tui.screens.main import MainScreen
 from gpumon.tui.widgets.history_chart import WINDOWS
 
 if TYPE_CHECKING:
+    from gpumon.settings import Settings
     from gpumon.tui.screens.users import UsersScreen
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,15 @@ class GpumonApp(BaseApp):
                  rules: list[Rule] | None = None, recorder: Recorder | None = None,
                  backend_args: dict | None = None, real_pids: bool = True, identity: Snapshot | None = None,
                  low_bandwidth: bool = False, preferences: PreferenceStore | None = None,
-                 theme_given: bool = False) -> None:
+                 theme_given: bool = False, sharing: SharingSettings | None = None) -> None:
         """`real_pids`: whether the backend the sampler will open lists real processes (when the
-        sampler has no backend yet); `identity`: the cards' names and ids, shown until the first sample."""
+        sampler has no backend yet); `identity`: the cards' names and ids, shown until the first
+        sample; `sharing`: as BaseApp's."""
         # Who holds the cards, fed every reading from the start: idle time counts before `u` is
         # pressed. `idle` rules read the same tracker.
         holders = HolderTracker()
         super().__init__(readonly=readonly, theme=theme, rules=rules, low_bandwidth=low_bandwidth, holders=holders,
-                         preferences=preferences, theme_given=theme_given)
+                         preferences=preferences, theme_given=theme_given, sharing=sharing)
         # How launched jobs' supervisors reach the same driver; None: launching is not offered.
         self.backend_args = backend_args
         self.sampler = sampler
@@ -84,7 +87,7 @@ class GpumonApp(BaseApp):
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
                                       waiting="opening the NVIDIA driver…" if opening else "starting…",
-                                      identity=identity, process_history=self.process_history)
+                                      identity=identity, process_history=self.process_history, sharing=self.sharing)
 
     def first_screen(self) -> Screen:
         return self.main_screen
@@ -164,7 +167,7 @@ class GpumonApp(BaseApp):
             from gpumon.tui.screens.users import UsersScreen  # on first use: a start does not load it
 
             self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}",
-                                            reservations=ReservationsSeen())
+                                            reservations=ReservationsSeen(self.sharing))
             self.install_screen(self.users_screen, "users")
         if self.screen is not self.users_screen:
             self.push_screen("users")
@@ -232,20 +235,29 @@ def create_app(backend: Backend | None, *, interval: float = 1.0, readonly: bool
                rules: list[Rule] | None = None, recorder: Recorder | None = None,
                backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
                identity: Snapshot | None = None, low_bandwidth: bool = False,
-               preferences: PreferenceStore | None = None, theme_given: bool = False) -> GpumonApp:
+               preferences: PreferenceStore | None = None, theme_given: bool = False,
+               settings: Settings | None = None) -> GpumonApp:
     """The app over `backend`, or (backend None) over the backend `opener` makes, in a thread,
     once the first frame is up. An opener's backend lists real processes (NVML). `preferences`:
-    the choices kept from the last run (None: none kept); `theme_given`: `theme` wins over them."""
-    return GpumonApp(Sampler(backend, interval=interval, opener=opener), readonly=readonly, theme=theme, env=env,
-                     sample_count=sample_count, rules=rules, recorder=recorder, backend_args=backend_args,
-                     identity=identity, low_bandwidth=low_bandwidth, preferences=preferences, theme_given=theme_given)
+    the choices kept from the last run (None: none kept); `theme_given`: `theme` wins over them;
+    `settings`: the run's (None: the defaults)."""
+    if settings is None:
+        from gpumon.settings import Settings
+
+        settings = Settings()
+    return GpumonApp(Sampler(backend, interval=interval, opener=opener, owners=settings.host_paths), readonly=readonly,
+                     theme=theme, env=env, sample_count=sample_count, rules=rules, recorder=recorder,
+                     backend_args=backend_args, identity=identity, low_bandwidth=low_bandwidth,
+                     preferences=preferences, theme_given=theme_given, sharing=settings.sharing)
 
 
 def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule] | None = None,
             backend_args: dict | None = None, opener: Callable[[], Backend] | None = None,
             on_error: Callable[[], None] = lambda: None, env: Mapping[str, str] | None = None,
-            identity: Snapshot | None = None, on_alternate_screen: bool = False, usage=None) -> int:
+            identity: Snapshot | None = None, on_alternate_screen: bool = False, usage=None,
+            settings: Settings | None = None) -> int:
     """Run the TUI until it quits; `on_error` is called when it cannot start (a bad theme).
+    `settings`: the run's, built by the command line.
     `usage`: the usage ledger's recorder (gpumon/usage), fed the app's own HolderTracker.
     `env`: the environment gpumon was started with (for CUDA ordinals and launched jobs), before
     the changes below; `on_alternate_screen`: the first frame already put the terminal there."""
@@ -255,7 +267,8 @@ def run_app(args: argparse.Namespace, backend: Backend | None, rules: list[Rule]
     app = create_app(backend, interval=args.interval, readonly=args.readonly, theme=args.theme,
                      rules=rules, recorder=recorder, backend_args=backend_args, opener=opener, env=env,
                      identity=identity, low_bandwidth=getattr(args, "low_bandwidth", False),
-                     preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False))
+                     preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False),
+                     settings=settings)
     app.on_alternate_screen = on_alternate_screen
     if usage is not None:
         usage.tracker = app.holders  # the users view's: a sample's shares are worked out once

@@ -31,6 +31,7 @@ from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.health.xid import RecentXids
 from gpumon.owners.holders import HolderTracker
+from gpumon.sharing.folder import SharingSettings
 from gpumon.tui.keys_one_at_a_time import KeysInTurn
 from gpumon.tui.literal_text import plain_lines
 from gpumon.tui.preferences import PreferenceStore
@@ -69,15 +70,18 @@ class BaseApp(KeysInTurn):
 
     def __init__(self, *, readonly: bool = False, theme: str | None = None, rules: list[Rule] | None = None,
                  low_bandwidth: bool = False, holders: HolderTracker | None = None,
-                 preferences: PreferenceStore | None = None, theme_given: bool = False) -> None:
+                 preferences: PreferenceStore | None = None, theme_given: bool = False,
+                 sharing: SharingSettings | None = None) -> None:
         """`holders`: the app's HolderTracker, which `idle` rules then read too (one tracker per app);
         `preferences`: the user's saved choices (None: none, and none kept); `theme_given`: `theme`
-        came from the command line, and wins over the saved one."""
+        came from the command line, and wins over the saved one; `sharing`: this machine's shared
+        place for claims, the queue and reservations ([claims]; None: the defaults)."""
         # The output layer: only changed cells are sent, never faster than the terminal draws them.
         # Textual's own driver, and way of drawing, where this Textual is not the one they were written for.
         super().__init__(driver_class=WireDriver if usable("output layer") else None)
         self._cells = usable("compositor updates as cells", self, "_batch_count", "_running", "_closed", "_driver",
                              "console._color_system")
+        self.sharing = sharing or SharingSettings()
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
         self.readonly = readonly
         self.requested_theme = theme

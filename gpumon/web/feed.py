@@ -26,7 +26,7 @@ from gpumon.health.verdicts import fleet_health_document, health_document
 from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sharing import view
-from gpumon.sharing.folder import idle_release, where
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 
@@ -103,19 +103,23 @@ class LocalCards(_Documents):
 
     fleet = False
 
-    def __init__(self, sampler: Sampler, feed: Feed) -> None:
+    def __init__(self, sampler: Sampler, feed: Feed, sharing: SharingSettings | None = None) -> None:
+        """`sharing`: where this host's claims, reservations and queue are ([claims]; None: the defaults)."""
+        sharing = sharing or SharingSettings()
         self.sampler = sampler
         self.feed = feed
+        self.sharing = sharing
         self.latest: Snapshot | None = None
         self.holders = HolderTracker()
         self.holding: tuple[Holder, ...] = ()
         self._first: float | None = None  # the first reading's time: how long the server has watched
         # As `gpumon snapshot --json`: each card with its claims and reservation (gpumon/sharing).
-        self._snapshot = _Cached(lambda s: view.annotate(s.to_dict(), view.per_card(where(), s, idle_release())))
+        self._snapshot = _Cached(lambda s: view.annotate(s.to_dict(),
+                                                         view.per_card(sharing.directory, s, sharing.idle_release_s)))
         self._health = _Cached(health_document)
         # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
         self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
-                                         "reservations": [r.to_dict() for r in reservations_now(s).values()]})
+                                         "reservations": [r.to_dict() for r in reservations_now(sharing, s).values()]})
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
@@ -125,7 +129,8 @@ class LocalCards(_Documents):
             self._first = snapshot.time
         self.latest = snapshot
         # This host's claims, reservations and queue: one read of the shared place per sample.
-        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding, host_sharing(snapshot)))
+        shared = host_sharing(self.sharing, snapshot)
+        self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding, shared))
 
     async def run(self) -> None:
         backend = await self.sampler.open()

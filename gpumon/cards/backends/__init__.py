@@ -14,6 +14,7 @@ import importlib
 
 from gpumon.cards.backends.base import NO_CARDS_HINT, Backend, Machine, PerCardBackend
 from gpumon.errors import NoDriverError
+from gpumon.health.rules import HealthSettings
 from gpumon.vendors import vendors
 
 __all__ = ["NO_CARDS_HINT", "Backend", "Machine", "PerCardBackend", "backend_class", "open_backend",
@@ -57,15 +58,16 @@ def open_backend(
     seed: int = 0,
     sysfs: str | None = None,
     procfs: str | None = None,
+    health: HealthSettings = HealthSettings(),
 ) -> Backend:
     """The demo, a recording, or this machine's cards: NVIDIA's through NVML, AMD's and Intel's
     through the kernel (`sysfs`, `procfs`: where /sys and /proc are). NoDriverError (exit 3) only
-    when no vendor has a card here."""
+    when no vendor has a card here. `health`: the config's [health], for every card's verdict."""
     if demo is not None:
-        return backend_class("demo")(scenario=demo, seed=seed)  # type: ignore[call-arg]
+        return backend_class("demo")(scenario=demo, seed=seed, health=health)  # type: ignore[call-arg]
     if replay is not None:
         return backend_class("replay")(replay)  # type: ignore[call-arg]
-    return open_machine(Machine(nvml_lib=nvml_lib, sysfs=sysfs or "/sys", procfs=procfs or "/proc"))
+    return open_machine(Machine(nvml_lib=nvml_lib, sysfs=sysfs or "/sys", procfs=procfs or "/proc", health=health))
 
 
 def open_machine(machine: Machine, names: list[str] | None = None) -> Backend:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpumon.errors import NoDriverError
+from gpumon.health.rules import HealthSettings
 from gpumon.model import Snapshot, Topology
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class Machine:
     nvml_lib: str | None = None
     sysfs: str = "/sys"
     procfs: str = "/proc"
+    health: HealthSettings = HealthSettings()  # the config's [health]: the verdict's rules, how often counters are read
 
 
 class Backend(ABC):

@@ -18,6 +18,7 @@ from typing import Any
 from gpumon.cards.backends.base import Backend
 from gpumon.errors import UsageError
 from gpumon.health.history import HealthTracker
+from gpumon.health.rules import HealthSettings
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample, Snapshot, Topology
 from gpumon.vendors import DEFAULT_VENDOR
 
@@ -124,7 +125,7 @@ class DemoBackend(Backend):
     real_pids = False
 
     def __init__(self, scenario: str = "default", seed: int = 0, cards: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, health: HealthSettings = HealthSettings()) -> None:
         if scenario not in SCENARIOS:
             raise UsageError(f"unknown demo scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
         self.scenario = scenario
@@ -144,7 +145,7 @@ class DemoBackend(Backend):
         self.clock = clock
         self.started = clock()
         self.host = "demo-" + socket.gethostname()
-        self.health = HealthTracker()
+        self.health = HealthTracker(health)
         self._energy = [0.0] * count  # joules since "the driver loaded" (the demo's start)
 
     def sample(self) -> Snapshot:

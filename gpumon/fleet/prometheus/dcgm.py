@@ -36,6 +36,7 @@ from gpumon.fleet.prometheus.api import Series
 from gpumon.fleet.prometheus.dcgm_health import COUNTER_FIELDS, card_health
 from gpumon.fleet.prometheus.dcgm_hosts import HOST_LABELS, host_names, host_of, text
 from gpumon.fleet.schema import MAX_CARDS, MAX_PROCESSES
+from gpumon.health.rules import HealthSettings
 from gpumon.model import GpuSample, MigSample, ProcessSample, Snapshot, throttle_names
 from gpumon.remote.hosts import MAX_HOSTS
 from gpumon.vendors import DEFAULT_VENDOR, known
@@ -164,9 +165,9 @@ class HostData:
         """Which samples it was made of: when no card has a newer sample, nothing has changed."""
         return tuple((key, c.newest) for key, c in self.cards.items())
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, health: HealthSettings = HealthSettings()) -> Snapshot:
         driver = next((d for c in self.cards.values() if (d := text(c.labels, "DCGM_FI_DRIVER_VERSION", 64))), None)
-        gpus = tuple(_gpu(self.cards[k]) for k in sorted(self.cards, key=lambda k: (self.cards[k].index, k)))
+        gpus = tuple(_gpu(self.cards[k], health) for k in sorted(self.cards, key=lambda k: (self.cards[k].index, k)))
         return Snapshot(time=self.newest, host=self.name, backend=BACKEND, driver_version=driver,
                         cuda_driver_version=None, gpus=gpus)
 
@@ -197,7 +198,7 @@ def _value(values: Mapping[str, float], name: str) -> int | float | str | tuple[
 _SUMMED = ("memory_used", "memory_free", "memory_reserved")
 
 
-def _gpu(card: CardData) -> GpuSample:
+def _gpu(card: CardData, health: HealthSettings) -> GpuSample:
     values = dict(card.values)
     if card.slices:  # a MIG card: dcgm-exporter reads it per slice; the card's memory is theirs together
         for name in _SUMMED:
@@ -215,7 +216,7 @@ def _gpu(card: CardData) -> GpuSample:
                            memory_total=_slice_total(s), memory_used=_value(s.values, "memory_used"))  # type: ignore[arg-type]
                  for gi, s in sorted(card.slices.items()))
     lost = values.get("lost") == 1
-    counters, verdict = card_health(values, lost, fields["ecc_errors_uncorrected"])  # type: ignore[arg-type]
+    counters, verdict = card_health(values, lost, fields["ecc_errors_uncorrected"], health)  # type: ignore[arg-type]
     return GpuSample(
         index=card.index, uuid=text(labels, "UUID", 128), name=text(labels, "modelName", 128) or "?",  # type: ignore[arg-type]
         pci_bus_id=text(labels, "pci_bus_id", 64), state="lost" if lost else "ok",  # type: ignore[arg-type]
@@ -267,12 +268,12 @@ def _raw_key(labels: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series], processes: Iterable[Series],
                  targets: Iterable[Series], before: Mapping[str, tuple[Any, Snapshot]] | None = None,
-                 split: Iterable[str] = ()) -> Cluster:
+                 split: Iterable[str] = (), health: HealthSettings = HealthSettings()) -> Cluster:
     """The answers of QUERIES -> every host with its cards. A reading of a card that `cards` did
     not name (it appeared between the queries) waits for the next refresh. `before`: host ->
     (scrape, snapshot) of the last refresh; a host with no new sample since keeps that snapshot
     (Prometheus scrapes less often than gpumon asks: most hosts have not changed). `split`: the
-    names shown split before (host_names)."""
+    names shown split before (host_names); `health`: the config's [health], for the verdicts."""
     cards = list(cards)
     names, split_now = host_names(cards, split)
     target_labels: dict[tuple[Any, Any], Mapping[str, Any]] = {}
@@ -334,7 +335,7 @@ def read_cluster(when: float, cards: Iterable[Series], values: Iterable[Series],
     _add_processes(hosts, names, processes)
     for name, host in hosts.items():
         last = before.get(name) if before else None
-        host.reading = last[1] if last is not None and last[0] == host.scrape else host.snapshot()
+        host.reading = last[1] if last is not None and last[0] == host.scrape else host.snapshot(health)
     return Cluster(when, hosts, down, jobs, len(dropped), split_now)
 
 

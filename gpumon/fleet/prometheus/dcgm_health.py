@@ -24,9 +24,9 @@ _FLAGS = ("remapped_rows_failure", "remapped_rows_pending", "retired_pages_pendi
 _LEVELS = ("ok", "warn", "fail")
 
 
-def card_health(values: Mapping[str, float], lost: bool, ecc_uncorrected: int | None) -> tuple[
-        CardCounters | None, Health | None]:
-    """A card's counters and verdict from its readings (named by COUNTER_FIELDS' fields)."""
+def card_health(values: Mapping[str, float], lost: bool, ecc_uncorrected: int | None,
+                settings: health.HealthSettings = health.HealthSettings()) -> tuple[CardCounters | None, Health | None]:
+    """A card's counters and verdict (by `settings`' rules) from its readings (named by COUNTER_FIELDS' fields)."""
     found: dict[str, Any] = {}
     for name, _, _ in COUNTER_FIELDS.values():
         value = values.get(name)
@@ -46,7 +46,7 @@ def card_health(values: Mapping[str, float], lost: bool, ecc_uncorrected: int | 
         lost=int(lost), remapped_rows_pending=_flag(c.remapped_rows_pending),
         remapped_rows_failure=_flag(c.remapped_rows_failure), ecc_errors_uncorrected=ecc_uncorrected,
         retired_pages_pending=_flag(c.retired_pages_pending), retired_pages=retired,
-        memory_temperature=c.memory_temperature))
+        memory_temperature=c.memory_temperature), settings)
     if reported is not None and 0 <= reported < len(_LEVELS) and reported > _LEVELS.index(verdict.verdict):
         said = _LEVELS[int(reported)]
         verdict = Health(said, (*verdict.reasons, HealthReason(

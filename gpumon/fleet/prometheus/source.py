@@ -30,6 +30,7 @@ from gpumon.fleet.fleet import Source
 from gpumon.fleet.prometheus.api import REQUEST_TIMEOUT_S, ApiError, parse_url, query
 from gpumon.fleet.prometheus.dcgm import Cluster, queries, read_cluster
 from gpumon.fleet.prometheus.login import login
+from gpumon.health.rules import HealthSettings
 from gpumon.sanitize import printable
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,11 @@ class PrometheusSource(Source):
     finds_hosts = True
 
     def __init__(self, url: str, interval: float = DEFAULT_INTERVAL_S, timeout: float = REQUEST_TIMEOUT_S,
-                 user: str | None = None, password_file: str | None = None) -> None:
-        """`user`, `password_file`: the config's, for a server that demands a login (prometheus_login)."""
+                 user: str | None = None, password_file: str | None = None,
+                 health: HealthSettings = HealthSettings()) -> None:
+        """`user`, `password_file`: the config's, for a server that demands a login (prometheus_login);
+        `health`: the config's [health], by which the cards' verdicts are drawn."""
+        self.health = health
         self.server = login(parse_url(url), user, password_file)
         self.url = self.server.url  # without the login
         self.label = f"Prometheus at {self.url}"
@@ -83,7 +87,7 @@ class PrometheusSource(Source):
         when = next((t for t, _, _ in answers if t is not None), None) or time.time()
         return await in_daemon_thread(partial(read_cluster, when, by_name["cards"][1], by_name["values"][1],
                                               by_name["processes"][1], by_name["targets"][1], self._readings,
-                                              frozenset(self._split)))
+                                              frozenset(self._split), self.health))
 
     async def run(self, fleet) -> None:
         loop = asyncio.get_running_loop()
@@ -130,7 +134,7 @@ class PrometheusSource(Source):
                 state, why = "stale", f"its gpumon has had no new reading for over {limit:.0f} s"
             else:
                 state, why = "live", None
-            reading = host.reading or host.snapshot()
+            reading = host.reading or host.snapshot(self.health)
             self._readings[name] = (host.scrape, reading)
             fleet.report(name, state, snapshot=reading, source=self.kind, error=why, note=NOTE)
         for name in self.hosts:

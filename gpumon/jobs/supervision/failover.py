@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpumon.config import load_config
+from gpumon.config import Config, load_config
 from gpumon.errors import GpumonError
-from gpumon.health import rules as health
-from gpumon.health.xid import words
+from gpumon.health.rules import HealthSettings, parse_settings
+from gpumon.health.xid import XidPolicy, words
 from gpumon.model import GpuSample, Snapshot
 
 
@@ -56,21 +56,19 @@ class XidsSeen:
 
     cards: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
 
-    def add(self, index: int, code: int, when: float) -> tuple[tuple[int, float], ...]:
-        policy = health.settings().xid
+    def add(self, index: int, code: int, when: float, policy: XidPolicy) -> tuple[tuple[int, float], ...]:
         if policy.noted(code):
             self.cards[index] = [(code, when), *self.cards.get(index, ())][:policy.keep()]
         return tuple(self.cards.get(index, ()))
 
 
-def xid_trouble(snapshot: Snapshot | None, index: int, code: int, when: float | None = None,
-                seen: XidsSeen | None = None) -> Trouble | None:
-    """Card `index` failed by the XID policy after this XID (a fatal code, or a threshold that
-    fails reached), or None for XIDs that do not mean the card failed (13, 31, 43 by default:
-    the program's own faults)."""
-    settings = health.settings()
+def xid_trouble(snapshot: Snapshot | None, index: int, code: int, settings: HealthSettings,
+                when: float | None = None, seen: XidsSeen | None = None) -> Trouble | None:
+    """Card `index` failed by the XID policy of `settings` after this XID (a fatal code, or a
+    threshold that fails reached), or None for XIDs that do not mean the card failed (13, 31, 43
+    by default: the program's own faults)."""
     when = time.time() if when is None else when
-    recent = seen.add(index, code, when) if seen is not None else ((code, when),)
+    recent = seen.add(index, code, when, settings.xid) if seen is not None else ((code, when),)
     found = next((f for f in settings.xid.judge(recent, when, settings.window_s)
                   if f.verdict == "fail" and f.code == code), None)
     if found is None:
@@ -81,13 +79,20 @@ def xid_trouble(snapshot: Snapshot | None, index: int, code: int, when: float | 
                    f"XID {found.code} on GPU {index}: {words(found.code)}{repeated}")
 
 
-def configured_xid_policy(path: str | None = None) -> dict:
-    """The config's [health.xid] (the file `gpumon run` checked: `path`, its --config; else
-    $GPUMON_CONFIG or the default), so failover fails a card for the XIDs the health verdict fails
-    it for."""
+def job_config(path: str | None = None) -> Config:
+    """The config `gpumon run` checked (`path`, its --config; else $GPUMON_CONFIG or the default):
+    its [health.xid], so failover fails a card for the XIDs the health verdict fails it for, and
+    the host's [claims]. A file that no longer reads gives the defaults, said once."""
     try:
-        table = load_config(path).health.get("xid")
+        return load_config(path)
     except GpumonError as exc:
         print(f"gpumon: {exc}; failover uses the default XID policy", file=sys.stderr)
-        return {}
-    return {"xid": table} if table else {}
+        return Config()
+
+
+def job_health(config: Config, interval: float) -> HealthSettings:
+    """A supervisor's health settings: the config's [health.xid], and the energy counter (read with
+    the health counters) at every sample, not every 30 s: the job's energy is the counter's change
+    from its start to its end."""
+    xid = config.health.get("xid")
+    return parse_settings({"interval": f"{interval:g}s", **({"xid": xid} if xid else {})})

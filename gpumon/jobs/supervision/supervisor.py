@@ -38,7 +38,6 @@ import psutil
 from gpumon.cards.backends import Backend, open_backend
 from gpumon.errors import GpumonError
 from gpumon.failover_event import FailoverEvent
-from gpumon.health import rules as health
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json, banner
 from gpumon.jobs.claims_and_queue import SupervisorSharing
@@ -51,11 +50,19 @@ from gpumon.jobs.supervision import job_events
 from gpumon.jobs.supervision.attempt_end import AttemptEnd
 from gpumon.jobs.supervision.best_effort_writes import BestEffortWrites, mark_log, say
 from gpumon.jobs.supervision.energy import JobEnergy
-from gpumon.jobs.supervision.failover import Trouble, XidsSeen, card_trouble, configured_xid_policy, xid_trouble
+from gpumon.jobs.supervision.failover import (
+    Trouble,
+    XidsSeen,
+    card_trouble,
+    job_config,
+    job_health,
+    xid_trouble,
+)
 from gpumon.jobs.supervision.process_tree import CommandTree
 from gpumon.jobs.supervision.wait_for_free_cards import FreeCardsWait
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
+from gpumon.sharing.folder import sharing_settings
 from gpumon.units import format_duration
 
 GRACE_S = 5.0
@@ -124,14 +131,14 @@ class Supervisor:
         if saved is not None:  # started by systemd: the environment of whoever launched the job
             os.environ.clear()
             os.environ.update(saved)
-        # The energy counter (read with the health counters) at every sample, not every 30 s: the job's
-        # energy is the counter's change from its start to its end.
-        health.configure({"interval": f"{self.spec_interval:g}s", **configured_xid_policy(self.spec.config)})
+        config = job_config(self.spec.config)
+        self.health = job_health(config, self.spec_interval)
         # The job's claims and queue entry, handed over by its launcher: held until we end.
-        self.sharing = SupervisorSharing(self.spec.claims_dir, self.spec.id, self.spec.name, self.spec.gpu_spec,
+        shared = sharing_settings(self.spec.claims_dir, config.claims_idle_release_host)
+        self.sharing = SupervisorSharing(shared, self.spec.id, self.spec.name, self.spec.gpu_spec,
                                   warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
         try:
-            backend = open_backend(**self.spec.backend)
+            backend = open_backend(**self.spec.backend, health=self.health)
         except GpumonError as exc:
             self._finish("failed", f"could not reach the driver: {exc}")
             return 1
@@ -371,7 +378,7 @@ class Supervisor:
             except Exception:  # noqa: BLE001 - XIDs are not worth the watch: wait instead
                 xids_answer, events = False, []
             for index, code in events:
-                trouble = self._note(xid_trouble(self.latest, index, code, seen=self.xids_seen))
+                trouble = self._note(xid_trouble(self.latest, index, code, self.health, seen=self.xids_seen))
                 if trouble is not None and index in cards:
                     return trouble
         return None

@@ -27,6 +27,7 @@ from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.remote.children import end_all
+from gpumon.sharing.folder import SharingSettings
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.fleet.actions import ask_and_launch
 from gpumon.tui.fleet.host_screen import HostScreen
@@ -48,11 +49,13 @@ class FleetApp(BaseApp):
     def __init__(self, fleet: Fleet, *, readonly: bool = False, theme: str | None = None,
                  env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.time,
                  local_real_pids: bool = True, preferences: PreferenceStore | None = None,
-                 theme_given: bool = False) -> None:
+                 theme_given: bool = False, sharing: SharingSettings | None = None) -> None:
         """`local_real_pids`: whether the host `local` lists real processes (not --demo);
         `preferences`, `theme_given`: as GpumonApp's (the theme, and a host's view's process
-        table and charts, share the single-machine TUI's saved choices)."""
-        super().__init__(readonly=readonly, theme=theme, preferences=preferences, theme_given=theme_given)
+        table and charts, share the single-machine TUI's saved choices); `sharing`: this machine's
+        shared place, as BaseApp's."""
+        super().__init__(readonly=readonly, theme=theme, preferences=preferences, theme_given=theme_given,
+                         sharing=sharing)
         self.fleet = fleet
         self.env = dict(os.environ if env is None else env)
         self.local_real_pids = local_real_pids
@@ -182,7 +185,7 @@ class FleetApp(BaseApp):
 
     def _here(self) -> Taken:
         """This machine's claims and reservations, for the host `local` (unreadable: said, and none)."""
-        return Sharing(None, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
+        return Sharing(self.sharing, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
 
     def run_anywhere(self) -> None:
         """`R`: the run dialog for the best free card of every host that can launch."""
@@ -217,13 +220,16 @@ class FleetApp(BaseApp):
 
 
 def run_fleet_app(args: argparse.Namespace, fleet: Fleet, on_error: Callable[[], None] = lambda: None,
-                  env: Mapping[str, str] | None = None, on_alternate_screen: bool = False) -> int:
-    """Run the fleet TUI until it quits (`gpumon --hosts …`); `on_alternate_screen`: as for run_app."""
+                  env: Mapping[str, str] | None = None, on_alternate_screen: bool = False,
+                  sharing: SharingSettings | None = None) -> int:
+    """Run the fleet TUI until it quits (`gpumon --hosts …`); `on_alternate_screen`: as for run_app;
+    `sharing`: the run's [claims]."""
     env = dict(os.environ if env is None else env)
     prepare_terminal(args, on_error)
     demo = bool(args.demo or args.scenario is not None)
     app = FleetApp(fleet, readonly=args.readonly, theme=args.theme, env=env, local_real_pids=not demo,
-                   preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False))
+                   preferences=PreferenceStore.load(), theme_given=getattr(args, "theme_given", False),
+                   sharing=sharing)
     app.on_alternate_screen = on_alternate_screen
     try:
         return app.outcome(app.run())

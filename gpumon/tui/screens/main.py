@@ -28,6 +28,7 @@ from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
+from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.literal_text import plain
 from gpumon.tui.messages import SnapshotArrived
@@ -81,9 +82,11 @@ class MainScreen(CardActions, Screen):
 
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
                  env: Mapping[str, str] | None = None, waiting: str = "starting…",
-                 identity: Snapshot | None = None, *, process_history: ProcessHistory) -> None:
+                 identity: Snapshot | None = None, *, process_history: ProcessHistory,
+                 sharing: SharingSettings | None = None) -> None:
         """`process_history`: each process's recent past, for its screen (Enter), fed every fresh
-        reading by the app that reads them (a reading this screen never draws counts too)."""
+        reading by the app that reads them (a reading this screen never draws counts too).
+        `sharing`: where this machine's reservations are ([claims]; None: the defaults)."""
         super().__init__()
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.waiting = waiting  # the status line until the first sample
@@ -94,7 +97,7 @@ class MainScreen(CardActions, Screen):
         self.readonly = readonly
         self.env = dict(os.environ if env is None else env)
         self.snapshot: Snapshot | None = None
-        self.reservations = ReservationsSeen()
+        self.reservations = ReservationsSeen(sharing or SharingSettings())
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]

@@ -8,7 +8,6 @@ from rich.text import Text
 from textual.widgets import Static
 
 from gpumon.sharing import queue
-from gpumon.sharing.folder import where
 from gpumon.tui.literal_text import plain
 
 SHOWN = 5  # entries listed; the rest are counted
@@ -36,7 +35,7 @@ class HostQueue(Static):
         self.set_interval(1.0, self.refresh_queue)
 
     def refresh_queue(self) -> None:
-        directory = where()
+        directory = self.app.sharing.directory  # this machine's place ([claims] dir)
         try:
             entries = queue.read(directory) if directory.is_dir() else []
         except OSError:

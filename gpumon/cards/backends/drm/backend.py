@@ -38,6 +38,7 @@ from gpumon.cards.backends.drm.topology import link_matrix
 from gpumon.cards.backends.lanes import STALE_AFTER_S, Lanes, not_responding, settle
 from gpumon.cards.backends.pci import pci_path
 from gpumon.errors import NoDriverError
+from gpumon.health.rules import HealthSettings
 from gpumon.model import GpuSample, ProcessSample, Snapshot, Topology
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ class DrmBackend(PerCardBackend):
     name = "drm"
 
     def __init__(self, sysfs: str = "/sys", procfs: str = "/proc", first_index: int = 0,
-                 pci_ids: tuple[str, ...] = PCI_IDS, clock: Callable[[], float] = time.monotonic) -> None:
+                 pci_ids: tuple[str, ...] = PCI_IDS, clock: Callable[[], float] = time.monotonic,
+                 health: HealthSettings = HealthSettings()) -> None:
         self.sysfs, self.procfs = sysfs, procfs
         self.first_index = first_index
         self.pci_ids = pci_ids
@@ -76,7 +78,7 @@ class DrmBackend(PerCardBackend):
         self.host = socket.gethostname()
         self.cards: list[_Card] = []
         self.clients = DrmClients(procfs=procfs, sysfs=sysfs, clock=clock)
-        self.ras = ras.RasHealth(clock)  # each card's health counters and verdict
+        self.ras = ras.RasHealth(clock, health)  # each card's health counters and verdict
         self._lanes = Lanes("gpumon-drm-card")
         self._processes: dict[str, tuple[ProcessSample, ...]] = {}  # this sample's, by PCI address
         self._discover_at = 0.0
@@ -84,7 +86,7 @@ class DrmBackend(PerCardBackend):
 
     @classmethod
     def open_here(cls, machine: Machine, first_index: int = 0) -> DrmBackend:
-        backend = cls(sysfs=machine.sysfs, procfs=machine.procfs, first_index=first_index)
+        backend = cls(sysfs=machine.sysfs, procfs=machine.procfs, first_index=first_index, health=machine.health)
         if not backend.cards:
             raise NoDriverError(no_cards(backend.sysfs))
         return backend

@@ -115,9 +115,10 @@ class RasHealth:
     `[health] interval` and handed out unchanged in between. A card that sleeps keeps the counters
     of its last read (a bad page pending before it slept is still pending), or says it was not read."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 settings: health.HealthSettings = health.HealthSettings()) -> None:
         self.clock = clock
-        self.tracker = HealthTracker()
+        self.tracker = HealthTracker(settings)
         self._reads: dict[str, _Read] = {}
 
     def judge(self, node: CardNode, gpu: GpuSample) -> GpuSample:
@@ -146,7 +147,7 @@ class RasHealth:
         """The card's counters, read again once the interval has passed; None: asleep, never read."""
         last = self._reads.get(node.pci_address)
         now = self.clock()
-        if asleep or (last is not None and now - last.at < health.settings().interval_s):
+        if asleep or (last is not None and now - last.at < self.tracker.settings.interval_s):
             return last
         ras = read_ras(node.device) if BY_VENDOR[node.vendor].ras else None
         self._reads[node.pci_address] = last = _Read(now, as_counters(ras) if ras else None,

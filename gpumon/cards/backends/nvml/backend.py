@@ -41,6 +41,7 @@ from gpumon.cards.backends.nvml.values import card_values
 from gpumon.cards.backends.pci import device_of, pci_path
 from gpumon.errors import NoDriverError
 from gpumon.health.history import HealthTracker
+from gpumon.health.rules import HealthSettings
 from gpumon.model import GpuSample, Snapshot, Topology
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class NvmlBackend(PerCardBackend):
     name = "nvml"
     xid_events = True
 
-    def __init__(self, lib_path: str | None = None) -> None:
+    def __init__(self, lib_path: str | None = None, health: HealthSettings = HealthSettings()) -> None:
         lib_path = lib_path or os.environ.get("GPUMON_NVML_LIB") or None
         if lib_path:
             load_library(lib_path)
@@ -71,14 +72,14 @@ class NvmlBackend(PerCardBackend):
         self._reinit_tries = 0
         self._topology: Topology | None = None
         self.cards: list[Card] = []
-        self.health = HealthTracker()  # each card's verdict, drawn on its lane once per sample
+        self.health = HealthTracker(health)  # each card's verdict, drawn on its lane once per sample
         self._start()
         self._xid = XidEvents(lambda: self.cards)
 
     @classmethod
     def open_here(cls, machine: Machine, first_index: int = 0) -> NvmlBackend:
         # NVML numbers the cards itself: NVIDIA's come first on a machine that has other vendors' too.
-        return cls(lib_path=machine.nvml_lib)
+        return cls(lib_path=machine.nvml_lib, health=machine.health)
 
     def index_count(self) -> int:
         return len(self.cards)
@@ -196,7 +197,7 @@ class NvmlBackend(PerCardBackend):
         try:
             read_slow_state(card)
             values = card_values(card)
-            raw = read_counters(card)
+            raw = read_counters(card, self.health.settings.interval_s)
         except CardLost as exc:
             card.state, card.error = "lost", str(exc)
             card.probe_at = time.monotonic() + PROBE_LOST_S

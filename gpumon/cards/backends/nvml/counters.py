@@ -24,7 +24,6 @@ import pynvml
 from gpumon.cards.backends.nvml import gpm
 from gpumon.cards.backends.nvml.library import Card, CardLost
 from gpumon.counters import recovery_action_name
-from gpumon.health import rules as health
 
 log = logging.getLogger(__name__)
 MAX_NVLINKS = 18
@@ -78,11 +77,10 @@ class _FieldValue(ctypes.Structure):
 assert ctypes.sizeof(_FieldValue) == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
 
 
-def read_counters(card: Card) -> dict[str, Any]:
+def read_counters(card: Card, interval: float) -> dict[str, Any]:
     """The card's counters (CardCounters' fields, for HealthTracker.card): read again when the
-    interval has passed, else the same dict as last time."""
+    `interval` ([health] interval, seconds) has passed, else the same dict as last time."""
     now = time.monotonic()
-    interval = health.settings().interval_s
     if card.counters is not None and now - card.counters_read_at < interval:
         return card.counters
     # The first read is at once (a one-off snapshot has them); after it the cards take turns.
