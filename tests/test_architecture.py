@@ -90,6 +90,22 @@ def test_long_modules_are_the_reviewed_ones():
     assert set(LONG_BY_DESIGN) <= set(long), "no longer long: take them off LONG_BY_DESIGN"
 
 
+# Process state, not settings: whether the splash is up, the one thread that starts ssh children.
+GLOBALS_OF_PROCESS_STATE = {"cli/splash.py": {"_up"}, "remote/children.py": {"_spawner"}}
+
+
+def test_no_module_keeps_configuration_in_a_global():
+    """Settings are one value the command line builds and hands down: a module that assigns a
+    global makes every reader depend on who configured last (on a shared host, on whose config)."""
+    assigned = {}
+    for path in PACKAGE.rglob("*.py"):
+        names = {name for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, ast.Global) for name in node.names}
+        if names:
+            assigned[str(path.relative_to(PACKAGE))] = names
+    assert assigned == GLOBALS_OF_PROCESS_STATE
+
+
 def _code_files() -> list[Path]:
     root = PACKAGE.parent
     return [p for folder in ("gpumon", "tests", "benchmarks", "scripts") for p in (root / folder).rglob("*.py")
