@@ -16,7 +16,7 @@ from gpumon.cli.common import fleet_requested, load_settings, print_document
 from gpumon.cli.tables import snapshot_text, table
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.across_hosts import choose_across, wants_topology
-from gpumon.jobs.claims_and_queue import Sharing, Taken
+from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing
 from gpumon.jobs.host import MAX_PARALLEL, HostError, host_at, host_for, topologies_of
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.placement import auto_count
@@ -255,9 +255,9 @@ def _run_across(args: argparse.Namespace, settings: Settings, request: LaunchReq
             candidates = [h for h in candidates if h.host != best.host]
 
 
-def _here(shared: SharingSettings) -> Taken:
+def _here(shared: SharingSettings) -> CardsTaken:
     """What this machine's launches claim and its users reserve (for the host `local`)."""
-    return Sharing(shared, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    return LaunchSharing(shared, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
 
 
 def _topologies(runner, hosts, count: int, min_free: str | None = None, max_util: float | None = None,

@@ -18,7 +18,7 @@ import time
 from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.jobs.claims_and_queue import Sharing
+from gpumon.jobs.claims_and_queue import LaunchSharing
 from gpumon.jobs.pinning import named_cards, vendor_env
 from gpumon.jobs.placement import TooFewFree, choose
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
-    taken = Sharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    taken = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
     try:
         choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
                         max_used=args.max_used, taken=taken.skip, preferred=taken.mine)

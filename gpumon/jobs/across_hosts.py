@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpumon.cards.topology import UNKNOWN_RANK, link_between, link_rank
-from gpumon.jobs.claims_and_queue import Taken
+from gpumon.jobs.claims_and_queue import CardsTaken
 from gpumon.jobs.placement import Choice, choose
 from gpumon.model import HostStatus, Topology
 from gpumon.units import format_bytes
@@ -58,7 +58,7 @@ def wants_topology(hosts: list[HostStatus], count: int, min_free: str | None = N
 
 def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str], Topology | None],
                   min_free: str | None = None, max_util: float | None = None,
-                  max_used: str | None = None, here: Taken | None = None) -> tuple[HostChoice | None, list[str]]:
+                  max_used: str | None = None, here: CardsTaken | None = None) -> tuple[HostChoice | None, list[str]]:
     """The best host's set, and for people a line per host: what it could offer, or why nothing.
     `topology(host)` is asked only for hosts that have `count` (>1) free cards. The bars are
     `select`'s, the same as on one machine; cards others claim or reserve are left out as there,
@@ -87,7 +87,7 @@ def choose_across(hosts: list[HostStatus], count: int, topology: Callable[[str],
     return (best[1] if best else None), reasons
 
 
-def taken_on(status: HostStatus, here: Taken | None) -> tuple[dict[str, str], frozenset[str]]:
+def taken_on(status: HostStatus, here: CardsTaken | None) -> tuple[dict[str, str], frozenset[str]]:
     """The cards others hold on that host (ref -> why) and the user's reserved ones there."""
     if status.source == "local":
         return (dict(here.skip), here.mine) if here is not None else ({}, frozenset())

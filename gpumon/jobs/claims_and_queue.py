@@ -17,11 +17,11 @@ from pathlib import Path
 
 from gpumon.model import GpuSample
 from gpumon.sharing import claims, queue, reservations
-from gpumon.sharing.folder import IDLE_RELEASE_S, Hold, SharingSettings, Unavailable, exclusive
+from gpumon.sharing.folder import IDLE_RELEASE_S, HeldRecords, SharingSettings, Unavailable, exclusive
 
 
 @dataclass(frozen=True)
-class Taken:
+class CardsTaken:
     """What placement must know of the others: cards not to choose (ref -> why, in words) and the
     user's own reserved cards (preferred)."""
 
@@ -30,22 +30,22 @@ class Taken:
     claimed: dict[str, list[claims.Claim]] = field(default_factory=dict)
 
 
-def taken_now(directory: Path, idle_release: float = IDLE_RELEASE_S) -> Taken:
+def cards_taken_now(directory: Path, idle_release: float = IDLE_RELEASE_S) -> CardsTaken:
     held = claims.read(directory)
     booked = reservations.read(directory, idle_release=idle_release)
     skip = {card: ", ".join(c.words() for c in listed) for card, listed in held.items()}
     for card, r in booked.items():
         if not r.mine:
             skip[card] = (skip[card] + "; " if card in skip else "") + r.words()
-    return Taken(skip, frozenset(card for card, r in booked.items() if r.mine), held)
+    return CardsTaken(skip, frozenset(card for card, r in booked.items() if r.mine), held)
 
 
-def notes_for(gpus: Sequence[GpuSample], taken: Taken) -> list[str]:
+def notes_for(gpus: Sequence[GpuSample], taken: CardsTaken) -> list[str]:
     """For cards named by hand: 'GPU 1 is claimed by alice: job 3f2a train.py, since 10:02'."""
     return [f"GPU {g.index} is {taken.skip[g.ref]}" for g in gpus if g.ref in taken.skip]
 
 
-class Sharing:
+class LaunchSharing:
     """The place as one launch or one supervisor uses it; says once why it cannot."""
 
     def __init__(self, settings: SharingSettings, warn: Callable[[str], None]) -> None:
@@ -74,42 +74,42 @@ class Sharing:
         finally:
             lock.__exit__(None, None, None)
 
-    def taken(self, place: Path | None) -> Taken:
+    def taken(self, place: Path | None) -> CardsTaken:
         if place is None:
-            return Taken()
+            return CardsTaken()
         try:
-            return taken_now(place, self.settings.idle_release_s)
+            return cards_taken_now(place, self.settings.idle_release_s)
         except (OSError, Unavailable) as exc:
             self.unavailable(Unavailable(str(exc)))
-            return Taken()
+            return CardsTaken()
 
-    def peek(self) -> Taken:
+    def peek(self) -> CardsTaken:
         """What others hold now, without the lock (select: it claims nothing)."""
         if not self.directory.exists():
-            return Taken()
+            return CardsTaken()
         try:
-            return taken_now(self.directory, self.settings.idle_release_s)
+            return cards_taken_now(self.directory, self.settings.idle_release_s)
         except OSError as exc:
             self.unavailable(Unavailable(f"cannot read {self.directory}: {exc.strerror}"))
-            return Taken()
+            return CardsTaken()
 
-    def claim(self, place: Path | None, refs: Sequence[str], job: str, name: str) -> Hold:
+    def claim(self, place: Path | None, refs: Sequence[str], job: str, name: str) -> HeldRecords:
         if place is None or not refs:
-            return Hold([])
+            return HeldRecords([])
         try:
             return claims.claim(place, list(refs), job, name)
         except Unavailable as exc:
             self.unavailable(exc)
-            return Hold([])
+            return HeldRecords([])
 
-    def enqueue(self, place: Path | None, job: str, name: str, gpu_spec: str) -> Hold:
+    def enqueue(self, place: Path | None, job: str, name: str, gpu_spec: str) -> HeldRecords:
         if place is None:
-            return Hold([])
+            return HeldRecords([])
         try:
             return queue.enqueue(place, job, name, gpu_spec)
         except Unavailable as exc:
             self.unavailable(exc)
-            return Hold([])
+            return HeldRecords([])
 
 
 class SupervisorSharing:
@@ -118,7 +118,7 @@ class SupervisorSharing:
 
     def __init__(self, settings: SharingSettings, job: str, name: str, gpu_spec: str,
                  warn: Callable[[str], None]) -> None:
-        self.sharing = Sharing(settings, warn)
+        self.sharing = LaunchSharing(settings, warn)
         self.job, self.name, self.gpu_spec = job, name, gpu_spec
         self.claims = claims.adopt(self.sharing.directory, job)
         self.entry = queue.adopt(self.sharing.directory, job)
@@ -131,7 +131,8 @@ class SupervisorSharing:
             with self.sharing.placing() as place:
                 self.claims = self.sharing.claim(place, [g.ref for g in gpus], self.job, self.name)
 
-    def try_start(self, pick: Callable[[Taken], list[GpuSample] | None], queued: bool = True) -> list[GpuSample] | None:
+    def try_start(self, pick: Callable[[CardsTaken], list[GpuSample] | None],
+                  queued: bool = True) -> list[GpuSample] | None:
         """`pick(taken)` -> cards, or None while they are not ready; asked only on the queue's
         turn (when `queued`). Cards picked are claimed before the lock is let go."""
         with self.sharing.placing() as place:

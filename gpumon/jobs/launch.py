@@ -30,7 +30,7 @@ from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
-from gpumon.jobs.claims_and_queue import Sharing, Taken, notes_for
+from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
@@ -71,7 +71,7 @@ def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
 
 
 def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, backend_args: dict[str, Any],
-            interval: float = 1.0, taken: Taken | None = None) -> jobs.JobSpec:
+            interval: float = 1.0, taken: CardsTaken | None = None) -> jobs.JobSpec:
     if not request.command or not request.command[0].strip():
         raise UsageError("no command given: gpumon run [OPTIONS] -- CMD [ARG...]")
     cwd = os.path.abspath(os.path.expanduser(request.cwd or os.getcwd()))
@@ -80,7 +80,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
     # Bad SPECs fail now, even for queued jobs; free-enough conditions wait for --wait.
     free_min = None if request.wait else request.min_free
     free_util = None if request.wait else request.max_util
-    taken = taken or Taken()
+    taken = taken or CardsTaken()
     gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, taken.skip, taken.mine) if not (
         request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
@@ -237,7 +237,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     snapshot = sample_once(backend, owners=owners)
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     topo = backend.topology() if needs_topo else None
-    sharing = Sharing(shared or SharingSettings(), lambda line: print(f"gpumon: {line}", file=sys.stderr))
+    sharing = LaunchSharing(shared or SharingSettings(), lambda line: print(f"gpumon: {line}", file=sys.stderr))
     # Choosing and claiming are one step under the host's lock: two launches never choose one card.
     with sharing.placing() as place:
         taken = sharing.taken(place)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import MAX_TEXT, Hold, create, inherited, name_part, name_parts, record_name, records
+from gpumon.sharing.folder import MAX_TEXT, HeldRecords, create, inherited, name_part, name_parts, record_name, records
 from gpumon.units import format_time
 
 PREFIX = "claim"
@@ -54,9 +54,9 @@ def read(directory: Path) -> dict[str, list[Claim]]:
     return found
 
 
-def claim(directory: Path, cards: list[str], job: str, name: str) -> Hold:
+def claim(directory: Path, cards: list[str], job: str, name: str) -> HeldRecords:
     """Claim `cards` for `job` (the caller holds the place's lock, having checked they are free)."""
-    hold = Hold([])
+    hold = HeldRecords([])
     try:
         for card in cards:
             hold.items.append(create(directory, record_name(PREFIX, card, job), {
@@ -68,7 +68,7 @@ def claim(directory: Path, cards: list[str], job: str, name: str) -> Hold:
     return hold
 
 
-def adopt(directory: Path, job: str) -> Hold:
+def adopt(directory: Path, job: str) -> HeldRecords:
     """The claims of `job` this process was handed by its launcher."""
-    return Hold([(fd, path) for fd, path in inherited(directory, PREFIX)
+    return HeldRecords([(fd, path) for fd, path in inherited(directory, PREFIX)
                  if name_parts(path)[1:2] == [name_part(job)]])

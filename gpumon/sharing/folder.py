@@ -187,7 +187,7 @@ def exclusive(directory: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None
 
 
 @dataclass
-class Hold:
+class HeldRecords:
     """Records this process holds (an flock on each, its own open file): they last until
     `release()`, or until every process holding the descriptors has ended."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import MAX_TEXT, Hold, create, inherited, name_part, name_parts, record_name, records
+from gpumon.sharing.folder import MAX_TEXT, HeldRecords, create, inherited, name_part, name_parts, record_name, records
 from gpumon.units import format_time
 
 PREFIX = "queue"
@@ -50,13 +50,13 @@ def read(directory: Path) -> list[Entry]:
             for i, r in enumerate(live, start=1)]
 
 
-def enqueue(directory: Path, job: str, name: str, gpu_spec: str) -> Hold:
-    return Hold([create(directory, record_name(PREFIX, job), {
+def enqueue(directory: Path, job: str, name: str, gpu_spec: str) -> HeldRecords:
+    return HeldRecords([create(directory, record_name(PREFIX, job), {
         "job": job, "name": name[:MAX_TEXT], "gpu_spec": gpu_spec[:MAX_TEXT], "host": socket.gethostname(),
         "pid": os.getpid()})])
 
 
-def adopt(directory: Path, job: str) -> Hold:
+def adopt(directory: Path, job: str) -> HeldRecords:
     """The queue entry of `job` this process was handed by its launcher."""
-    return Hold([(fd, path) for fd, path in inherited(directory, PREFIX)
+    return HeldRecords([(fd, path) for fd, path in inherited(directory, PREFIX)
                  if name_parts(path)[:1] == [name_part(job)]])

@@ -4,7 +4,7 @@ nobody else's claim) for a few samples in a row, so a card freed for a moment is
 from __future__ import annotations
 
 from gpumon.errors import GpumonError
-from gpumon.jobs.claims_and_queue import SupervisorSharing, Taken
+from gpumon.jobs.claims_and_queue import CardsTaken, SupervisorSharing
 from gpumon.jobs.placement import free_enough, resolve_spec
 from gpumon.model import Snapshot, Topology
 
@@ -18,7 +18,7 @@ class FreeCardsWait:
         self.sharing = sharing  # says what the job waits for (`gpumon queue`, J)
         self.streak: tuple[tuple[str, ...], int] = ((), 0)
 
-    def pick(self, taken: Taken, snapshot: Snapshot):
+    def pick(self, taken: CardsTaken, snapshot: Snapshot):
         """The cards, on the queue's turn (`taken`: cards claimed by others, and the user's own
         reserved ones), once free FREE_SAMPLES_IN_A_ROW samples in a row; else None."""
         try:

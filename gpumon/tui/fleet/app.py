@@ -22,7 +22,7 @@ from gpumon.cards.process_history import ProcessHistory
 from gpumon.errors import EXIT_OK
 from gpumon.fleet import Fleet
 from gpumon.jobs.across_hosts import choose_across, taken_on
-from gpumon.jobs.claims_and_queue import Sharing, Taken
+from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing
 from gpumon.jobs.placement import choose
 from gpumon.model import HostStatus
 from gpumon.owners.holders import Holder, HolderTracker
@@ -183,9 +183,9 @@ class FleetApp(BaseApp):
             return
         ask_and_launch(self, self.fleet, name, gpu, self.launch_cwd, why="its least loaded free card")
 
-    def _here(self) -> Taken:
+    def _here(self) -> CardsTaken:
         """This machine's claims and reservations, for the host `local` (unreadable: said, and none)."""
-        return Sharing(self.sharing, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
+        return LaunchSharing(self.sharing, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
 
     def run_anywhere(self) -> None:
         """`R`: the run dialog for the best free card of every host that can launch."""

@@ -33,7 +33,7 @@ class CardActions:
 
     def action_run(self) -> None:
         from gpumon.jobs import command_history
-        from gpumon.jobs.claims_and_queue import Sharing
+        from gpumon.jobs.claims_and_queue import LaunchSharing
         from gpumon.jobs.launch import card_limits
         from gpumon.tui.screens.confirm import ConfirmScreen
         from gpumon.tui.screens.run_dialog import RunDialog, simulated_note
@@ -45,7 +45,7 @@ class CardActions:
         default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else simulated_note(gpu)
         # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
-        held = Sharing(self.app.sharing, lambda line: None).peek().skip.get(gpu.ref or "")
+        held = LaunchSharing(self.app.sharing, lambda line: None).peek().skip.get(gpu.ref or "")
         held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
 
         def ask() -> None:
