@@ -74,8 +74,8 @@ def test_a_reservation_ends_by_itself_at_its_time(fake_driver):
 
 @pytest.mark.parametrize("args, words", [
     (["--gpu", "auto", "--for", "1h"], "name the cards to reserve"),
-    (["--gpu", "0", "--for", "200h"], "at most 168h (a week)"),
-    (["--gpu", "0", "--for", "2w"], "at most 168h (a week)"),
+    (["--gpu", "0", "--for", "200h"], "a reservation lasts at most a week (7d)"),
+    (["--gpu", "0", "--for", "2w"], "a reservation lasts at most a week (7d)"),
     (["--gpu", "0"], "needs --gpu N[,M...] and --for DURATION"),
     (["--gpu", "9", "--for", "1h"], "no card 9"),
     (["--json"], "--json goes with --list"),

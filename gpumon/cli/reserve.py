@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.gpu or args.duration is None:
         raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
     if not 0 < args.duration <= LONGEST_S:
-        raise UsageError(f"bad --for {format_duration(args.duration)}: at most {LONGEST_S / 3600:.0f}h (a week)")
+        raise UsageError(f"--for {format_duration(args.duration)} is too long: a reservation lasts at most a week (7d)")
     note = args.note or ""
     if len(note) > reservations.MAX_NOTE:
         raise UsageError(f"--note is {len(note)} characters long: at most {reservations.MAX_NOTE}")
