@@ -3,7 +3,7 @@
 
 Run from the repo root after any UI change: `python scripts/screenshots.py` (it also makes the
 web page's PNGs: scripts/web_screenshots.py). The scenes are
-defined in gpumon/tui/showcase.py; tests/test_screenshots.py fails when a file here is out of date.
+defined in scripts/showcase.py; tests/test_screenshots.py fails when a file here is out of date.
 """
 
 from __future__ import annotations
