@@ -170,6 +170,13 @@ class MainScreen(CardActions, Screen):
     # -- data in --
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        # Drawn once the screen's pending refresh is done. A layout pass still waiting (the cards'
+        # names just drawn, a resize) repaints only what it moves and drops the repaints asked for
+        # before it: a reading drawn ahead of it reached the terminal torn (panels in their old
+        # height, a status line half old) and its cells were never sent again.
+        self.call_after_refresh(self._draw_arrived, message)
+
+    def _draw_arrived(self, message: SnapshotArrived) -> None:
         self.alerts = message.alerts
         self.show_snapshot(message.snapshot)
 
