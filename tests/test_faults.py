@@ -52,7 +52,7 @@ def test_hung_card_keeps_the_ui_live_marks_that_card_and_recovers(fake_driver):
     async def body(backend):
         app = create_app(backend, interval=0.2)
         async with app.run_test(size=(120, 40)) as pilot:
-            while app.sampler.latest is None:
+            while app.main_screen.snapshot is None:  # the first reading drawn, not only read
                 await pilot.pause(0.05)
             panels = app.main_screen.query_one(CardList).panels
             fake_driver.machine.cards[0].extra.update(slow=2500, util=77)  # card 0's calls hang

@@ -78,8 +78,8 @@ class HostScreen(MainScreen):
 
     def on_hosts_reported(self, message: HostsReported) -> None:
         status = message.statuses.get(self.host)
-        if status is not None:  # after the pending refresh, as the main screen draws a reading
-            self.call_after_refresh(self.show_status, status)
+        if status is not None:
+            self.show_status(status)
 
     def show_status(self, status: HostStatus) -> None:
         self.status = status

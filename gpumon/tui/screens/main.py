@@ -97,6 +97,7 @@ class MainScreen(CardActions, Screen):
         self.readonly = readonly
         self.env = dict(os.environ if env is None else env)
         self.snapshot: Snapshot | None = None
+        self._names_settling = False  # the cards' names drawn, their layout pass not done yet
         self.reservations = ReservationsSeen(sharing or SharingSettings())
         self.only_selected = False
         self.filter_text = ""
@@ -170,11 +171,15 @@ class MainScreen(CardActions, Screen):
     # -- data in --
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
-        # Drawn once the screen's pending refresh is done. A layout pass still waiting (the cards'
-        # names just drawn, a resize) repaints only what it moves and drops the repaints asked for
-        # before it: a reading drawn ahead of it reached the terminal torn (panels in their old
-        # height, a status line half old) and its cells were never sent again.
-        self.call_after_refresh(self._draw_arrived, message)
+        if self._names_settling:
+            # The cards' names were just drawn (at the start, or again for a resize queued ahead of
+            # the first reading) and their layout pass is still waiting: it repaints only what it
+            # moves, so a reading drawn ahead of it reached the terminal torn (panels in their
+            # names-only height, a status line half "reading the cards…"), and those cells were
+            # never sent again. Drawn once that pass is done, in the order they came.
+            self.call_after_refresh(self._draw_arrived, message)
+        else:
+            self._draw_arrived(message)
 
     def _draw_arrived(self, message: SnapshotArrived) -> None:
         self.alerts = message.alerts
@@ -197,6 +202,11 @@ class MainScreen(CardActions, Screen):
             for panel, gpu in zip(self.query_one(CardList).panels, identity.gpus):
                 panel.show_identity(gpu)
             self._fit_cards()
+        self._names_settling = True
+        self.call_after_refresh(self._names_settled)
+
+    def _names_settled(self) -> None:
+        self._names_settling = False
 
     def on_screen_resume(self, event: ScreenResume) -> None:
         if self.snapshot is not None:
