@@ -121,57 +121,71 @@ def test_a_claimed_card_asked_for_by_number_is_used_after_a_warning(fake_driver,
     assert [job["gpu_indices"] for job in jobs(fake_driver)] == [[1], [1]]
 
 
-@pytest.mark.parametrize("problem", ["missing", "unwritable", "locked"])
-def test_a_place_that_cannot_be_used_costs_one_line(fake_driver, tmp_path, problem, stop_jobs):
+@pytest.mark.parametrize("problem", ["missing", "unwritable"])
+def test_a_place_that_cannot_be_used_refuses_auto_in_one_line_and_a_named_card_still_goes(
+        fake_driver, tmp_path, problem, stop_jobs):
+    """Where no claim can be made, gpumon cannot be sure the card it would choose is nobody's:
+    `--gpu auto` is refused in one line, at once; a card the user names still starts, told so."""
     free_cards(fake_driver.machine, 1)
     fake_driver.write()
     env = dict(fake_driver.env)
-    held = None
     if problem == "missing":
         env["GPUMON_CLAIMS_DIR"] = str(tmp_path / "no" / "such" / "folder")
-    elif problem == "unwritable":
+    else:
         place = tmp_path / "plain"
         place.mkdir(mode=0o777)
         os.chmod(place, 0o777)  # world-writable but not sticky: anyone could remove a claim
         env["GPUMON_CLAIMS_DIR"] = str(place)
-    else:
-        place = Path(env["GPUMON_CLAIMS_DIR"])
-        place.mkdir(mode=0o1777)
-        held = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+    started = time.monotonic()
+    refused = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 30
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "--gpu auto is refused" in refused.stderr and "(name a card, --gpu N" in refused.stderr
+    assert "job " not in refused.stdout
+    named = subprocess.run([sys.executable, "-m", "gpumon", "run", "--gpu", "0", "--", "sleep", "60"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert named.returncode == 0, named.stderr
+    notes = [line for line in named.stderr.splitlines() if "claims:" in line]
+    assert len(notes) == 1, named.stderr
+    assert "on GPU 0" in named.stdout
+
+
+@pytest.mark.parametrize("trap", ["held", "fifo", "directory", "link"])
+def test_nothing_held_or_planted_in_the_place_makes_a_launch_go_without_claims(fake_driver, tmp_path, trap, stop_jobs):
+    """The old lock's name, held by anyone (flock works on a read-only descriptor) or planted as
+    a FIFO, a folder or a link: launches still claim, and never wait on it."""
+    free_cards(fake_driver.machine, 2)
+    fake_driver.write()
+    place = Path(fake_driver.env["GPUMON_CLAIMS_DIR"])
+    place.mkdir(mode=0o1777)
+    held = None
+    if trap == "held":
+        (place / "place.lock").write_text("")
+        held = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); "
                                  "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)",
                                  str(place / "place.lock")], stdout=subprocess.PIPE, text=True)
         assert held.stdout.readline() == "locked\n"
+    elif trap == "fifo":
+        os.mkfifo(place / "place.lock")
+    elif trap == "directory":
+        (place / "place.lock").mkdir()
+    else:
+        (place / "place.lock").symlink_to(tmp_path / "elsewhere")
     try:
         started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=env,
-                                capture_output=True, text=True, timeout=60)
+        first = fake_driver.run("run", "--gpu", "auto", "--", "sleep", "60")
+        second = fake_driver.run("run", "--gpu", "auto", "--", "sleep", "60")
         assert time.monotonic() - started < 30
     finally:
         if held is not None:
             held.kill()
             held.wait()
-    assert result.returncode == 0, result.stderr
-    notes = [line for line in result.stderr.splitlines() if "claims:" in line]
-    assert len(notes) == 1 and "cards are chosen without them" in notes[0], result.stderr
-    assert "on GPU 0" in result.stdout
-
-
-def test_a_fifo_or_a_link_in_place_of_the_lock_costs_one_line(fake_driver, tmp_path, stop_jobs):
-    """Another user's trap (the folder is everyone's): never waited on, never followed."""
-    free_cards(fake_driver.machine, 1)
-    fake_driver.write()
-    place = Path(os.environ["GPUMON_CLAIMS_DIR"])
-    place.mkdir(mode=0o1777)
-    os.mkfifo(place / "place.lock")
-    result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=fake_driver.env,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "place.lock is not a plain file; cards are chosen without them" in result.stderr
-    (place / "place.lock").unlink()
-    (place / "place.lock").symlink_to(tmp_path / "elsewhere")
-    result = subprocess.run([sys.executable, "-m", "gpumon", "run", "--", "sleep", "60"], env=fake_driver.env,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "claims: cannot open" in result.stderr
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "claims:" not in first.stderr + second.stderr
+    assert sorted(i for job in jobs(fake_driver) for i in job["gpu_indices"]) == [0, 1]  # one card each
+    assert len([p for p in place.iterdir() if p.name.startswith("claim.")]) == 2
     assert not (tmp_path / "elsewhere").exists()
 
 

@@ -7,7 +7,7 @@ import os
 import time
 
 from gpumon.sharing import claims, queue, reservations
-from gpumon.sharing.folder import MAX_TEXT, create, name_parts, record_name
+from gpumon.sharing.records import MAX_TEXT, create, name_parts, record_name
 
 ODD = {"job": "j" * 500, "name": 12345, "host": {"not": "text"}, "gpu_spec": 1.5, "pid": True, "since": False,
        "note": ["a list"], "index": True}
@@ -30,7 +30,7 @@ def test_odd_content_reads_the_same_as_a_claim_an_entry_and_a_reservation(tmp_pa
         "card": card, "until": now + 3600, "created": now}, locked=False)[0])
     try:
         (claim,) = claims.read(tmp_path)[card]
-        (entry,) = queue.read(tmp_path)
+        (entry,) = queue.read(tmp_path, supervised=False)
         booked = reservations.read(tmp_path, now=now)[card]
     finally:
         for fd in held:

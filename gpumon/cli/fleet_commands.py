@@ -257,7 +257,7 @@ def _run_across(args: argparse.Namespace, settings: Settings, request: LaunchReq
 
 def _here(shared: SharingSettings) -> CardsTaken:
     """What this machine's launches claim and its users reserve (for the host `local`)."""
-    return LaunchSharing(shared, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    return LaunchSharing(shared, lambda line: print(f"gpumon: {line}", file=sys.stderr)).taken_now()
 
 
 def _topologies(runner, hosts, count: int, min_free: str | None = None, max_util: float | None = None,

@@ -19,10 +19,8 @@ from gpumon.model import GpuSample
 from gpumon.sanitize import printable
 from gpumon.settings import Settings
 from gpumon.sharing import claims, reservations
-from gpumon.sharing.folder import SharingSettings, Unavailable, exclusive
+from gpumon.sharing.folder import SharingSettings, Unavailable, ensure
 from gpumon.units import format_duration, format_time
-
-LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
 
 
 def cards_named(args: argparse.Namespace, settings: Settings, spec: str) -> list[GpuSample]:
@@ -50,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--json goes with --list")
     if not args.gpu or args.duration is None:
         raise UsageError("reserve needs --gpu N[,M...] and --for DURATION (or --list)")
-    if not 0 < args.duration <= LONGEST_S:
+    if not 0 < args.duration <= reservations.LONGEST_S:
         raise UsageError(f"--for {format_duration(args.duration)} is too long: a reservation lasts at most a week (7d)")
     note = args.note or ""
     if len(note) > reservations.MAX_NOTE:
@@ -59,15 +57,24 @@ def run(args: argparse.Namespace) -> int:
     until = time.time() + args.duration
     directory = shared.directory
     try:
-        with exclusive(directory):
-            booked = reservations.read(directory, idle_release=shared.idle_release_s)
-            theirs = [f"GPU {g.index} is {booked[g.ref].words()}" for g in gpus
-                      if g.ref in booked and not booked[g.ref].mine]
-            if theirs:
-                raise UsageError("; ".join(theirs))
-            reservations.release(booked, {g.ref for g in gpus})  # ours again: the new time stands
-            reservations.reserve(directory, [(g.ref, g.index) for g in gpus], until, note, shared.recorded_idle_release)
-            held = claims.read(directory)
+        ensure(directory)
+        booked = reservations.read(directory, idle_release=shared.idle_release_s)
+        theirs = [f"GPU {g.index} is {booked[g.ref].words()}" for g in gpus
+                  if g.ref in booked and not booked[g.ref].mine]
+        if theirs:
+            raise UsageError("; ".join(theirs))
+        reservations.release(booked, {g.ref for g in gpus})  # ours again: the new time stands
+        made = reservations.reserve(directory, [(g.ref, g.index) for g in gpus], until, note,
+                                    shared.recorded_idle_release)
+        # Another booking of these cards made at the same moment: neither may think it won, so
+        # whoever sees the other's withdraws (both, if both do: one tries again).
+        now = reservations.read(directory, idle_release=shared.idle_release_s)
+        rivals = [f"GPU {g.index} was just {now[g.ref].words()}" for g in gpus if g.ref in now and not now[g.ref].mine]
+        if rivals:
+            for path in made:
+                reservations.withdraw(path)
+            raise UsageError("; ".join(rivals) + "; nothing was reserved")
+        held = claims.read(directory)
     except Unavailable as exc:
         raise UsageError(f"cannot reserve: {exc}") from None
     for g in gpus:

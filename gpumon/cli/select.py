@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
-    taken = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).peek()
+    taken = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).taken_now()
     try:
         choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
                         max_used=args.max_used, taken=taken.skip, preferred=taken.mine)

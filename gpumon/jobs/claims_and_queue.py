@@ -1,23 +1,36 @@
 """A launch's and a supervisor's side of sharing the host (gpumon/sharing): the cards others
-hold, claiming the chosen ones in the same step as choosing them, the queue's turn.
+hold, claiming the chosen ones, the queue's turn.
 
-A launch (`gpumon run`, the TUI through it) chooses and claims under the place's lock, then hands
-its claim (and queue entry) descriptors to the job's supervisor, which holds them until the job
-ends. A place that cannot be used costs one line and changes nothing else: jobs launch as before.
+There is no lock on the place (any user could hold it). A launch chooses among the cards nobody
+claims, claims them, and reads the claims again: a claim on the same card that it did not see
+before choosing is a rival launch's, so it withdraws and chooses again after a short random wait.
+Of two launches that chose one card, the later to read sees the other's claim, so two never both
+keep it (both may withdraw; one then wins the retry). A launch that cannot be sure for PLACING_S
+refuses auto placement with one line; a card the user named goes on (told who else holds it).
+A launch then hands its claim (and queue entry) descriptors to the job's supervisor, which holds
+them until the job ends and makes a claim again if someone removes it.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol, TypeVar
 
+from gpumon.errors import UsageError
+from gpumon.jobs.placement import auto_count, could_use
 from gpumon.model import GpuSample
+from gpumon.sanitize import printable
 from gpumon.sharing import claims, queue, reservations
-from gpumon.sharing.folder import IDLE_RELEASE_S, HeldRecords, SharingSettings, Unavailable, exclusive
+from gpumon.sharing.folder import IDLE_RELEASE_S, SharingSettings, Unavailable, check_folder, ensure
+from gpumon.sharing.records import HeldRecords, content, create
+from gpumon.units import parse_size
+
+PLACING_S = 3.0  # how long a launch tries to keep free cards while other launches take the same ones
 
 
 @dataclass(frozen=True)
@@ -45,8 +58,20 @@ def notes_for(gpus: Sequence[GpuSample], taken: CardsTaken) -> list[str]:
     return [f"GPU {g.index} is {taken.skip[g.ref]}" for g in gpus if g.ref in taken.skip]
 
 
+class Chosen(Protocol):
+    """What a launch chose: its cards' references, for its job (a JobSpec is one)."""
+
+    gpus: list[str]
+    id: str
+    name: str
+
+
+C = TypeVar("C", bound=Chosen)
+
+
 class LaunchSharing:
-    """The place as one launch or one supervisor uses it; says once why it cannot."""
+    """The place as one launch or one supervisor uses it; says once why it cannot, or why it is
+    shared badly (its owner can remove others' records)."""
 
     def __init__(self, settings: SharingSettings, warn: Callable[[str], None]) -> None:
         self.settings = settings
@@ -54,111 +79,183 @@ class LaunchSharing:
         self.warn = warn
         self.warned = False
 
-    def unavailable(self, exc: Unavailable) -> None:
+    def _say(self, line: str) -> None:
         if not self.warned:
             self.warned = True
-            self.warn(f"claims: {exc}; cards are chosen without them")
+            self.warn(line)
 
-    @contextmanager
-    def placing(self) -> Iterator[Path | None]:
-        """The place, locked for choosing and claiming; None (said once) when it cannot be used."""
-        lock = exclusive(self.directory)
+    def usable(self) -> str | None:
+        """None when records can be kept in the place (made if missing); else why not, said once."""
         try:
-            lock.__enter__()
+            ensure(self.directory)
         except Unavailable as exc:
-            self.unavailable(exc)
-            yield None
-            return
-        try:
-            yield self.directory
-        finally:
-            lock.__exit__(None, None, None)
+            self._say(f"claims: {exc}")
+            return str(exc)
+        check = check_folder(self.directory)
+        if check.shared_badly:
+            self._say(f"claims: {check.why}; to fix: {check.fix}")
+        return None
 
-    def taken(self, place: Path | None) -> CardsTaken:
-        if place is None:
-            return CardsTaken()
-        try:
-            return cards_taken_now(place, self.settings.idle_release_s)
-        except (OSError, Unavailable) as exc:
-            self.unavailable(Unavailable(str(exc)))
-            return CardsTaken()
-
-    def peek(self) -> CardsTaken:
-        """What others hold now, without the lock (select: it claims nothing)."""
-        if not self.directory.exists():
+    def taken_now(self) -> CardsTaken:
+        """What others hold now (select, the TUI's question before `r`: nothing is claimed)."""
+        if not self.directory.is_dir():
             return CardsTaken()
         try:
             return cards_taken_now(self.directory, self.settings.idle_release_s)
         except OSError as exc:
-            self.unavailable(Unavailable(f"cannot read {self.directory}: {exc.strerror}"))
+            self._say(f"claims: cannot read {self.directory}: {exc.strerror}")
             return CardsTaken()
 
-    def claim(self, place: Path | None, refs: Sequence[str], job: str, name: str) -> HeldRecords:
-        if place is None or not refs:
-            return HeldRecords([])
-        try:
-            return claims.claim(place, list(refs), job, name)
-        except Unavailable as exc:
-            self.unavailable(exc)
-            return HeldRecords([])
+    def claim_chosen(self, choose: Callable[[CardsTaken], C], auto: bool) -> tuple[C, CardsTaken, HeldRecords]:
+        """`choose(taken)` -> the launch's cards, claimed before this returns. `auto`: chosen by
+        gpumon, so only where no one else claims or reserves them (UsageError, one line, when that
+        cannot be made sure); else named by the user: claimed as asked (shared, if others hold it)."""
+        why = self.usable()
+        if why is not None:
+            if auto:
+                raise UsageError(f"claims: {why}: cards cannot be chosen safely, so --gpu auto is refused "
+                                 "(name a card, --gpu N, to start there anyway)")
+            return choose(CardsTaken()), CardsTaken(), HeldRecords([])
+        give_up = time.monotonic() + PLACING_S
+        while True:
+            taken = self.taken_now()
+            chosen = choose(taken)
+            hold = self.claim(chosen.gpus, chosen.id, chosen.name)
+            rivals = self.rivals(chosen.gpus, chosen.id, taken) if auto else []
+            if not rivals:
+                return chosen, taken, hold
+            hold.release()
+            if time.monotonic() >= give_up:
+                raise UsageError(f"claims: other launches kept taking the same cards for {PLACING_S:g} s "
+                                 f"({rivals[0]}); try again")
+            time.sleep(random.uniform(0.02, 0.2))
 
-    def enqueue(self, place: Path | None, job: str, name: str, gpu_spec: str) -> HeldRecords:
-        if place is None:
+    def claim(self, refs: Sequence[str], job: str, name: str) -> HeldRecords:
+        if not refs:
             return HeldRecords([])
         try:
-            return queue.enqueue(place, job, name, gpu_spec)
+            return claims.claim(self.directory, list(refs), job, name)
         except Unavailable as exc:
-            self.unavailable(exc)
-            return HeldRecords([])
+            raise UsageError(f"claims: {exc}") from None
+
+    def rivals(self, refs: Sequence[str], job: str, seen: CardsTaken) -> list[str]:
+        """Others' claims of `refs` (a card chosen for `job`, which nobody claimed when `seen` was
+        read) and reservations of them made since then, in words."""
+        now = cards_taken_now(self.directory, self.settings.idle_release_s)
+        found = []
+        for ref in refs:
+            found += [f"{printable(ref)} {c.words()}" for c in now.claimed.get(ref, []) if c.job != job]
+            if ref in now.skip and not now.claimed.get(ref) and ref not in seen.skip:
+                found.append(f"{printable(ref)} {now.skip[ref]}")
+        return found
+
+    def enqueue(self, job: str, name: str, gpu_spec: str, count: int, cards: Sequence[str],
+                min_free: int | None) -> HeldRecords:
+        why = self.usable()
+        if why is not None:
+            raise UsageError(f"claims: {why}: the host's queue cannot be joined")
+        try:
+            return queue.enqueue(self.directory, job, name, gpu_spec, count, cards, min_free)
+        except Unavailable as exc:
+            raise UsageError(f"claims: {exc}: the host's queue cannot be joined") from None
+
+
+def queue_request(gpu_spec: str, min_free: str | None, named: Sequence[str] = ()) -> tuple[int, list[str], int | None]:
+    """What a queue entry says its job asks for: how many cards, which (`named`: their UUIDs; none
+    for auto), and the free memory each needs in bytes (None: none, or a share of each card)."""
+    count = auto_count(gpu_spec) or max(1, len(named))
+    need = parse_size(min_free, None) if min_free and not min_free.endswith("%") else None
+    return count, list(named), need
 
 
 class SupervisorSharing:
     """A supervisor's claims and queue entry: adopted from its launcher (or made, for a supervisor
-    systemd started, which inherits no descriptors), given up when the job ends."""
+    systemd started, which inherits no descriptors), kept while the job runs, given up when it ends."""
 
     def __init__(self, settings: SharingSettings, job: str, name: str, gpu_spec: str,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None], min_free: str | None = None) -> None:
         self.sharing = LaunchSharing(settings, warn)
-        self.job, self.name, self.gpu_spec = job, name, gpu_spec
+        self.job, self.name, self.gpu_spec, self.min_free = job, name, gpu_spec, min_free
         self.claims = claims.adopt(self.sharing.directory, job)
         self.entry = queue.adopt(self.sharing.directory, job)
         self.waiting_for = ""  # why a queued job has not started yet, in words
         self.noted_at = float("-inf")
 
     def hold(self, gpus: Sequence[GpuSample]) -> None:
-        """The cards chosen at launch: claimed by the launcher, or else now."""
-        if not self.claims and gpus:
-            with self.sharing.placing() as place:
-                self.claims = self.sharing.claim(place, [g.ref for g in gpus], self.job, self.name)
+        """The cards chosen at launch: claimed by the launcher, or else now (named: as they are)."""
+        if not self.claims and gpus and self.sharing.usable() is None:
+            self.claims = self.sharing.claim([g.ref for g in gpus], self.job, self.name)
 
-    def try_start(self, pick: Callable[[CardsTaken], list[GpuSample] | None],
+    def try_start(self, pick: Callable[[CardsTaken], list[GpuSample] | None], gpus: Sequence[GpuSample] = (),
                   queued: bool = True) -> list[GpuSample] | None:
-        """`pick(taken)` -> cards, or None while they are not ready; asked only on the queue's
-        turn (when `queued`). Cards picked are claimed before the lock is let go."""
-        with self.sharing.placing() as place:
-            if place is not None and queued:
-                if not self.entry:
-                    self.entry = self.sharing.enqueue(place, self.job, self.name, self.gpu_spec)
-                ahead = self._ahead(place)
-                if ahead:
-                    self.waiting_for = f"{ahead} job{'s' if ahead > 1 else ''} ahead in the host's queue"
-                    return None
-            gpus = pick(self.sharing.taken(place))
-            if gpus:
-                self.claims = self.sharing.claim(place, [g.ref for g in gpus], self.job, self.name)
-                self.entry.release()
-            return gpus
+        """`pick(taken)` -> cards, or None while they are not ready; with `queued`, the cards a job
+        ahead in the host's queue could use are taken too (it must never be delayed). Cards picked
+        are claimed, and kept unless a rival launch claimed one at the same moment."""
+        if why := self.sharing.usable():
+            self.waiting_for = f"the host's claims cannot be used: {why}"
+            return None
+        taken = self.sharing.taken_now()
+        if queued:
+            if not self.entry:
+                self.entry = self.sharing.enqueue(self.job, self.name, self.gpu_spec,
+                                                  *queue_request(self.gpu_spec, self.min_free))
+            taken = self._behind(taken, gpus)
+        chosen = pick(taken)
+        if not chosen:
+            return None
+        hold = self.sharing.claim([g.ref for g in chosen], self.job, self.name)
+        if self.sharing.rivals([g.ref for g in chosen], self.job, taken):
+            hold.release()
+            return None
+        self.claims = hold
+        self.entry.release()
+        return chosen
 
-    def _ahead(self, place: Path) -> int:
+    def _behind(self, taken: CardsTaken, gpus: Sequence[GpuSample]) -> CardsTaken:
+        """`taken`, with every card a job ahead of ours in the queue could ever use."""
         mine = {os.path.realpath(p) for p in self.entry.paths}
         try:
-            line = queue.read(place)
+            line = queue.read(self.sharing.directory)
         except OSError:
-            return 0
+            return taken
+        ahead = []
         for entry in line:
             if os.path.realpath(entry.path) in mine:
-                return entry.position - 1
-        return 0
+                break
+            ahead.append(entry)
+        else:
+            ahead = []  # ours is not in line (yet): nobody is ahead
+        if not ahead:
+            self.waiting_for = ""
+            return taken
+        kept = dict(taken.skip)
+        for entry in ahead:
+            for gpu in gpus:
+                if gpu.ref and gpu.ref not in kept and could_use(gpu, entry.cards, entry.min_free):
+                    kept[gpu.ref] = (f"kept for {printable(entry.user)}'s {printable(entry.gpu_spec)} "
+                                     f"(job {printable(entry.job)}, {entry.position}. in the host's queue)")
+        first = ahead[0]
+        self.waiting_for = (f"behind {printable(first.user)}'s {printable(first.gpu_spec)} (job {printable(first.job)}"
+                            f"{f' and {len(ahead) - 1} more' if len(ahead) > 1 else ''}): only cards "
+                            f"{'they' if len(ahead) > 1 else 'it'} cannot use may start it sooner")
+        return replace(taken, skip=kept)
+
+    def keep_claims(self) -> None:
+        """Make again any claim of ours someone removed (the folder's owner can): the job still
+        runs on that card."""
+        removed = self.claims.removed()
+        if not removed:
+            return
+        for fd, path in removed:
+            data = content(fd)
+            if data is None:
+                continue
+            try:
+                made = create(self.sharing.directory, path.name.rsplit(".", 1)[0], data)
+            except (Unavailable, OSError):
+                continue
+            os.close(fd)
+            self.claims.items[self.claims.items.index((fd, path))] = made
 
     def note_use(self, gpus: Sequence[GpuSample]) -> None:
         """The job runs on `gpus`: our reservations of them are in use (at most once a minute)."""

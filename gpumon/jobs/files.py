@@ -13,6 +13,7 @@ from typing import Any
 import platformdirs
 
 ENVIRONMENT_RECORD = "environment.json"
+WAITING_RECORD = "waiting.json"  # a queued job's supervisor says there why it waits
 
 
 def state_dir() -> Path:

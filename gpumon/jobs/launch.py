@@ -30,10 +30,10 @@ from gpumon.cards.sampler import sample_once
 from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
-from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for
+from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for, queue_request
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
-from gpumon.jobs.placement import auto_count, busy_note, resolve_spec
+from gpumon.jobs.placement import auto_count, busy_note, never_met, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.owners.reader import HostPaths
 from gpumon.sharing.folder import SharingSettings
@@ -81,6 +81,8 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
     free_min = None if request.wait else request.min_free
     free_util = None if request.wait else request.max_util
     taken = taken or CardsTaken()
+    if request.wait and (never := never_met(request.gpu_spec, snapshot, request.min_free)):
+        raise UsageError(f"cannot queue: {never}; it would wait for good, and every queued job behind it too")
     gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, taken.skip, taken.mine) if not (
         request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
@@ -238,15 +240,20 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     needs_topo = (auto_count(request.gpu_spec) or 1) > 1
     topo = backend.topology() if needs_topo else None
     sharing = LaunchSharing(shared or SharingSettings(), lambda line: print(f"gpumon: {line}", file=sys.stderr))
-    # Choosing and claiming are one step under the host's lock: two launches never choose one card.
-    with sharing.placing() as place:
-        taken = sharing.taken(place)
-        spec = prepare(request, snapshot, topo, backend_args, interval, taken)
-        spec.claims_dir = str(sharing.directory)
-        spec.config = os.path.abspath(config_file) if config_file else None
-        hold = sharing.claim(place, spec.gpus, spec.id, spec.name)
-        if request.wait:
-            hold.items += sharing.enqueue(place, spec.id, spec.name, spec.gpu_spec).items
+    auto = request.gpu_spec.strip().startswith("auto") and not request.wait
+    # Claimed as they are chosen: a rival launch's claim on one of them sends this one to choose again.
+    spec, taken, hold = sharing.claim_chosen(
+        lambda seen: prepare(request, snapshot, topo, backend_args, interval, seen), auto=auto)
+    spec.claims_dir = str(sharing.directory)
+    spec.config = os.path.abspath(config_file) if config_file else None
+    if request.wait:
+        named = [] if auto_count(request.gpu_spec) else [g.ref for g in resolve_spec(request.gpu_spec, snapshot)]
+        try:
+            hold.items += sharing.enqueue(spec.id, spec.name, spec.gpu_spec,
+                                          *queue_request(spec.gpu_spec, request.min_free, named)).items
+        except UsageError:
+            hold.release()
+            raise
     try:
         if not request.wait and not request.gpu_spec.startswith("auto"):  # auto picks free cards; --wait waits
             chosen = [g for g in snapshot.gpus if g.ref in spec.gpus]

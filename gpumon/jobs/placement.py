@@ -310,3 +310,35 @@ def _one(part: str, snapshot: Snapshot, spec: str) -> GpuSample:
 
 def _indices(snapshot: Snapshot) -> str:
     return ", ".join(str(g.index) for g in snapshot.gpus) or "none"
+
+
+def never_met(spec: str, snapshot: Snapshot, min_free: str | None = None) -> str | None:
+    """Why no state of this host's cards could ever meet a queued request, or None: more cards
+    than it has healthy, or more free memory than a card has. A queue must not wait for it."""
+    count = auto_count(spec)
+    if count is None:
+        named = resolve_spec(spec, snapshot)
+    else:
+        first = snapshot.gpus[0].vendor if snapshot.gpus else DEFAULT_VENDOR
+        named = [g for g in snapshot.gpus if g.vendor == first and g.state == "ok"
+                 and not (g.health is not None and g.health.verdict == "fail") and not (g.mig_mode and count > 1)]
+        if count > len(named):
+            others = [g for g in snapshot.gpus if g not in named]
+            why = "; ".join(f"GPU {g.index}: {free_enough(g) or 'another vendor'}" for g in others[:3])
+            return (f"--gpu {spec} asks for {count} cards; this host has {len(named)} that could run it"
+                    + (f" ({why})" if why else ""))
+    if min_free is None or min_free.endswith("%"):
+        return None
+    needed = parse_size(min_free, None)
+    totals = [g.memory_total for g in named if g.memory_total]
+    if totals and len([t for t in totals if t >= needed]) < (count or len(named)):
+        cards = "these cards have" if count is None else f"{count} cards here have"
+        return f"--min-free {min_free} is more than {cards} (the largest has {format_bytes(max(totals))})"
+    return None
+
+
+def could_use(gpu: GpuSample, cards: Collection[str], min_free: int | None) -> bool:
+    """Whether a queued job asking for `cards` (none: any) with `min_free` bytes could ever run on `gpu`."""
+    if cards and gpu.ref not in cards and gpu.uuid not in cards:
+        return False
+    return min_free is None or gpu.memory_total is None or gpu.memory_total >= min_free

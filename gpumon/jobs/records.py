@@ -39,7 +39,7 @@ import psutil
 from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
-from gpumon.jobs.files import jobs_dir, read_json, write_atomic
+from gpumon.jobs.files import WAITING_RECORD, jobs_dir, read_json, write_atomic
 from gpumon.jobs.processes import same_start
 
 STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
@@ -260,6 +260,8 @@ def load_job(directory: Path) -> Job | None:
             job.reason = "its command has ended: gpumon's supervisor is recording how"
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
+        elif job.pid is None:  # queued: why, as its supervisor says
+            job.reason = str((read_json(directory / WAITING_RECORD) or {}).get("reason") or "")[:300] or None
     elif (stopped := read_json(directory / STOP_RECORD)) is not None:
         job.state, job.ended = "killed", stopped.get("time")
         job.reason = "stopped by the user (gpumon's supervisor was gone: exit status unknown)"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import MAX_TEXT, HeldRecords, create, inherited, name_part, name_parts, record_name, records
+from gpumon.sharing.records import MAX_TEXT, HeldRecords, create, inherited, name_part, name_parts, record_name, records
 from gpumon.units import format_time
 
 PREFIX = "claim"

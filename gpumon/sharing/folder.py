@@ -1,35 +1,29 @@
-"""The place every user of a host shares: a sticky, world-writable folder (as /tmp is), one small
-file per record. A claim or a queue entry is a file its process holds an flock(2) on, so it dies
-with the process (kill -9 included); whose it is comes from stat(), never from what it says.
+"""The place every user of a host shares: one folder, one small file per record (records.py).
+A claim or a queue entry is a file its process holds an flock(2) on, so it dies with the process
+(kill -9 included); whose a record is comes from stat(), never from what it says.
 
-Nothing here may hang a launch: every lock is tried for a short time, and a place that is missing,
-unwritable or locked too long raises `Unavailable`, whose text is the one line to show.
+Who may remove a record is decided by the folder: in a sticky folder only a file's owner, root and
+the folder's owner can. So the place is one no ordinary user owns: the folder an admin made
+(`/run/gpumon`, `/var/lib/gpumon`, or `[claims] dir`), else /tmp/gpumon-claims, which is made by
+whoever launches first and then is theirs; check_folder says so, with the command that fixes it.
+There is no lock to hold: nothing another user holds or plants here can stop a launch claiming.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import os
 import pwd
-import re
 import stat
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 DEFAULT_DIR = "/tmp/gpumon-claims"
+# Folders an admin (or a tmpfiles.d entry) makes; the first that exists, owned by root, is the place.
+SYSTEM_DIRS = ("/run/gpumon", "/var/lib/gpumon")
+TMPFILES_LINE = "d /run/gpumon 1777 root root -"
 ENV = "GPUMON_CLAIMS_DIR"  # tests (and admins trying a folder) point it elsewhere
-LOCK_TIMEOUT_S = 2.0
-MAX_RECORD = 4096  # bytes of a record read: the files are other users'
-MAX_TEXT = 80  # characters of a record's text field kept (a job, a name, a host)
-MAX_CARD = 96  # characters of a card's reference, as name_part keeps it
-PLACE_LOCK = "place.lock"
-_UNSAFE = re.compile(r"[^A-Za-z0-9-]")
+MAKE_SYSTEM_DIR = "as root: install -d -m 1777 /run/gpumon"
 
 
 class Unavailable(Exception):
@@ -40,8 +34,19 @@ IDLE_RELEASE_S = 30 * 60.0  # a reservation unused this long ends, unless the ho
 
 
 def where(configured: str | None, environ: Mapping[str, str] = os.environ) -> Path:
-    """$GPUMON_CLAIMS_DIR, else `configured` (the config's `[claims] dir`), else /tmp/gpumon-claims."""
-    return Path(environ.get(ENV) or configured or DEFAULT_DIR).expanduser()
+    """$GPUMON_CLAIMS_DIR, else `configured` (the config's `[claims] dir`), else the first of
+    SYSTEM_DIRS that is a folder root owns, else /tmp/gpumon-claims."""
+    named = environ.get(ENV) or configured
+    if named:
+        return Path(named).expanduser()
+    for candidate in SYSTEM_DIRS:
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == 0:
+            return Path(candidate)
+    return Path(DEFAULT_DIR)
 
 
 @dataclass(frozen=True)
@@ -71,21 +76,6 @@ def sharing_settings(directory: str | None, host_idle_release: str | None = None
     user's), checked; UsageError names the bad key."""
     own = idle_release_s(own_idle_release) if own_idle_release else None
     return SharingSettings(where(directory, environ), idle_release_s(host_idle_release), own)
-
-
-def name_part(text: str) -> str:
-    """A card's reference or a job id as part of a file name (bus ids have dots and colons)."""
-    return _UNSAFE.sub("_", text)[:MAX_CARD] or "_"
-
-
-def record_name(prefix: str, *parts: str) -> str:
-    """`prefix.part…`, each part made safe: what `create` names a record (adding `.random`)."""
-    return ".".join([prefix, *map(name_part, parts)])
-
-
-def name_parts(path: Path) -> list[str]:
-    """The parts record_name put in a record's file name, without its prefix and random end."""
-    return path.name.split(".")[1:-1]
 
 
 @dataclass(frozen=True)
@@ -124,7 +114,11 @@ def check_folder(directory: Path) -> FolderCheck:
     if not st.st_mode & stat.S_ISVTX:
         return FolderCheck(True, f"{directory} is not sticky and only its owner may write there: other users' "
                                  "launches cannot claim", chmod, shared_badly=True)
-    return FolderCheck(True, f"{directory} is usable (sticky, writable)")
+    if st.st_uid != 0:
+        return FolderCheck(True, f"{directory} belongs to {user_name(st.st_uid)}, who can remove anyone's claims "
+                                 "and reservations there (the sticky bit does not hold against a folder's owner)",
+                           MAKE_SYSTEM_DIR, shared_badly=True)
+    return FolderCheck(True, f"{directory} is usable (sticky, writable, root's)")
 
 
 def ensure(directory: Path) -> Path:
@@ -148,196 +142,6 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-@contextmanager
-def exclusive(directory: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold the place's lock: choosing cards and claiming them is one step for everyone."""
-    ensure(directory)
-    path = directory / PLACE_LOCK
-    # Someone else's file, maybe: never followed if a link, never waited on if a FIFO.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        try:
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            try:
-                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-                os.fchmod(fd, 0o644)
-            except FileExistsError:
-                fd = os.open(path, flags)
-    except OSError as exc:
-        raise Unavailable(f"cannot open {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Unavailable(f"{path} is not a plain file")
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise Unavailable(f"{path} has been locked by another process for {timeout:g} s") from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class HeldRecords:
-    """Records this process holds (an flock on each, its own open file): they last until
-    `release()`, or until every process holding the descriptors has ended."""
-
-    items: list[tuple[int, Path]]
-
-    @property
-    def fds(self) -> tuple[int, ...]:
-        return tuple(fd for fd, _ in self.items)
-
-    @property
-    def paths(self) -> list[Path]:
-        return [path for _, path in self.items]
-
-    def close(self) -> None:
-        """Let go of our descriptors only: a process they were handed to still holds the records."""
-        for fd, _ in self.items:
-            os.close(fd)
-        self.items = []
-
-    def release(self) -> None:
-        for _, path in self.items:
-            try:
-                path.unlink()
-            except OSError:
-                pass
-        self.close()
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-
-def create(directory: Path, name: str, data: dict[str, Any], locked: bool = True) -> tuple[int, Path]:
-    """A new record, written under a hidden name and renamed into place already locked, so no
-    reader ever sees it unlocked (and takes it for a stale one)."""
-    final = directory / f"{name}.{os.urandom(4).hex()}"
-    hidden = directory / f".{final.name}"
-    try:
-        fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise Unavailable(f"cannot write in {directory}: {exc.strerror}") from None
-    try:
-        os.fchmod(fd, 0o644)
-        if locked:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, json.dumps(data).encode())
-        os.rename(hidden, final)
-    except OSError as exc:
-        os.close(fd)
-        hidden.unlink(missing_ok=True)
-        raise Unavailable(f"cannot write in {directory}: {exc.strerror}") from None
-    return fd, final
-
-
-@dataclass(frozen=True)
-class Record:
-    """A live record: whose it is from stat, the rest as its owner wrote it, read through the
-    accessors below, each bounded, so that no record reads differently as a claim, a queue entry
-    or a reservation."""
-
-    path: Path
-    uid: int
-    user: str
-    changed_ns: int  # st_ctime_ns: set by the kernel when the record was put in place
-    data: dict[str, Any]
-
-    def text(self, key: str, limit: int = MAX_TEXT) -> str:
-        """A text field ('' when absent or not text; a number as written), cut to `limit`."""
-        value = self.data.get(key)
-        return str(value)[:limit] if isinstance(value, (str, int, float)) else ""
-
-    def number(self, key: str) -> float | None:
-        value = self.data.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    def whole(self, key: str) -> int | None:
-        value = self.data.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def card(self) -> str | None:
-        """The card it is about (UUID, bus id, MIG slice), None when it names none."""
-        card = self.data.get("card")
-        return card if isinstance(card, str) and 0 < len(card) <= MAX_CARD else None
-
-
-def records(directory: Path, prefix: str, locked: bool = True) -> list[Record]:
-    """The live records named `prefix.*`: held (when `locked`) and readable. Our own stale ones
-    are removed on the way (others' cannot be, in a sticky folder: they are skipped)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    found = []
-    me = os.geteuid()
-    for name in names:
-        if not name.startswith(prefix + "."):
-            continue
-        path = directory / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            if locked:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    pass  # held: alive
-                else:  # nobody holds it: its process is gone
-                    if st.st_uid == me:
-                        path.unlink(missing_ok=True)
-                    continue
-            data = _json(os.read(fd, MAX_RECORD))
-            if data is None:
-                continue
-            found.append(Record(path, st.st_uid, user_name(st.st_uid), st.st_ctime_ns, data))
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.EACCES):
-                raise
-        finally:
-            os.close(fd)
-    return found
-
-
-def _json(raw: bytes) -> dict[str, Any] | None:
-    try:
-        data = json.loads(raw.decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def inherited(directory: Path, prefix: str) -> list[tuple[int, Path]]:
-    """Descriptors this process was handed (pass_fds) on records `prefix.*` in `directory`."""
-    held = []
-    real = Path(os.path.realpath(directory))
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return []
-    for entry in fds:
-        try:
-            target = Path(os.readlink(f"/proc/self/fd/{entry}"))
-        except OSError:
-            continue
-        if target.parent == real and target.name.startswith(prefix + "."):
-            held.append((int(entry), target))
-    return held
 
 
 def idle_release_s(configured: str | None) -> float:

@@ -5,9 +5,14 @@ user who made it (stat), with its end time and note inside. It is not held by a 
 at its time, when its holder releases it, or when the holder has had no process on the card for
 its idle release: the host's `[claims] idle_release` (the system config's, default 30 minutes),
 or the shorter one its holder's own config asked for, written in the record when it was made.
-Every reader judges a reservation by that same rule, whatever its own config says. The holder's
-own gpumon notes their use of the card by touching the file (its mtime), so anyone can tell how
-long it has been unused; only the holder can remove it (the folder is sticky). Everyone else's
+Every reader judges a reservation by that same rule, whatever its own config says.
+
+Its times are the kernel's, which no owner can set: it starts when the file was put in place (its
+change time), so it is ordered by that, and lasts at most a week from then, whatever it says. A
+file changed after it was made (touched, chmod) is no reservation: its change time moved. The
+holder's gpumon notes use of the card on a second file, `reserve-use.<card>.<random>`, whose change
+time is the last use; touching that by hand (`touch -d 2099`) counts as one use now, not as a use
+in 2099. Only the holder can remove either file (the folder is sticky). Everyone else's
 placement skips a reserved card; the holder's prefers it.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +28,16 @@ from typing import Any
 
 from gpumon.model import Snapshot
 from gpumon.sanitize import printable
-from gpumon.sharing.folder import IDLE_RELEASE_S, create, record_name, records
+from gpumon.sharing.folder import IDLE_RELEASE_S
+from gpumon.sharing.records import Record, create, record_name, records
 from gpumon.units import format_time
 
 PREFIX = "reserve"
+USE_PREFIX = "reserve-use"
 MAX_NOTE = 200
+LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
 TOUCH_EVERY_S = 60.0  # the holder's use is noted at most this often (a utime per card)
+WRITTEN_WITHIN_S = 60.0  # how far the time a reservation says it was made may be from the kernel's
 
 
 @dataclass(frozen=True)
@@ -85,17 +95,13 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
                     users_on[ref] = who
     found: dict[str, Reservation] = {}
     for record in records(directory, PREFIX, locked=False):
-        card, until, created = record.card(), record.number("until"), record.number("created")
-        if card is None or until is None or created is None:
-            continue
-        try:
-            used = max(created, os.stat(record.path).st_mtime)
-        except OSError:
-            continue
+        card, until, written = record.card(), record.number("until"), record.number("created")
+        if card is None or until is None or written is None or abs(written - record.changed) > WRITTEN_WITHIN_S:
+            continue  # not one, or changed after it was made
         asked = record.number("idle_release")
-        r = Reservation(card=card, index=record.whole("index"), user=record.user, uid=record.uid, until=until,
-                        note=record.text("note", MAX_NOTE), created=created, used=used, host=record.text("host"),
-                        path=record.path,
+        r = Reservation(card=card, index=record.whole("index"), user=record.user, uid=record.uid,
+                        until=min(until, record.changed + LONGEST_S), note=record.text("note", MAX_NOTE),
+                        created=record.changed, used=_last_use(record), host=record.text("host"), path=record.path,
                         idle_release=min(asked, idle_release) if asked is not None and asked > 0 else idle_release)
         in_use = bool(users_on.get(card, set()) & {r.uid, r.user})
         if in_use:
@@ -104,24 +110,57 @@ def read(directory: Path, snapshot: Snapshot | None = None, idle_release: float 
                 seen[r.path.name] = now
         elif seen is not None and seen.get(r.path.name, 0.0) > r.used:
             r = Reservation(**{**r.__dict__, "used": seen[r.path.name]})
-        why = "expired" if until <= now else ("idle" if not in_use and now - r.used >= r.idle_release else None)
+        why = "expired" if r.until <= now else ("idle" if not in_use and now - r.used >= r.idle_release else None)
         if why:
             if r.mine:
-                r.path.unlink(missing_ok=True)
+                withdraw(r.path)
             if ended is not None:
                 ended.append(Ended(r, why))
             continue
-        if card not in found or r.created < found[card].created:  # the first booking stands
-            found[card] = r
+        if card not in found or (r.created, r.path.name) < (found[card].created, found[card].path.name):
+            found[card] = r  # the first booking stands
     return found
+
+
+def use_note(path: Path) -> Path:
+    """Where the holder of the reservation at `path` notes its use."""
+    return path.with_name(USE_PREFIX + path.name.removeprefix(PREFIX))
+
+
+def _last_use(record: Record) -> float:
+    """When the holder last noted use: the note's change time (the kernel's), if the note is theirs."""
+    try:
+        st = os.lstat(use_note(record.path))
+    except OSError:
+        return record.changed
+    if st.st_uid != record.uid or not stat.S_ISREG(st.st_mode):
+        return record.changed
+    return max(record.changed, st.st_ctime)
+
+
+def withdraw(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    use_note(path).unlink(missing_ok=True)
+
+
+def _touch(path: Path, now: float) -> None:
+    """Note use of our reservation at `path` (its change time becomes now, whatever `now` says)."""
+    note = use_note(path)
+    try:
+        fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError:
+        return
+    try:
+        os.utime(fd, (now, now))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _note_use(r: Reservation, now: float) -> Reservation:
     if r.mine and now - r.used >= TOUCH_EVERY_S:
-        try:
-            os.utime(r.path, (now, now))
-        except OSError:
-            return r
+        _touch(r.path, now)
     return Reservation(**{**r.__dict__, "used": now})
 
 
@@ -130,10 +169,7 @@ def note_use(directory: Path, cards: set[str], now: float | None = None) -> None
     now = time.time() if now is None else now
     for record in records(directory, PREFIX, locked=False):
         if record.uid == os.geteuid() and record.card() in cards:
-            try:
-                os.utime(record.path, (now, now))
-            except OSError:
-                pass
+            _touch(record.path, now)
 
 
 def reserve(directory: Path, cards: list[tuple[str, int]], until: float, note: str,
@@ -156,7 +192,7 @@ def release(found: dict[str, Reservation], cards: set[str] | None = None) -> lis
     gone = []
     for r in found.values():
         if r.mine and (cards is None or r.card in cards):
-            r.path.unlink(missing_ok=True)
+            withdraw(r.path)
             gone.append(r)
     return gone
 

@@ -85,36 +85,31 @@ def host_sharing(sharing: SharingSettings, snapshot: Snapshot | None = None,
     return HostSharing(per_card(directory, snapshot, sharing.idle_release_s, ended), line)
 
 
-class ReservationsSeen:
-    """This host's reservations for a view that repaints every second (the TUI's cards): read again
-    when the place changed (a reservation made or released), and every `every` seconds (one ends
-    by itself at its time, or unused)."""
+class SharingNow:
+    """The latest reading of this host's place, for views that repaint every second (the TUI's
+    cards, its users view, J's queue): `read` does the I/O, at most every `every` seconds, and is
+    meant for a thread (the place is other users' to fill: 100,000 files take a while to list);
+    the rest looks up what was read, costing the event loop nothing."""
 
-    def __init__(self, sharing: SharingSettings, every: float = 5.0) -> None:
+    def __init__(self, sharing: SharingSettings, every: float = 2.0) -> None:
         self.sharing = sharing
         self.every = every
         self.read_at = float("-inf")
-        self.changed: int | None = None
-        self.found: dict[str, Reservation] = {}
+        self.latest = HostSharing()
 
-    def get(self, snapshot: Snapshot | None = None) -> dict[str, Reservation]:
-        directory = self.sharing.directory
-        try:
-            changed = directory.stat().st_mtime_ns
-        except OSError:
-            self.found = {}
-            return self.found
-        now = time.monotonic()
-        if changed != self.changed or now - self.read_at >= self.every:
-            self.changed, self.read_at = changed, now
-            try:
-                self.found = reservations.read(directory, snapshot, self.sharing.idle_release_s)
-            except OSError:
-                self.found = {}
-        return self.found
+    def due(self) -> bool:
+        return time.monotonic() - self.read_at >= self.every
+
+    def read(self, snapshot: Snapshot | None = None) -> HostSharing:
+        self.read_at = time.monotonic()
+        self.latest = host_sharing(self.sharing, snapshot)  # one assignment: a reader sees old or new
+        return self.latest
 
     def of(self, gpu: GpuSample) -> Reservation | None:
-        return next((self.found[r] for r in _refs(gpu) if r in self.found), None)
+        return of(gpu, self.latest.cards).reservation
+
+    def reservations(self) -> dict[str, Reservation]:
+        return {ref: c.reservation for ref, c in self.latest.cards.items() if c.reservation is not None}
 
 
 def reservations_now(sharing: SharingSettings, snapshot: Snapshot | None = None) -> dict[str, Reservation]:

@@ -30,7 +30,6 @@ from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import ReservationsSeen
 from gpumon.tui.base_app import BaseApp, prepare_terminal
 from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import PreferenceStore
@@ -87,7 +86,8 @@ class GpumonApp(BaseApp):
         real_pids = sampler.backend.real_pids if sampler.backend is not None else real_pids
         self.main_screen = MainScreen(sampler.history, sampler.interval, real_pids, readonly, env,
                                       waiting="opening the NVIDIA driver…" if opening else "starting…",
-                                      identity=identity, process_history=self.process_history, sharing=self.sharing)
+                                      identity=identity, process_history=self.process_history,
+                                      sharing=self.sharing_now)
 
     def first_screen(self) -> Screen:
         return self.main_screen
@@ -142,6 +142,7 @@ class GpumonApp(BaseApp):
                 if event.event == "firing":
                     where = event.holder.label if event.holder is not None else f"GPU {event.gpu}"
                     self.notify(f"{where}: {event.rule}", title="Alert", severity="error", timeout=6)
+        self.refresh_sharing(snapshot)
         if self.main_screen.is_attached and self._redraw_due():
             self._post(snapshot, users=True)
         if not snapshot.stale:
@@ -167,7 +168,7 @@ class GpumonApp(BaseApp):
             from gpumon.tui.screens.users import UsersScreen  # on first use: a start does not load it
 
             self.users_screen = UsersScreen(lambda: self.holding, title=f"Users · {self.host_name()}",
-                                            reservations=ReservationsSeen(self.sharing))
+                                            reservations=self.sharing_now)
             self.install_screen(self.users_screen, "users")
         if self.screen is not self.users_screen:
             self.push_screen("users")

@@ -19,19 +19,22 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 
 from rich.color import ColorSystem
 from rich.console import RenderableType
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.worker import WorkerFailed
+from textual.worker import Worker, WorkerFailed, WorkerState
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
 from gpumon.health.xid import RecentXids
+from gpumon.model import Snapshot
 from gpumon.owners.holders import HolderTracker
 from gpumon.sharing.folder import SharingSettings
+from gpumon.sharing.view import SharingNow
 from gpumon.tui.keys_one_at_a_time import KeysInTurn
 from gpumon.tui.literal_text import plain_lines
 from gpumon.tui.preferences import PreferenceStore
@@ -82,6 +85,8 @@ class BaseApp(KeysInTurn):
         self._cells = usable("compositor updates as cells", self, "_batch_count", "_running", "_closed", "_driver",
                              "console._color_system")
         self.sharing = sharing or SharingSettings()
+        self.sharing_now = SharingNow(self.sharing)  # read in a thread: other users fill the place
+        self._sharing_read: Worker | None = None
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
         self.readonly = readonly
         self.requested_theme = theme
@@ -103,6 +108,15 @@ class BaseApp(KeysInTurn):
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
         self._settled = False
+
+    def refresh_sharing(self, snapshot: Snapshot | None = None) -> None:
+        """Read this machine's shared place again, in a thread, when due: the views show what the
+        last read found, and a folder another user filled never holds a frame up."""
+        running = self._sharing_read is not None and self._sharing_read.state in (WorkerState.PENDING,
+                                                                                 WorkerState.RUNNING)
+        if not running and self.sharing_now.due():
+            self._sharing_read = self.run_worker(partial(self.sharing_now.read, snapshot), thread=True,
+                                                 group="sharing", exit_on_error=False)
 
     # -- what a subclass gives --
 

@@ -41,7 +41,7 @@ from gpumon.failover_event import FailoverEvent
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json, banner
 from gpumon.jobs.claims_and_queue import SupervisorSharing
-from gpumon.jobs.files import take_environment
+from gpumon.jobs.files import WAITING_RECORD, take_environment
 from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
 from gpumon.jobs.placement import pin, resolve_spec
 from gpumon.jobs.processes import since_boot
@@ -136,7 +136,8 @@ class Supervisor:
         # The job's claims and queue entry, handed over by its launcher: held until we end.
         shared = sharing_settings(self.spec.claims_dir, config.claims_idle_release_host)
         self.sharing = SupervisorSharing(shared, self.spec.id, self.spec.name, self.spec.gpu_spec,
-                                  warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True))
+                                         warn=lambda line: print(f"gpumon: {line}", file=sys.stderr, flush=True),
+                                         min_free=self.spec.min_free)
         try:
             backend = open_backend(**self.spec.backend, health=self.health)
         except GpumonError as exc:
@@ -170,14 +171,19 @@ class Supervisor:
         free = FreeCardsWait(gpu_spec, backend.topology(), min_free, self.spec.max_util, self.sharing)
         give_up = (time.monotonic() + self.spec.wait_timeout
                    if self.spec.wait_timeout is not None and count is None else None)
+        told = None
         while self.stop_requested is None:
             snapshot = self.latest = backend.sample()
             if count is not None:  # moving: never to a card that failed
                 snapshot = dataclasses.replace(
                     snapshot, gpus=tuple(g for g in snapshot.gpus if g.uuid not in self.failed_cards))
 
-            if gpus := self.sharing.try_start(lambda taken: free.pick(taken, snapshot), queued=count is None):
+            if gpus := self.sharing.try_start(lambda taken: free.pick(taken, snapshot), snapshot.gpus,
+                                              queued=count is None):
                 return gpus
+            if self.sharing.waiting_for != told:  # why it waits, for `jobs` and J
+                told = self.sharing.waiting_for
+                self._write(WAITING_RECORD, {"reason": told})
             if give_up is not None and time.monotonic() >= give_up:
                 raise GpumonError(f"gave up waiting after {format_duration(self.spec.wait_timeout or 0)} "
                                   f"(--wait-timeout): {self.sharing.waiting_for or 'no free cards'}")
@@ -312,6 +318,7 @@ class Supervisor:
                 pids = {p.pid for p in self.tree.processes()}
                 self.energy.see(snapshot, cards, pids)
                 self.sharing.note_use(gpus)  # the user's reservation of these cards is in use
+                self.sharing.keep_claims()  # someone removed one (the folder's owner can): made again
                 used = job_memory(snapshot, cards, pids)
                 blind = unwatched(snapshot, self.limits)
             except Exception as exc:  # noqa: BLE001 - whatever a sample raises, the watch goes on

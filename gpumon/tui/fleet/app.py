@@ -185,7 +185,7 @@ class FleetApp(BaseApp):
 
     def _here(self) -> CardsTaken:
         """This machine's claims and reservations, for the host `local` (unreadable: said, and none)."""
-        return LaunchSharing(self.sharing, lambda line: self.notify(line, severity="warning", timeout=6)).peek()
+        return LaunchSharing(self.sharing, lambda line: self.notify(line, severity="warning", timeout=6)).taken_now()
 
     def run_anywhere(self) -> None:
         """`R`: the run dialog for the best free card of every host that can launch."""

@@ -45,7 +45,7 @@ class CardActions:
         default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else simulated_note(gpu)
         # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
-        held = LaunchSharing(self.app.sharing, lambda line: None).peek().skip.get(gpu.ref or "")
+        held = LaunchSharing(self.app.sharing, lambda line: None).taken_now().skip.get(gpu.ref or "")
         held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
 
         def ask() -> None:

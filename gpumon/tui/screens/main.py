@@ -29,7 +29,7 @@ from gpumon.jobs import records as jobs
 from gpumon.model import Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import ReservationsSeen
+from gpumon.sharing.view import SharingNow
 from gpumon.tui.literal_text import plain
 from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import Preferences
@@ -83,10 +83,10 @@ class MainScreen(CardActions, Screen):
     def __init__(self, history: History, interval: float, real_pids: bool, readonly: bool,
                  env: Mapping[str, str] | None = None, waiting: str = "starting…",
                  identity: Snapshot | None = None, *, process_history: ProcessHistory,
-                 sharing: SharingSettings | None = None) -> None:
+                 sharing: SharingNow | None = None) -> None:
         """`process_history`: each process's recent past, for its screen (Enter), fed every fresh
         reading by the app that reads them (a reading this screen never draws counts too).
-        `sharing`: where this machine's reservations are ([claims]; None: the defaults)."""
+        `sharing`: this machine's reservations as last read (by the app, in a thread)."""
         super().__init__()
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.waiting = waiting  # the status line until the first sample
@@ -98,7 +98,7 @@ class MainScreen(CardActions, Screen):
         self.env = dict(os.environ if env is None else env)
         self.snapshot: Snapshot | None = None
         self._names_settling = False  # the cards' names drawn, their layout pass not done yet
-        self.reservations = ReservationsSeen(sharing or SharingSettings())
+        self.reservations = sharing or SharingNow(SharingSettings())
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
@@ -246,8 +246,6 @@ class MainScreen(CardActions, Screen):
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
             slot = any(has_verdict(gpu) for gpu in snap.gpus)  # compact rows keep room for WARN/FAIL
-            if self.local_sharing:  # this host's reservations (gpumon/sharing): read again when they changed
-                self.reservations.get(snap)
             for panel, gpu in zip(cards.panels, snap.gpus):
                 booked = self.reservations.of(gpu) if self.local_sharing else None
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,

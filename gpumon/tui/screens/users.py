@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
-from gpumon.sharing.view import ReservationsSeen, reservations_text
+from gpumon.sharing.view import SharingNow, reservations_text
 from gpumon.tui.messages import HostsReported, SnapshotArrived
 from gpumon.tui.widgets.changed_cells import CachedStyles, PartialRefresh
 from gpumon.tui.widgets.filter_box import FilterBox
@@ -56,7 +56,7 @@ class UsersScreen(Screen):
     ]
 
     def __init__(self, source: Callable[[], tuple[Holder, ...]], hosts: bool = False, title: str = "Users",
-                 reservations: ReservationsSeen | None = None) -> None:
+                 reservations: SharingNow | None = None) -> None:
         """`source`: the holders of the latest reading; `hosts`: a HOST column (the fleet);
         `reservations`: this machine's (gpumon/sharing), listed under the idle line."""
         super().__init__()
@@ -110,7 +110,7 @@ class UsersScreen(Screen):
         self.table.show(holders)
         self.line.show(*summary(holders, self.hosts))
         if self.reservations is not None:
-            lines = reservations_text(self.reservations.get())
+            lines = reservations_text(self.reservations.reservations())
             if lines != self._reserved_lines:  # repainted only when they change
                 self._reserved_lines = lines
                 self.reserved.display = bool(lines)

@@ -1,5 +1,5 @@
 """The host's queue of jobs waiting for cards, every user's (gpumon/sharing/queue.py), as a few
-lines under J's job list: read once a second from the shared place, shown as text (names and
+lines under J's job list: as the app last read the shared place (in a thread), shown as text (names and
 user names are data, never markup); hidden while nobody waits."""
 
 from __future__ import annotations
@@ -35,11 +35,8 @@ class HostQueue(Static):
         self.set_interval(1.0, self.refresh_queue)
 
     def refresh_queue(self) -> None:
-        directory = self.app.sharing.directory  # this machine's place ([claims] dir)
-        try:
-            entries = queue.read(directory) if directory.is_dir() else []
-        except OSError:
-            entries = []
+        self.app.refresh_sharing()  # read in a thread: shown here when it is back
+        entries = self.app.sharing_now.latest.queue
         key = tuple(e.words() for e in entries)
         if key == self.shown:  # repaint only when it changed
             return
