@@ -34,15 +34,26 @@ class User:
         entry = pwd.getpwnam(name)
         os.chown(self.home, entry.pw_uid, entry.pw_gid)
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = [f"HOME={self.home}", f"XDG_STATE_HOME={self.home}/state", f"XDG_CONFIG_HOME={self.home}/config",
+    def run(self, *args: str, timeout: float = 60, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        env = [*extra, f"HOME={self.home}", f"XDG_STATE_HOME={self.home}/state", f"XDG_CONFIG_HOME={self.home}/config",
                f"GPUMON_CLAIMS_DIR={self.place}", "TZ=UTC", f"PATH={os.environ['PATH']}",
                f"PYTHONPATH={':'.join([SOURCE, *SITE])}"]
         return subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, *args],
                               capture_output=True, text=True, timeout=timeout, cwd="/")
 
-    def gpumon(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return self.run(PYTHON, "-m", "gpumon", "--demo", *args, timeout=timeout)
+    def gpumon(self, *args: str, timeout: float = 60, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        return self.run(PYTHON, "-m", "gpumon", "--demo", *args, timeout=timeout, extra=extra)
+
+    def hold(self, path: Path, content: bytes) -> subprocess.Popen[str]:
+        """A process of this user's that writes `content` at `path` and holds an flock on it."""
+        code = ("import fcntl, os, sys, time; p = sys.argv[1]; "
+                "fd = os.open(p + '.tmp', os.O_CREAT | os.O_WRONLY, 0o644); fcntl.flock(fd, fcntl.LOCK_EX); "
+                "os.write(fd, bytes.fromhex(sys.argv[2])); os.rename(p + '.tmp', p); print('held', flush=True); "
+                "time.sleep(300)")
+        holder = subprocess.Popen(["runuser", "-u", self.name, "--", PYTHON, "-c", code, str(path), content.hex()],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        return holder
 
 
 def _version(python: str) -> tuple[int, int]:

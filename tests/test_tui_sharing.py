@@ -44,3 +44,68 @@ def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):
         for job in jobs(fake_driver):
             if job["state"] in ("running", "queued"):
                 fake_driver.run("jobs", "--stop", job["id"])
+
+
+def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_session, tmp_path):
+    """Another user filled the place: 50,000 files, records no parser survives, a FIFO, a folder
+    where a record belongs, and the folder touched five times a second. The TUI reads it in a
+    thread: its first frame, its users view and J come as they would on an empty place."""
+    import json
+    import os
+    import threading
+    import time
+
+    fake_driver.machine.cards = [Card("NVIDIA A40", uuid="GPU-00009999-1111-2222-3333-444455556660",
+                                      bus="00000000:71:00.0", mem_total=48 * GIB)]
+    fake_driver.write()
+    place = tmp_path / "place"
+    place.mkdir(mode=0o1777)
+    os.chmod(place, 0o1777)
+    nobody = 65534
+    for i in range(50_000):
+        path = place / f"claim.GPU-{i}.job{i}.0000"
+        path.write_bytes(b"{}")
+        os.chown(path, nobody, nobody)
+    uuid = fake_driver.machine.cards[0].uuid
+    for kind, body in {"deep": b'{"card": "%s", "x": ' % uuid.encode() + b"[" * 1900 + b"]" * 1900 + b"}",
+                       "nan": b'{"card": "%s", "until": NaN, "created": NaN}' % uuid.encode(),
+                       "huge": b'{"card": "%s", "until": 1%s, "created": 1}' % (uuid.encode(), b"0" * 400)}.items():
+        (place / f"reserve.{kind}.0000").write_bytes(body)
+        os.chown(place / f"reserve.{kind}.0000", nobody, nobody)
+    os.mkfifo(place / "reserve.fifo.0000")
+    (place / "queue.folder.0000").mkdir()
+    (place / "reserve.valid.0000").write_text(json.dumps({"card": uuid, "index": 0, "until": time.time() + 3600,
+                                                          "created": time.time(), "note": "kept"}))
+    os.chown(place / "reserve.valid.0000", nobody, nobody)
+    stop = threading.Event()
+
+    def touch_the_folder() -> None:
+        while not stop.wait(0.2):
+            (place / "claim.churn.0000").touch()
+            (place / "claim.churn.0000").unlink()
+
+    toucher = threading.Thread(target=touch_the_folder, daemon=True)
+    toucher.start()
+    try:
+        env = {**fake_driver.env, "GPUMON_CLAIMS_DIR": str(place)}
+        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                             if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                                      "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
+        tmux = tmux_session(120, 40)
+        started = time.monotonic()
+        tmux.start(f"env {env_words} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+        tmux.wait_for(lambda s: "NVIDIA A40" in s and "starting" not in s, what="the first frame")
+        assert time.monotonic() - started < 15
+        screen = tmux.wait_for(lambda s: "Reserved by nobody until" in s, what="the one real reservation")
+        assert "kept" in screen
+        tmux.keys("u")
+        tmux.wait_for(lambda s: "Users ·" in s, what="the users view")
+        tmux.keys("Escape")
+        tmux.wait_for(lambda s: "Users ·" not in s, what="the main screen again")
+        tmux.keys("J")
+        tmux.wait_for(lambda s: "Jobs" in s, what="the jobs screen")
+        tmux.keys("Escape", "q")
+        tmux.wait_for(lambda s: "NVIDIA A40" not in s, what="gpumon to end")
+    finally:
+        stop.set()
+        toucher.join()

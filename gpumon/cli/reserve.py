@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         # Another booking of these cards made at the same moment: neither may think it won, so
         # whoever sees the other's withdraws (both, if both do: one tries again).
         now = reservations.read(directory, idle_release=shared.idle_release_s)
-        rivals = [f"GPU {g.index} was just {now[g.ref].words()}" for g in gpus if g.ref in now and not now[g.ref].mine]
+        rivals = [f"GPU {g.index} was just {now[g.ref].words()}" if g.ref in now
+                  else f"GPU {g.index}'s reservation did not read back (its file changed as it was made)"
+                  for g in gpus if g.ref not in now or not now[g.ref].mine]
         if rivals:
             for path in made:
                 reservations.withdraw(path)

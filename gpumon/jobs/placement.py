@@ -332,7 +332,8 @@ def never_met(spec: str, snapshot: Snapshot, min_free: str | None = None) -> str
     needed = parse_size(min_free, None)
     totals = [g.memory_total for g in named if g.memory_total]
     if totals and len([t for t in totals if t >= needed]) < (count or len(named)):
-        cards = "these cards have" if count is None else f"{count} cards here have"
+        cards = ("these cards have" if count is None else "any card here has" if count == 1
+                 else f"{count} cards here have")
         return f"--min-free {min_free} is more than {cards} (the largest has {format_bytes(max(totals))})"
     return None
 

@@ -37,7 +37,7 @@ USE_PREFIX = "reserve-use"
 MAX_NOTE = 200
 LONGEST_S = 7 * 86400.0  # a week: longer is a dedicated machine, not a reservation
 TOUCH_EVERY_S = 60.0  # the holder's use is noted at most this often (a utime per card)
-WRITTEN_WITHIN_S = 60.0  # how far the time a reservation says it was made may be from the kernel's
+WRITTEN_WITHIN_S = 2.0  # how far the time a reservation says it was made may be from the kernel's
 
 
 @dataclass(frozen=True)
