@@ -27,10 +27,10 @@ def queue_document(sharing: SharingSettings) -> dict:
 def queue_text(document: dict) -> str:
     if not document["queue"]:
         return "no jobs are waiting for cards on this host\n"
-    rows = [("POS", "USER", "JOB", "NAME", "WANTS", "QUEUED")]
+    rows = [("POS", "USER", "JOB", "NAME", "WANTS", "QUEUED", "WHY IT WAITS")]
     for e in document["queue"]:
         rows.append((str(e["position"]), printable(e["user"]), printable(e["job"]), printable(e["name"]),
-                     printable(e["gpu_spec"]), format_time(e["queued"], seconds=True)))
+                     printable(e["gpu_spec"]), format_time(e["queued"], seconds=True), printable(e.get("reason", ""))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n" for row in rows)
 

@@ -53,12 +53,14 @@ async def _stream(sampler: Sampler, sharing: SharingSettings) -> None:
     loop = asyncio.get_running_loop()
     out = sys.stdout.buffer
 
+    shared = view.SharingNow(sharing)  # read in a thread, every 2 s at most: the place is everyone's
+
     def publish(snapshot: Snapshot) -> None:
         if snapshot.stale:
             return
         # Who claims or reserves each card, as `snapshot --json` says it: `select --hosts` must not
         # offer a card a launch here holds.
-        doc = view.annotate(snapshot.to_dict(), view.per_card(sharing.directory, snapshot, sharing.idle_release_s))
+        doc = view.annotate(snapshot.to_dict(), shared.current(snapshot).cards)
         try:
             out.write(json.dumps(doc, separators=(",", ":")).encode() + b"\n")
             out.flush()

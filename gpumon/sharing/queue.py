@@ -50,8 +50,9 @@ class Entry:
 
     def words(self, numbered: bool = True) -> str:
         number = f"{self.position}. " if numbered else ""
+        why = f"; {self.reason}" if self.reason else ""
         return (f"{number}{printable(self.user)}: job {printable(self.job)} {printable(self.name)} "
-                f"wants {printable(self.gpu_spec)}, queued {format_time(self.queued, seconds=True)}")
+                f"wants {printable(self.gpu_spec)}, queued {format_time(self.queued, seconds=True)}{why}")
 
 
 def read(directory: Path, supervised: bool = True) -> list[Entry]:

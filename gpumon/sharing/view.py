@@ -3,6 +3,7 @@ from the shared place (a listdir and one small read per record), keyed by the ca
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,19 +87,32 @@ def host_sharing(sharing: SharingSettings, snapshot: Snapshot | None = None,
 
 
 class SharingNow:
-    """The latest reading of this host's place, for views that repaint every second (the TUI's
-    cards, its users view, J's queue): `read` does the I/O, at most every `every` seconds, and is
-    meant for a thread (the place is other users' to fill: 100,000 files take a while to list);
-    the rest looks up what was read, costing the event loop nothing."""
+    """The latest reading of this host's place, for what repaints or publishes every sample (the
+    TUI's cards, users view and J, `snapshot --stream`, the web page): read again at most every
+    `every` seconds, in a thread of its own, so that a place another user filled (100,000 files
+    take a while to list) never holds a frame, a sample or a page up. Looking up costs nothing."""
 
     def __init__(self, sharing: SharingSettings, every: float = 2.0) -> None:
         self.sharing = sharing
         self.every = every
         self.read_at = float("-inf")
         self.latest = HostSharing()
+        self._reading: threading.Thread | None = None
 
-    def due(self) -> bool:
-        return time.monotonic() - self.read_at >= self.every
+    def refresh(self, snapshot: Snapshot | None = None) -> None:
+        """Read again in the background, when due and not already reading."""
+        if time.monotonic() - self.read_at < self.every or (self._reading is not None and self._reading.is_alive()):
+            return
+        self.read_at = time.monotonic()
+        self._reading = threading.Thread(target=self.read, args=(snapshot,), name="gpumon-sharing", daemon=True)
+        self._reading.start()
+
+    def current(self, snapshot: Snapshot | None = None) -> HostSharing:
+        """What was last read, the first time read now (a first answer must not say 'nobody')."""
+        if self.read_at == float("-inf"):
+            return self.read(snapshot)
+        self.refresh(snapshot)
+        return self.latest
 
     def read(self, snapshot: Snapshot | None = None) -> HostSharing:
         self.read_at = time.monotonic()
@@ -138,8 +152,13 @@ class ReservationFollower:
         self.seen: dict[str, float] = {}  # when each reservation was last seen in use, by file name
         self.told: set[str] = set()
         self.started = False
+        self.every = 2.0
+        self.read_at = float("-inf")
 
     def read_new(self, snapshot: Snapshot | None) -> list[ReservationEvent]:
+        if time.monotonic() - self.read_at < self.every:  # read again every few seconds, not every sample
+            return []
+        self.read_at = time.monotonic()
         directory = self.sharing.directory
         ended: list[Ended] = []
         if directory.is_dir():

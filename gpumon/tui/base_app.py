@@ -19,14 +19,13 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from functools import partial
 
 from rich.color import ColorSystem
 from rich.console import RenderableType
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.worker import Worker, WorkerFailed, WorkerState
+from textual.worker import WorkerFailed
 
 from gpumon.alerting.rules import AlertEngine, AlertEvent, Rule
 from gpumon.errors import EXIT_OK, GpumonError, UsageError
@@ -86,7 +85,6 @@ class BaseApp(KeysInTurn):
                              "console._color_system")
         self.sharing = sharing or SharingSettings()
         self.sharing_now = SharingNow(self.sharing)  # read in a thread: other users fill the place
-        self._sharing_read: Worker | None = None
         self.launch_cwd = os.getcwd()  # where `r` runs commands unless the user says otherwise
         self.readonly = readonly
         self.requested_theme = theme
@@ -110,13 +108,9 @@ class BaseApp(KeysInTurn):
         self._settled = False
 
     def refresh_sharing(self, snapshot: Snapshot | None = None) -> None:
-        """Read this machine's shared place again, in a thread, when due: the views show what the
-        last read found, and a folder another user filled never holds a frame up."""
-        running = self._sharing_read is not None and self._sharing_read.state in (WorkerState.PENDING,
-                                                                                 WorkerState.RUNNING)
-        if not running and self.sharing_now.due():
-            self._sharing_read = self.run_worker(partial(self.sharing_now.read, snapshot), thread=True,
-                                                 group="sharing", exit_on_error=False)
+        """Read this machine's shared place again when due, in a thread (sharing/view.SharingNow):
+        the views show what the last read found; a folder another user filled holds no frame up."""
+        self.sharing_now.refresh(snapshot)
 
     # -- what a subclass gives --
 

@@ -27,7 +27,6 @@ from gpumon.model import FleetSnapshot, HostStatus, Snapshot
 from gpumon.owners.holders import Holder, HolderTracker, users_document
 from gpumon.sharing import view
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import host_sharing, reservations_now
 from gpumon.web.view import fleet_view, local_view
 
 
@@ -114,12 +113,12 @@ class LocalCards(_Documents):
         self.holding: tuple[Holder, ...] = ()
         self._first: float | None = None  # the first reading's time: how long the server has watched
         # As `gpumon snapshot --json`: each card with its claims and reservation (gpumon/sharing).
-        self._snapshot = _Cached(lambda s: view.annotate(s.to_dict(),
-                                                         view.per_card(sharing.directory, s, sharing.idle_release_s)))
+        self.shared = view.SharingNow(sharing)  # read in a thread, every 2 s at most: the place is everyone's
+        self._snapshot = _Cached(lambda s: view.annotate(s.to_dict(), self.shared.current(s).cards))
         self._health = _Cached(health_document)
         # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
         self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
-                                         "reservations": [r.to_dict() for r in reservations_now(sharing, s).values()]})
+                                         "reservations": [r.to_dict() for r in self.shared.reservations().values()]})
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
@@ -128,8 +127,8 @@ class LocalCards(_Documents):
         if self._first is None:
             self._first = snapshot.time
         self.latest = snapshot
-        # This host's claims, reservations and queue: one read of the shared place per sample.
-        shared = host_sharing(self.sharing, snapshot)
+        # This host's claims, reservations and queue, as last read (sharing/view.SharingNow).
+        shared = self.shared.current(snapshot)
         self.feed.publish(local_view(snapshot, self.sampler.interval, self.holding, shared))
 
     async def run(self) -> None:
