@@ -163,5 +163,7 @@ def test_doctor_says_of_the_claims_folder_what_a_launch_finds(fake_driver, tmp_p
     why = claims["summary"].removesuffix(" ($GPUMON_CLAIMS_DIR)")
     launched = subprocess.run([sys.executable, "-m", "gpumon", "run", "--foreground", "--", "true"], env=env,
                               capture_output=True, text=True, timeout=60)
-    assert launched.returncode == 0, launched.stderr
-    assert f"claims: {why}; cards are chosen without them" in launched.stderr, (why, launched.stderr)
+    assert launched.returncode == 2, launched.stderr
+    assert launched.stderr.count("\n") == 1, launched.stderr  # one line
+    assert f"claims: {why}: cards cannot be chosen safely, so --gpu auto is refused" in launched.stderr, (
+        why, launched.stderr)

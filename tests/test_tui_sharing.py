@@ -47,9 +47,10 @@ def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):
 
 
 def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_session, tmp_path):
-    """Another user filled the place: 50,000 files, records no parser survives, a FIFO, a folder
-    where a record belongs, and the folder touched five times a second. The TUI reads it in a
-    thread: its first frame, its users view and J come as they would on an empty place."""
+    """Another user made the place and filled it: 50,000 files, records no parser survives, a FIFO,
+    a folder where a record belongs, and the folder touched five times a second. The TUI reads it in
+    a thread: its first frame, its users view and J come as they would on an empty place, and `r`
+    says whose the folder is, with the fix."""
     import json
     import os
     import threading
@@ -77,6 +78,7 @@ def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_s
     (place / "reserve.valid.0000").write_text(json.dumps({"card": uuid, "index": 0, "until": time.time() + 3600,
                                                           "created": time.time(), "note": "kept"}))
     os.chown(place / "reserve.valid.0000", nobody, nobody)
+    os.chown(place, nobody, nobody)  # made by another user before anyone launched: theirs
     stop = threading.Event()
 
     def touch_the_folder() -> None:
@@ -102,6 +104,18 @@ def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_s
         tmux.wait_for(lambda s: "Users ·" in s, what="the users view")
         tmux.keys("Escape")
         tmux.wait_for(lambda s: "Users ·" not in s, what="the main screen again")
+        tmux.keys("r")  # the folder's owner can remove the job's claim: said before it launches
+        tmux.wait_for(lambda s: "Run a job there anyway?" in s, what="the question (the card is reserved)")
+        tmux.keys("y")
+        screen = tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
+        lines = screen.splitlines()
+        top = next(i for i, line in enumerate(lines) if "╭─ Run on GPU 0" in line)
+        left, right = lines[top].index("╭"), lines[top].index("╮")
+        said = " ".join(" ".join(line[left + 1:right] for line in lines[top + 1:]).split())  # the dialog's text
+        assert "belongs to nobody, who can remove anyone's claims" in said
+        assert "install -d -m 1777 /run/gpumon" in said
+        tmux.keys("Escape")
+        tmux.wait_for(lambda s: "Run on GPU 0" not in s, what="the dialog to close")
         tmux.keys("J")
         tmux.wait_for(lambda s: "Jobs" in s, what="the jobs screen")
         tmux.keys("Escape", "q")

@@ -84,17 +84,24 @@ class LaunchSharing:
             self.warned = True
             self.warn(line)
 
-    def usable(self) -> str | None:
-        """None when records can be kept in the place (made if missing); else why not, said once."""
+    def usable(self, say: bool = True) -> str | None:
+        """None when records can be kept in the place (made if missing); else why not (said once,
+        with `say`)."""
         try:
             ensure(self.directory)
         except Unavailable as exc:
-            self._say(f"claims: {exc}")
+            if say:
+                self._say(f"claims: {exc}")
             return str(exc)
-        check = check_folder(self.directory)
-        if check.shared_badly:
-            self._say(f"claims: {check.why}; to fix: {check.fix}")
+        if note := self.shared_badly():
+            self._say(note)
         return None
+
+    def shared_badly(self) -> str:
+        """'claims: /tmp/gpumon-claims belongs to alice, who can remove anyone's claims…; to fix: …',
+        or '' where the place is set up as it should be."""
+        check = check_folder(self.directory)
+        return f"claims: {check.why}; to fix: {check.fix}" if check.shared_badly else ""
 
     def taken_now(self) -> CardsTaken:
         """What others hold now (select, the TUI's question before `r`: nothing is claimed)."""
@@ -106,12 +113,16 @@ class LaunchSharing:
             self._say(f"claims: cannot read {self.directory}: {exc.strerror}")
             return CardsTaken()
 
-    def claim_chosen(self, choose: Callable[[CardsTaken], C], auto: bool) -> tuple[C, CardsTaken, HeldRecords]:
+    def claim_chosen(self, choose: Callable[[CardsTaken], C], auto: bool,
+                     queued: bool = False) -> tuple[C, CardsTaken, HeldRecords]:
         """`choose(taken)` -> the launch's cards, claimed before this returns. `auto`: chosen by
         gpumon, so only where no one else claims or reserves them (UsageError, one line, when that
-        cannot be made sure); else named by the user: claimed as asked (shared, if others hold it)."""
-        why = self.usable()
+        cannot be made sure); else named by the user: claimed as asked (shared, if others hold it).
+        `queued`: the job will join the queue, which needs the place (UsageError without it)."""
+        why = self.usable(say=not (auto or queued))
         if why is not None:
+            if queued:
+                raise UsageError(f"claims: {why}: the host's queue cannot be joined")
             if auto:
                 raise UsageError(f"claims: {why}: cards cannot be chosen safely, so --gpu auto is refused "
                                  "(name a card, --gpu N, to start there anyway)")
@@ -151,7 +162,7 @@ class LaunchSharing:
 
     def enqueue(self, job: str, name: str, gpu_spec: str, count: int, cards: Sequence[str],
                 min_free: int | None) -> HeldRecords:
-        why = self.usable()
+        why = self.usable(say=False)
         if why is not None:
             raise UsageError(f"claims: {why}: the host's queue cannot be joined")
         try:

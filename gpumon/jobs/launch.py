@@ -243,7 +243,7 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
     auto = request.gpu_spec.strip().startswith("auto") and not request.wait
     # Claimed as they are chosen: a rival launch's claim on one of them sends this one to choose again.
     spec, taken, hold = sharing.claim_chosen(
-        lambda seen: prepare(request, snapshot, topo, backend_args, interval, seen), auto=auto)
+        lambda seen: prepare(request, snapshot, topo, backend_args, interval, seen), auto=auto, queued=request.wait)
     spec.claims_dir = str(sharing.directory)
     spec.config = os.path.abspath(config_file) if config_file else None
     if request.wait:

@@ -45,12 +45,14 @@ class CardActions:
         default = card_limits().get(gpu.ref)
         note = "" if self.real_pids else simulated_note(gpu)
         # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
-        held = LaunchSharing(self.app.sharing, lambda line: None).taken_now().skip.get(gpu.ref or "")
+        sharing = LaunchSharing(self.app.sharing, lambda line: None)
+        held = sharing.taken_now().skip.get(gpu.ref or "")
         held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
+        place_note = sharing.shared_badly()  # the folder's owner can remove this job's claim
 
         def ask() -> None:
             self.app.push_screen(RunDialog(gpu, command_history.command_history(), default, self.app.launch_cwd,
-                                           note="\n".join(n for n in (held_note, note) if n)),
+                                           note="\n".join(n for n in (held_note, place_note, note) if n)),
                                  lambda choice: self._launch(gpu, choice) if choice else None)
 
         if held:
