@@ -87,6 +87,8 @@ def _supervised(live: list[Record]) -> set[tuple[int, str]]:
     runs none for its job is a held file, not a job in line."""
     if not live:
         return set()
+    if not _sees_others():  # /proc mounted hidepid: nobody's supervisor can be seen, so all count
+        return {(r.uid, name_part(r.text("job"))) for r in live}
     owners = {r.uid for r in live}
     found = set()
     try:
@@ -115,6 +117,16 @@ def enqueue(directory: Path, job: str, name: str, gpu_spec: str, count: int = 1,
     return HeldRecords([create(directory, record_name(PREFIX, job), {
         "job": job, "name": name[:MAX_TEXT], "gpu_spec": gpu_spec[:MAX_TEXT], "host": socket.gethostname(),
         "pid": os.getpid(), "count": count, "cards": list(cards), "min_free": min_free})])
+
+
+def _sees_others() -> bool:
+    """Whether /proc shows other users' processes (not with hidepid=1/2, except to root)."""
+    try:
+        with open("/proc/1/cmdline", "rb") as file:
+            file.read(1)
+    except OSError:
+        return False
+    return True
 
 
 def adopt(directory: Path, job: str) -> HeldRecords:
