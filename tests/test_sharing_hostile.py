@@ -106,6 +106,10 @@ def test_the_folders_owner_is_named_with_the_fix_and_a_claim_removed_under_a_job
             pytest.fail("the removed claim was not made again")
         refused = bob.gpumon("run", "--gpu", "auto", "--", "true")
         assert refused.returncode == 2 and f"claimed by {alice.name}" in refused.stderr
+        # bob hides everyone's records from everyone but himself: writable, sticky, not listable.
+        assert bob.run("chmod", "1733", str(bobs)).returncode == 0
+        blind = alice.gpumon("run", "--gpu", "auto", "--", "true")
+        assert blind.returncode == 2 and "cannot be listed" in blind.stderr and "--gpu auto is refused" in blind.stderr
     finally:
         for job in json.loads(alice.gpumon("jobs", "--json").stdout or "[]"):
             alice.gpumon("jobs", "--stop", job["id"])

@@ -111,6 +111,9 @@ def check_folder(directory: Path) -> FolderCheck:
                                   "remove a claim", chmod)
     if not os.access(directory, os.W_OK | os.X_OK):
         return FolderCheck(False, f"{directory} is not writable by {user_name(os.geteuid())}", chmod)
+    if not os.access(directory, os.R_OK):  # others' claims could not be seen
+        return FolderCheck(False, f"{directory} cannot be listed by {user_name(os.geteuid())}: others' claims "
+                                  "cannot be seen", chmod)
     if not st.st_mode & stat.S_ISVTX:
         return FolderCheck(True, f"{directory} is not sticky and only its owner may write there: other users' "
                                  "launches cannot claim", chmod, shared_badly=True)
