@@ -168,6 +168,9 @@ class GpuSample:
     error: str | None = None  # why state is not "ok", for people
     mig_devices: tuple[MigSample, ...] = ()  # not in the JSON schema: for pinning and display
     mig_mode: bool | None = None  # MIG on: CUDA sees the slices, never the whole card
+    # Who may open a context (`nvidia-smi -c`): "default", "exclusive_process" (one process at a
+    # time: a second fails at its first CUDA call), "exclusive_thread", "prohibited"; None: not told.
+    compute_mode: str | None = None
     fabric: str | None = None  # one of FABRIC_STATES; None: no NVSwitch fabric (or not reported)
     stale_s: float | None = None  # with state "stale": seconds since the card last answered
     # Whose card: "nvidia" (NVML), "amd" (amdgpu) or "intel" (i915, xe); AMD and Intel cards are read

@@ -98,6 +98,9 @@ def snapshot_text(snapshot: Snapshot) -> str:
             notes.append(f"GPU {g.index}: {_state_words(g)}")
         if g.fabric not in (None, "ready"):
             notes.append(f"GPU {g.index}: NVSwitch fabric {FABRIC_WORDS.get(g.fabric, g.fabric)}")
+        if g.compute_mode not in (None, "default"):
+            notes.append(f"GPU {g.index}: compute mode {printable(g.compute_mode).upper()}"
+                         + (" (one process at a time)" if g.compute_mode.startswith("exclusive") else ""))
         if g.asleep and g.state == "ok":
             notes.append(f"GPU {g.index}: asleep (the kernel suspended it); not read, so as not to wake it")
         if (g.state != "ok" and g.utilization_gpu is None) or (g.asleep and g.state == "ok"):

@@ -41,9 +41,12 @@ WARN_HOLDERS = 3  # users named in the note; the rest are counted
 
 def busy_note(gpu: GpuSample, where: str | None = None) -> str | None:
     """'GPU 0 is busy: 97% utilised, 69G of 80G in use, by alice (pid 4242)', or None when the card
-    is not busy (WARN_UTIL, WARN_USED_SHARE) or says nothing of its load."""
+    is not busy (WARN_UTIL, WARN_USED_SHARE) or says nothing of its load; a compute mode that
+    leaves no room comes first."""
     if gpu.state != "ok":
         return None
+    if why := exclusive_note(gpu):
+        return f"{where or f'GPU {gpu.index}'} is in {why}"
     util = gpu.utilization_gpu
     used, total = gpu.memory_used, gpu.memory_total
     busy_compute = util is not None and util >= WARN_UTIL
@@ -92,6 +95,8 @@ def free_enough(gpu: GpuSample, min_free: str | None = None, max_util: float | N
         return "failing its health check: " + "; ".join(r.text for r in gpu.health.reasons)
     if gpu.mig_mode:
         return "in MIG mode: programs see its slices, never the whole card"
+    if why := exclusive_note(gpu):
+        return why
     util_bar = BUSY_UTIL if max_util is None else max_util
     if gpu.utilization_gpu is not None and gpu.utilization_gpu > util_bar:
         return f"busy: {gpu.utilization_gpu}% utilised (more than {util_bar:g}%; --max-util raises the bar)"
@@ -109,6 +114,19 @@ def free_enough(gpu: GpuSample, min_free: str | None = None, max_util: float | N
         if gpu.memory_free is None or gpu.memory_free < needed:
             have, want = _sizes(gpu.memory_free, needed)
             return f"too full: {have} free, {want} needed (--min-free)"
+    return None
+
+
+def exclusive_note(gpu: GpuSample) -> str | None:
+    """Why the card's compute mode leaves no room for a job, or None: 'prohibited' takes no CUDA
+    context; an exclusive one that already runs a process takes no second (it fails at its first
+    CUDA call)."""
+    mode = gpu.compute_mode
+    if mode == "prohibited":
+        return "compute mode PROHIBITED: no CUDA program may run on it (nvidia-smi -c 0 allows them)"
+    if mode in ("exclusive_process", "exclusive_thread") and any(p.type != "graphics" for p in gpu.processes):
+        return (f"compute mode {mode.upper()} and already running a process: a second fails at its first "
+                "CUDA call")
     return None
 
 

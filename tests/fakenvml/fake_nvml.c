@@ -136,6 +136,7 @@ struct gpu {
     int switch_links; /* NVLinks to NVSwitches, after the card-to-card ones */
     int nvdomain;     /* cards on switches of one domain reach each other over NVLink */
     int mig_mode;     /* MIG mode on, with mig_count slices */
+    int compute_mode; /* nvmlComputeMode_t: 0 default, 1 exclusive thread, 2 prohibited, 3 exclusive process */
     int mig_count;
     unsigned long long mig_used[7];
     double back_after; /* lost between lost_after and back_after (< 0: for good) */
@@ -351,6 +352,7 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "handle_error")) g->handle_error = atoi(v);
     else if (!strcmp(k, "unsupported")) parse_fails(g, v, E_NOT_SUPPORTED);
     else if (!strcmp(k, "fail")) parse_fails(g, v, E_UNKNOWN);
+    else if (!strcmp(k, "compute_mode")) g->compute_mode = atoi(v);
     else if (!strcmp(k, "mig")) {
         g->mig_mode = 1;
         g->mig_count = atoi(v) > MAX_MIGS ? MAX_MIGS : atoi(v);
@@ -1048,6 +1050,12 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtiliz
         j++;
     }
     *count = n;
+    LEAVE(OK);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, unsigned int *mode) {
+    ENTER(dev, "compute_mode");
+    *mode = (unsigned int)dev->compute_mode;
     LEAVE(OK);
 }
 

@@ -199,6 +199,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             right.append(f"  NUMA {gpu.numa_node}")
         if gpu.mig_devices:
             right.append(f"  MIG×{len(gpu.mig_devices)}")
+        if gpu.compute_mode not in (None, "default"):  # one process at a time, or none (nvidia-smi -c)
+            right.append("  " + ("EXCL" if gpu.compute_mode.startswith("exclusive") else "NO CUDA"))
         badge = self._verdict(gpu) + self._badge(gpu)
         holder = card_holder(gpu)
         owner = Text(f"  {holder}" if holder else "", style=self._style("mark"))

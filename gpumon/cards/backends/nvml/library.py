@@ -141,6 +141,7 @@ class Card:
         self.proc_util_ts = 0
         self.pcie: tuple[int | None, int | None] = (None, None)
         self.mig_mode: bool | None = None
+        self.compute_mode: str | None = None  # COMPUTE_MODES' name; None: not told
         self.migs: list[tuple[Any, str, str]] = []  # (handle, MIG UUID, name) when MIG mode is on
         self.fabric: str | None = None
         self.slow_read_at = float("-inf")  # MIG slices and fabric state: re-read on a slow timer

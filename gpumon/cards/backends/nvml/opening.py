@@ -1,5 +1,5 @@
 """A card's identity and slow-changing state: opened once, read again after a reset, and (MIG
-slices, fabric state) re-read on a slow timer. Every function here runs on the card's lane."""
+slices, fabric state, compute mode) re-read on a slow timer. Every function here runs on the card's lane."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ CPU_SET_WORDS = 16  # 1024 CPUs
 # MIG slices are created and destroyed while the machine runs, and the fabric manager finishes
 # registering cards after boot: both are read again this often (and at once after an error).
 SLOW_STATE_S = 10.0
+# nvmlComputeMode_t: who may open a context on the card (`nvidia-smi -c`), as the JSON names it.
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 # A lost card is asked for a new handle this often: it comes back after a reset or fabric recovery.
 PROBE_LOST_S = 5.0
 
@@ -85,6 +87,8 @@ def read_slow_state(card: Card, force: bool = False) -> None:
     mode = card.read("mig", pynvml.nvmlDeviceGetMigMode)
     card.mig_mode = bool(mode[0]) if mode else (None if "mig" in card.skip else False)
     card.migs = _mig_slices(card) if card.mig_mode else []
+    compute = card.read("compute_mode", pynvml.nvmlDeviceGetComputeMode)
+    card.compute_mode = COMPUTE_MODES.get(compute) if compute is not None else None
     info = card.read_versioned("fabric")
     card.fabric = fabric_state(info) if info is not None else None
 
