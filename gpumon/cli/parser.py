@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print shell commands that pin this shell to them: eval \"$(gpumon select --export)\"")
     p.add_argument("--shell", choices=("sh", "bash", "zsh", "ksh", "dash", "fish"), metavar="SHELL",
                    help="with --export: the shell's syntax (sh, bash, zsh, ksh, dash: POSIX; fish)")
+    p.add_argument("--claim", action="store_true",
+                   help="claim the cards while the shell that ran gpumon lives: "
+                        "eval \"$(gpumon select --claim --export)\"")
+    p.add_argument("--claim-for", type=positive_int, metavar="PID", help="claim them while process PID lives")
     _add_timeout_option(p)
     _add_source_options(p, suppress=True)
     _add_fleet_options(p, suppress=True)

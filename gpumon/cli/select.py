@@ -11,16 +11,23 @@ does nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
 
 from gpumon.cards.sampler import read_topology, sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source
 from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
-from gpumon.jobs.claims_and_queue import LaunchSharing
+from gpumon.jobs.child_gpumon import child_argv
+from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing
 from gpumon.jobs.pinning import named_cards, vendor_env
-from gpumon.jobs.placement import TooFewFree, choose
+from gpumon.jobs.placement import Choice, TooFewFree, choose
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,10 +49,15 @@ def run(args: argparse.Namespace) -> int:
         topo = read_topology(backend, max(0.0, deadline - time.monotonic())) if args.count > 1 else None
     finally:
         backend.close()
-    taken = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr)).taken_now()
+    sharing = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr))
+
+    def best(taken: CardsTaken) -> Choice:
+        return choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
+                      max_used=args.max_used, taken=taken.skip, preferred=taken.mine)
+
+    holder = _holder(args)
     try:
-        choice = choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
-                        max_used=args.max_used, taken=taken.skip, preferred=taken.mine)
+        choice = best(sharing.taken_now()) if holder is None else _claim(sharing, best, *holder)
     except TooFewFree as exc:
         if args.verbose:
             _explain(exc.reasons)
@@ -53,9 +65,57 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ALERT  # like grep: ran fine, found nothing
     if args.verbose:
         _explain(choice.reasons)
+        if holder is None:
+            print("gpumon: nothing is claimed: another launch or shell may take these cards too "
+                  "(--claim holds them while this shell lives)", file=sys.stderr)
     env, unset = vendor_env(list(choice.gpus))
     print(exports(env, args.shell, unset) if args.export else named_cards(env))
     return EXIT_OK
+
+
+@dataclass
+class ShellClaim:
+    """What `select --claim` claims: the cards chosen, for a job named after the shell."""
+
+    choice: Choice
+    id: str
+    name: str
+
+    @property
+    def gpus(self) -> list[str]:
+        return [g.ref for g in self.choice.gpus if g.ref]
+
+
+def _holder(args: argparse.Namespace) -> tuple[int, float] | None:
+    """The process whose life a --claim lasts (pid, start time): --claim-for's, or --claim's shell
+    (the process that ran gpumon: `$(…)` runs it from the shell itself)."""
+    if not (args.claim or args.claim_for):
+        return None
+    if args.claim and args.claim_for:
+        raise UsageError("--claim holds the cards for the shell; --claim-for PID for another process: not both")
+    pid = args.claim_for or os.getppid()
+    try:
+        return pid, psutil.Process(pid).create_time()
+    except psutil.Error:
+        raise UsageError(f"--claim-for {pid}: no such process") from None
+
+
+def _claim(sharing: LaunchSharing, best: Callable[[CardsTaken], Choice], pid: int, started: float) -> Choice:
+    """The best cards, claimed (gpumon.jobs.claim_holder holds them until process `pid` ends)."""
+    job = f"shell-{pid}"
+    chosen, _, hold = sharing.claim_chosen(lambda taken: ShellClaim(best(taken), job, f"select --claim (pid {pid})"),
+                                           auto=True)
+    try:
+        subprocess.Popen(child_argv("gpumon.jobs.claim_holder", [str(sharing.directory), job, str(pid), repr(started)]),
+                         pass_fds=hold.fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError as exc:
+        hold.release()
+        raise UsageError(f"cannot hold the claims: {exc.strerror or exc}") from None
+    hold.close()  # the holder has them now
+    cards = ", ".join(f"GPU {g.index}" for g in chosen.choice.gpus)
+    print(f"gpumon: {cards} claimed until process {pid} ends", file=sys.stderr)
+    return chosen.choice
 
 
 def exports(variables: dict[str, str], shell: str | None, unset: tuple[str, ...] = ()) -> str:

@@ -27,7 +27,7 @@ from gpumon.model import GpuSample
 from gpumon.sanitize import printable
 from gpumon.sharing import claims, queue, reservations
 from gpumon.sharing.folder import IDLE_RELEASE_S, SharingSettings, Unavailable, check_folder, ensure
-from gpumon.sharing.records import HeldRecords, content, create
+from gpumon.sharing.records import HeldRecords
 from gpumon.units import parse_size
 
 PLACING_S = 3.0  # how long a launch tries to keep free cards while other launches take the same ones
@@ -254,19 +254,7 @@ class SupervisorSharing:
     def keep_claims(self) -> None:
         """Make again any claim of ours someone removed (the folder's owner can): the job still
         runs on that card."""
-        removed = self.claims.removed()
-        if not removed:
-            return
-        for fd, path in removed:
-            data = content(fd)
-            if data is None:
-                continue
-            try:
-                made = create(self.sharing.directory, path.name.rsplit(".", 1)[0], data)
-            except (Unavailable, OSError):
-                continue
-            os.close(fd)
-            self.claims.items[self.claims.items.index((fd, path))] = made
+        self.claims.make_again(self.sharing.directory)
 
     def note_use(self, gpus: Sequence[GpuSample]) -> None:
         """The job runs on `gpus`: our reservations of them are in use (at most once a minute)."""

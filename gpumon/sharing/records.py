@@ -77,6 +77,20 @@ class HeldRecords:
                 gone.append((fd, path))
         return gone
 
+    def make_again(self, directory: Path) -> None:
+        """Write again, from what we hold, each record someone removed (the folder's owner can):
+        what it stood for still goes on."""
+        for fd, path in self.removed():
+            data = content(fd)
+            if data is None:
+                continue
+            try:
+                made = create(directory, path.name.split(" ", 1)[0].rsplit(".", 1)[0], data)
+            except (Unavailable, OSError):
+                continue
+            os.close(fd)
+            self.items[self.items.index((fd, path))] = made
+
     def close(self) -> None:
         """Let go of our descriptors only: a process they were handed to still holds the records."""
         for fd, _ in self.items:
