@@ -39,7 +39,7 @@ import psutil
 from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
-from gpumon.jobs.files import jobs_dir, read_json, write_atomic
+from gpumon.jobs.files import jobs_dir, read_json, unusable_folder, write_atomic
 from gpumon.jobs.processes import same_start
 
 STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
@@ -272,9 +272,13 @@ def load_job(directory: Path) -> Job | None:
 def list_jobs() -> list[Job]:
     """All jobs, oldest first."""
     root = jobs_dir()
-    if not root.is_dir():
-        return []
-    jobs = [job for d in root.iterdir() if d.is_dir() and (job := load_job(d)) is not None]
+    try:
+        if not root.is_dir():
+            return []
+        folders = [d for d in root.iterdir() if d.is_dir()]
+    except OSError as exc:
+        raise unusable_folder(root, exc, "read the job records") from None
+    jobs = [job for d in folders if (job := load_job(d)) is not None]
     return sorted(jobs, key=lambda j: (j.spec.created, j.spec.id))
 
 
@@ -382,11 +386,18 @@ def new_job_id() -> str:
 def create_job(spec: JobSpec, keep: JobsKeep = JobsKeep()) -> Path:
     prune_old(keep.count, keep.for_s)  # each new job makes room: the records stay as many as [jobs] keep says
     directory = jobs_dir() / spec.id
-    directory.mkdir(parents=True, mode=0o700)
-    os.chmod(directory, 0o700)
-    write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
-    fd = os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.close(fd)
+    try:
+        directory.mkdir(parents=True, mode=0o700)
+    except OSError as exc:
+        raise unusable_folder(jobs_dir(), exc, "record the job") from None
+    try:
+        os.chmod(directory, 0o700)
+        write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
+        fd = os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.close(fd)
+    except OSError as exc:
+        shutil.rmtree(directory, ignore_errors=True)  # a job half-recorded would list as never started
+        raise unusable_folder(jobs_dir(), exc, "record the job") from None
     return directory
 
 

@@ -1,0 +1,100 @@
+"""What a week of use found on the command line: a state folder gpumon cannot use, bad words in
+options and configs, hosts that cannot be read. Each answers with one line naming what is wrong
+(exit 2 for the user's side, 4/5 for hosts), never "internal error", and the TUI stays up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_claims_users import two_users  # noqa: F401  (the fixture: two real users)
+from test_fleet_tui_ssh import type_text
+
+
+@contextlib.contextmanager
+def full_folder() -> Iterator[Path]:
+    """A small tmpfs, filled: every write into it fails with ENOSPC, root's included."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    place = Path(tempfile.mkdtemp(prefix="gpumon-full-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(place)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (place / "gpumon").mkdir()
+        filler = os.open(place / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(filler, b"\0" * 4096)
+        os.close(filler)
+        yield place
+    finally:
+        subprocess.run(["umount", str(place)], capture_output=True)
+        place.rmdir()
+
+
+def gpumon(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpumon", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("gpumon: claims:")]
+    assert len(lines) == 1, result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_a_full_state_folder_is_one_line_naming_it(tmp_path):
+    with full_folder() as state:
+        env = dict(os.environ, XDG_STATE_HOME=str(state))
+        result = gpumon(env, "--demo", "run", "--gpu", "3", "--", "true")
+        assert result.returncode == 2, result.stderr
+        line = one_line(result)
+        assert str(state / "gpumon") in line and "No space left on device" in line
+
+
+def test_an_unreadable_or_unwritable_state_folder_is_one_line_naming_it(two_users):  # noqa: F811
+    alice, _ = two_users
+    folder = alice.home / "state" / "gpumon"
+    folder.mkdir(parents=True)
+    try:
+        folder.chmod(0o555)  # alice cannot write it
+        result = alice.gpumon("run", "--gpu", "3", "--", "true")
+        assert result.returncode == 2, result.stderr
+        line = one_line(result)
+        assert str(folder) in line and "Permission denied" in line
+        folder.chmod(0o000)  # nor read it
+        for args in (("run", "--gpu", "3", "--", "true"), ("jobs",), ("jobs", "--json")):
+            result = alice.gpumon(*args)
+            assert result.returncode == 2, (args, result.stderr)
+            line = one_line(result)
+            assert str(folder) in line and "Permission denied" in line, args
+    finally:
+        folder.chmod(0o755)
+
+
+def test_the_tui_says_the_state_folder_is_full_and_stays_up(tmux_session, tmp_path):
+    status = tmp_path / "status"
+    with full_folder() as state:
+        tmux = tmux_session(120, 36)
+        argv = [sys.executable, "-m", "gpumon", "--demo"]
+        tmux.start(f"env XDG_STATE_HOME={shlex.quote(str(state))} TERM=xterm-256color {shlex.join(argv)};"
+                   f" echo $? > {status}")
+        tmux.wait_for(lambda s: "NVIDIA A100" in s, timeout=30, what="the first frame")
+        tmux.keys("r")
+        tmux.wait_for(lambda s: "Run on" in s, what="the run dialog")
+        type_text(tmux, "true")
+        tmux.keys("Enter")
+        screen = tmux.wait_for(lambda s: "not launched" in s, timeout=30, what="the refusal")
+        assert "No space left" in screen
+        assert not status.exists()
+        tmux.keys("q")
+        tmux.wait_for(lambda s: status.exists(), timeout=20, what="gpumon to quit")
+        assert status.read_text().strip() == "0"
