@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Card
 from test_claims_users import two_users  # noqa: F401  (the fixture: two real users)
 from test_fleet_tui_ssh import type_text
 
@@ -98,3 +99,14 @@ def test_the_tui_says_the_state_folder_is_full_and_stays_up(tmux_session, tmp_pa
         tmux.keys("q")
         tmux.wait_for(lambda s: status.exists(), timeout=20, what="gpumon to quit")
         assert status.read_text().strip() == "0"
+
+
+def test_a_kernel_log_that_cannot_be_read_is_one_line(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    for path in ("/nonexistent", str(tmp_path)):
+        result = fake_driver.run("health", "--kernel-log", path)
+        assert result.returncode == 2, result
+        assert result.stdout == ""
+        line = one_line(result)
+        assert line.startswith("gpumon: error: --kernel-log") and path in line, line

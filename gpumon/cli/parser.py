@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "ok, 1 a card warns, 2 a card fails; a usage error is 2 too, told apart by "
                                    "its one line on stderr and nothing on stdout.")
     p.add_argument("--json", action="store_true", help="the verdicts and counters as JSON")
-    p.add_argument("--kernel-log", metavar="PATH", default="/dev/kmsg",
+    p.add_argument("--kernel-log", metavar="PATH", default=None,
                    help="where no gpumon watch runs, read the XIDs before this run from this kernel log "
                         "(/dev/kmsg records; default /dev/kmsg, else the journal)")
     _add_timeout_option(p)
