@@ -10,11 +10,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import Card
+from conftest import Card, add_suite_user, end_users_processes, require_tool
 from test_claims_users import two_users  # noqa: F401  (the fixture: two real users)
 from test_fleet_tui_ssh import type_text
 
@@ -110,3 +112,64 @@ def test_a_kernel_log_that_cannot_be_read_is_one_line(fake_driver, tmp_path):
         assert result.stdout == ""
         line = one_line(result)
         assert line.startswith("gpumon: error: --kernel-log") and path in line, line
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    return proc.poll() is None
+
+
+def test_signal_refuses_system_processes_unless_named_with_their_start(tmp_path):
+    """As root. PID 1 is a namespace's own (a shell gpumon runs under), so nothing of this machine's
+    is ever signalled, whatever gpumon does."""
+    if os.geteuid() != 0:
+        pytest.skip("as root, where the OS would allow it")
+    require_tool("unshare")
+    name = "gpumon53sig"
+    add_suite_user(name, "--no-create-home", "--shell", "/bin/sh")
+    theirs = subprocess.Popen(["runuser", "-u", name, "--", "setsid", "sleep", "120"])
+    mine = subprocess.Popen(["sleep", "120"])
+    try:
+        leader = session_leader_under(theirs.pid)
+        refused = gpumon(dict(os.environ), "signal", str(leader.pid))
+        assert refused.returncode == 2, refused
+        line = one_line(refused)
+        assert f"process {leader.pid}" in line and name in line and "--started" in line, line
+        assert leader.is_running()
+
+        kthreadd = psutil.Process(2)
+        if kthreadd.name() == "kthreadd":
+            refused = gpumon(dict(os.environ), "signal", "2")
+            assert refused.returncode == 2 and "kernel thread" in one_line(refused), refused
+
+        code = ("import subprocess, sys; "
+                "sys.exit(subprocess.run([sys.executable, '-m', 'gpumon', 'signal', '1']).returncode)")
+        inside = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                                capture_output=True, text=True, timeout=60)
+        assert inside.returncode == 2 and "PID 1" in one_line(inside), inside
+
+        assert gpumon(dict(os.environ), "signal", str(mine.pid)).returncode == 0
+        assert mine.wait(10) == -15
+        named = gpumon(dict(os.environ), "signal", str(leader.pid), "--started", str(leader.create_time()))
+        assert named.returncode == 0, named
+        leader.wait(10)
+    finally:
+        for proc in (theirs, mine):
+            if _alive(proc):
+                proc.kill()
+                proc.wait()
+        end_users_processes(name)
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def session_leader_under(pid: int) -> psutil.Process:
+    """The `sleep` under runuser `pid`, once it has exec'd in a session of its own."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+                if proc.name() == "sleep" and os.getsid(proc.pid) == proc.pid:
+                    return proc
+        except (psutil.Error, OSError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"no session leader under {pid}")

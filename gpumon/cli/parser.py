@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signal", type=signal_name, default="terminate", metavar="NAME",
                    help="TERM (default), KILL or INT")
     p.add_argument("--started", type=unix_time, metavar="T",
-                   help="its start time (unix s, as in the snapshot): a recycled pid is never signalled")
+                   help="its start time (unix s, as in the snapshot): a recycled pid is never signalled; "
+                        "without it, PID 1, kernel threads and other users' session leaders are refused")
     _add_config_option(p, suppress=True)
     p.set_defaults(subcommand="signal")
 
