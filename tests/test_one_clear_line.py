@@ -173,3 +173,30 @@ def session_leader_under(pid: int) -> psutil.Process:
             pass
         time.sleep(0.02)
     raise AssertionError(f"no session leader under {pid}")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('theme = "nosuch"\n', "line 1: unknown theme 'nosuch'; choose from "),
+    ('[fleet.groups]\nlab = ["h1", "@lab"]\n', "host group @lab includes itself"),
+    ('[fleet.groups]\na = ["@b"]\nb = ["h1, @a"]\n', "includes itself"),
+    ('[watch]\non_alert = ""\n', "'watch.on_alert' is empty"),
+])
+def test_a_bad_config_is_one_line_for_every_command(fake_driver, tmp_path, text, says):
+    """`snapshot` reads none of these keys: the docs say every command checks the config all the same."""
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    result = fake_driver.run("--config", str(config), "snapshot")
+    assert result.returncode == 2, result
+    line = one_line(result)
+    assert line.startswith(f"gpumon: error: config {config}: ") and says in line, line
+
+
+def test_an_empty_on_alert_command_is_one_line(fake_driver):
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    for blank in ("", "  "):
+        result = fake_driver.run("watch", "--count", "1", "--on-alert", blank)
+        assert result.returncode == 2, result
+        assert one_line(result) == "gpumon: error: --on-alert: the command is empty (give a shell command line)"

@@ -11,15 +11,13 @@ Each job has a private directory (0700) in the user's state dir:
         peak          peak GPU memory the watchdog saw (bytes)
         energy.json   the energy its cards used while it ran (jobs/supervision/energy.py)
         output.log    the command's stdout and stderr
-Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
-either old or new, never half-written. A small supervisor process (gpumon.jobs.supervision.supervisor) owns each
-detached job: it waits for a free card when queued, starts the command, enforces the memory
-limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
-connection does not touch it.
-
-Homes are often shared between hosts (NFS): each job records the host it runs on, and a job of
-another host is shown as its records say, never judged by this host's pids (which mean nothing
-there), never stopped from here and never pruned while it may run.
+Records are written atomically (temp file + rename): a kill -9 at any moment leaves each one old or
+new, never half-written. A small supervisor process (gpumon.jobs.supervision.supervisor) owns each
+detached job: it waits for a free card when queued, starts the command, enforces the memory limit,
+and records the exit; in its own session, so quitting the TUI or losing the SSH connection does not
+touch it. Homes are often shared between hosts (NFS): each job records the host it runs on, and a
+job of another host is shown as its records say, never judged by this host's pids (which mean
+nothing there), never stopped from here and never pruned while it may run.
 """
 
 from __future__ import annotations
@@ -273,9 +271,7 @@ def list_jobs() -> list[Job]:
     """All jobs, oldest first."""
     root = jobs_dir()
     try:
-        if not root.is_dir():
-            return []
-        folders = [d for d in root.iterdir() if d.is_dir()]
+        folders = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
     except OSError as exc:
         raise unusable_folder(root, exc, "read the job records") from None
     jobs = [job for d in folders if (job := load_job(d)) is not None]
@@ -388,15 +384,12 @@ def create_job(spec: JobSpec, keep: JobsKeep = JobsKeep()) -> Path:
     directory = jobs_dir() / spec.id
     try:
         directory.mkdir(parents=True, mode=0o700)
-    except OSError as exc:
-        raise unusable_folder(jobs_dir(), exc, "record the job") from None
-    try:
         os.chmod(directory, 0o700)
         write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
-        fd = os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.close(fd)
-    except OSError as exc:
-        shutil.rmtree(directory, ignore_errors=True)  # a job half-recorded would list as never started
+        os.close(os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as exc:  # not left half-recorded (it would list as never started), unless another job's
+        if not isinstance(exc, FileExistsError):
+            shutil.rmtree(directory, ignore_errors=True)
         raise unusable_folder(jobs_dir(), exc, "record the job") from None
     return directory
 
