@@ -1,7 +1,5 @@
 """Jobs launched by gpumon: what their records say, and the state read from them (files.py keeps
-the files, control.py starts and stops jobs).
-
-Each job has a private directory (0700) in the user's state dir:
+the files, control.py starts and stops jobs). Each job has a private directory (0700) in the user's state dir:
     ~/.local/state/gpumon/jobs/<id>/
         job.json      what was asked: command, cards, limit, cwd, the environment added
         process.json  the running command's pid and start time (a recycled pid is not the job)
