@@ -5,6 +5,7 @@ options and configs, hosts that cannot be read. Each answers with one line namin
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -200,3 +201,49 @@ def test_an_empty_on_alert_command_is_one_line(fake_driver):
         result = fake_driver.run("watch", "--count", "1", "--on-alert", blank)
         assert result.returncode == 2, result
         assert one_line(result) == "gpumon: error: --on-alert: the command is empty (give a shell command line)"
+
+
+def test_a_job_whose_end_cannot_be_recorded_yet_shows_as_ended_not_running(tmp_path):
+    """The state folder fills while the job runs: its command ends, the supervisor keeps the record
+    until the disk has room; meanwhile `jobs` says it ended, not that it runs."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    state = tmp_path / "state"
+    state.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(state)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    env = dict(os.environ, XDG_STATE_HOME=str(state))
+    go = tmp_path / "go"
+    try:
+        started = gpumon(env, "--demo", "run", "--gpu", "3", "--", "sh", "-c",
+                         f"while [ ! -e {go} ]; do sleep 0.05; done")
+        assert started.returncode == 0, started.stderr
+        filler = os.open(state / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(filler, b"\0" * 65536)
+        os.close(filler)
+        go.touch()
+        deadline = time.monotonic() + 30
+        while True:
+            listed = gpumon(env, "jobs")
+            if "has ended" in listed.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        (row,) = [line for line in listed.stdout.splitlines()[1:] if line.strip()]
+        assert " ended " in row and " running " not in row, listed.stdout
+        assert "record pending" in row, row
+        (state / "filler").unlink()  # room again: the supervisor writes its record and leaves
+        deadline = time.monotonic() + 30
+        while (job := json.loads(gpumon(env, "jobs", "--json").stdout)[0])["state"] != "exited":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.2)
+        assert job["exit_code"] == 0
+        supervisor = psutil.Process(job["supervisor_pid"]) if job.get("supervisor_pid") else None
+        if supervisor is not None:
+            with contextlib.suppress(psutil.Error):
+                supervisor.wait(30)
+    finally:
+        go.touch()
+        subprocess.run(["umount", "--lazy", str(state)], capture_output=True)

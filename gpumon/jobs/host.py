@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from gpumon.errors import EXIT_NONE_READ, UsageError
 from gpumon.fleet import Fleet
 from gpumon.fleet.schema import SchemaError, jobs_from_remote, launched_from_remote, topology_from_remote
-from gpumon.jobs import records
 from gpumon.jobs.child_gpumon import child_argv
+from gpumon.jobs.jobs_reader import JobsReader
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
@@ -216,7 +216,7 @@ class LocalHost(GpumonHost):
         # The environment gpumon was started with (the TUI changes its own: NO_COLOR, ...): the
         # jobs launched here get it, as they would from a shell.
         self.env = None if env is None else dict(env)
-        self._records = records.JobsReader()  # what changed since the last listing, read again
+        self._records = JobsReader()  # what changed since the last listing, read again
 
     def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
         return child_argv("gpumon", [*self.local_args, *args])

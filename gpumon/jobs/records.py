@@ -47,6 +47,9 @@ STOP_RECORD = "stop.json"  # `jobs --stop` of a job whose supervisor is gone
 # A running job whose supervisor is gone, as tables show it (`state` stays "running" in the JSON,
 # with "supervised": false, so readers that know the seven states keep working).
 UNSUPERVISED = "unsupervised"
+# The command has ended; the supervisor holds its end record until the state folder takes it (a full
+# disk, an NFS server away): the job is not over for prune or --stop, but nothing runs.
+RECORD_PENDING = "its command has ended; record pending: gpumon's supervisor writes how once the state folder has room"
 UNSUPERVISED_REASON = ("gpumon's supervisor is gone while the command runs: no memory limit, no failover, "
                        "no end record (stop it with gpumon jobs --stop)")
 
@@ -145,6 +148,8 @@ class Job:
         supervisor is gone is `unsupervised`."""
         if self.supervised is False:
             return UNSUPERVISED
+        if self.reason == RECORD_PENDING:  # "running" to scripts until its end is recorded; not to people
+            return "ended"
         return f"{self.state} on {self.host}" if self.remote and self.state not in FINISHED else self.state
 
     @property
@@ -253,7 +258,7 @@ def load_job(directory: Path) -> Job | None:
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state, job.supervised = ("queued" if job.pid is None else "running"), True
         if job.pid is not None:
-            job.reason = "its command has ended: gpumon's supervisor is recording how"
+            job.reason = RECORD_PENDING
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
     elif (stopped := read_json(directory / STOP_RECORD)) is not None:
@@ -327,50 +332,6 @@ def prune_old(keep: int = JOBS_KEEP, keep_for: float = JOBS_KEEP_FOR_S, now: flo
             shutil.rmtree(job.dir, ignore_errors=True)
             removed.append(job)
     return removed
-
-
-class JobsReader:
-    """The job list, read again cheaply: a finished job whose directory has not changed (every
-    record is written by a rename into it, which changes the directory) is not read again; only
-    unfinished jobs (whose state also depends on their processes) and changed ones are. `read()`
-    costs a stat per job plus the unfinished ones, not every record of every job ever made;
-    `changed` says whether the last read found anything new (a view skips its redraw)."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[int, Job]] = {}  # directory name -> (its mtime, the finished job)
-        self._last: list[Job] = []
-        self.changed = True
-
-    def read(self) -> list[Job]:
-        """All jobs, oldest first (as list_jobs)."""
-        root = jobs_dir()
-        try:
-            entries = [e for e in os.scandir(root) if e.is_dir()]
-        except FileNotFoundError:
-            entries = []
-        known: dict[str, tuple[int, Job]] = {}
-        jobs: list[Job] = []
-        for entry in entries:
-            try:
-                mtime = entry.stat().st_mtime_ns
-            except OSError:
-                continue
-            cached = self._known.get(entry.name)
-            job = cached[1] if cached is not None and cached[0] == mtime else load_job(Path(entry.path))
-            if job is None:
-                continue
-            if job.state in FINISHED:
-                known[entry.name] = (mtime, job)
-            jobs.append(job)
-        jobs.sort(key=lambda j: (j.spec.created, j.spec.id))
-        self.changed = [_shown(j) for j in jobs] != [_shown(j) for j in self._last]
-        self._known, self._last = known, jobs
-        return jobs
-
-
-def _shown(job: Job) -> tuple:
-    return (job.spec.id, job.state, job.pid, job.ended, job.exit_code, job.reason, job.peak_gpu_memory,
-            len(job.attempts))
 
 
 def new_job_id() -> str:
