@@ -247,3 +247,17 @@ def test_a_job_whose_end_cannot_be_recorded_yet_shows_as_ended_not_running(tmp_p
     finally:
         go.touch()
         subprocess.run(["umount", "--lazy", str(state)], capture_output=True)
+
+
+def test_snapshots_state_is_the_verdict_health_gives(fake_driver):
+    remaps = dict(remap_cor=0, remap_unc=0, remap_pending=0, remap_failure=0, mem_temp=70, mem_temp_max=95)
+    fake_driver.machine.cards = [Card(extra=dict(remaps, remap_pending=1)), Card(extra=dict(remaps, mem_temp=92)),
+                                 Card(extra=dict(remaps))]
+    fake_driver.write()
+    health = fake_driver.run("health")
+    said = {line.split()[1]: line.split()[2] for line in health.stdout.splitlines()}
+    assert said == {"0": "FAIL", "1": "WARN", "2": "ok"}, health.stdout
+    snapshot = fake_driver.run("snapshot")
+    rows = {line.split()[0]: line for line in snapshot.stdout.splitlines() if line.strip()[:1].isdigit()}
+    assert [rows[i].split()[rows[i].split().index("A100-SXM4-40GB") + 1] for i in "012"] == ["FAIL", "WARN", "OK"]
+    assert "GPU 0: FAIL: remap_pending" in snapshot.stdout
