@@ -261,3 +261,38 @@ def test_snapshots_state_is_the_verdict_health_gives(fake_driver):
     rows = {line.split()[0]: line for line in snapshot.stdout.splitlines() if line.strip()[:1].isdigit()}
     assert [rows[i].split()[rows[i].split().index("A100-SXM4-40GB") + 1] for i in "012"] == ["FAIL", "WARN", "OK"]
     assert "GPU 0: FAIL: remap_pending" in snapshot.stdout
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _npd_check(tmp_path: Path) -> Path:
+    """docs/health.md's node-problem-detector script, running this checkout's gpumon."""
+    text = (DOCS / "health.md").read_text()
+    script = text[text.index("#!/bin/sh\n# /opt/gpumon/npd-check"):]
+    script = script[:script.index("```")]
+    wrapper = tmp_path / "gpumon"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpumon \"$@\"\n")
+    wrapper.chmod(0o755)
+    path = tmp_path / "npd-check"
+    path.write_text(script.replace("/opt/gpumon/.venv/bin/gpumon", str(wrapper)))
+    path.chmod(0o755)
+    return path
+
+
+def test_a_driver_library_mismatch_is_documented_and_nonok_for_node_problem_detector(fake_driver, tmp_path):
+    text = (DOCS / "health.md").read_text()
+    statuses = text[text.index("Exit status: 0 every card ok"):].split("\n\n")[0]
+    assert ", 3 " in statuses and "driver" in statuses, statuses
+    check = _npd_check(tmp_path)
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.init_error = 18  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    fake_driver.write()
+    assert fake_driver.run("health").returncode == 3
+    mismatch = subprocess.run([str(check)], env=fake_driver.env, capture_output=True, text=True, timeout=60)
+    assert mismatch.returncode == 1, mismatch  # NonOK: the cards cannot be checked
+    assert "driver was upgraded" in mismatch.stdout, mismatch.stdout
+    fake_driver.machine.init_error = 0
+    fake_driver.write()
+    ok = subprocess.run([str(check)], env=fake_driver.env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok

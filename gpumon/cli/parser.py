@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("health", help="is any card going bad? exit 0 ok, 1 warn, 2 fail (or a usage error)",
                        description="One line per card with its verdict, reasons and actions. Exit status: 0 all "
-                                   "ok, 1 a card warns, 2 a card fails; a usage error is 2 too, told apart by "
+                                   "ok, 1 a card warns, 2 a card fails, 3 no usable driver (not loaded, or a "
+                                   "driver/library mismatch); a usage error is 2 too, told apart by "
                                    "its one line on stderr and nothing on stdout.")
     p.add_argument("--json", action="store_true", help="the verdicts and counters as JSON")
     p.add_argument("--kernel-log", metavar="PATH", default=None,
