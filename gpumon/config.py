@@ -73,6 +73,7 @@ from gpumon.errors import UsageError
 from gpumon.units import parse_duration
 
 SYSTEM_PATH = "/etc/gpumon/config.toml"
+DEFAULT_THEME = "gpumon-dark"  # the TUI's colours when neither the config nor --theme name others
 
 # section -> key -> accepted types
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {

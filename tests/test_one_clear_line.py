@@ -296,3 +296,23 @@ def test_a_driver_library_mismatch_is_documented_and_nonok_for_node_problem_dete
     fake_driver.write()
     ok = subprocess.run([str(check)], env=fake_driver.env, capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok
+
+
+def test_config_show_prints_the_defaults_the_docs_show_in_columns_of_their_own(tmp_path):
+    env = dict(os.environ)
+    shown = gpumon(env, "config", "--show")
+    assert shown.returncode == 0, shown.stderr
+    lines = {line.split(" = ")[0]: line for line in shown.stdout.splitlines()[1:]}
+    for key, value in (("theme", '"gpumon-dark"'), ("jobs.keep", "200"), ("jobs.keep_for", '"30d"'),
+                       ("claims.dir", '"/tmp/gpumon-claims"'), ("claims.idle_release", '"30m"'),
+                       ("health.window", '"10m"'), ("health.interval", '"30s"'), ("paths.procfs", '"/proc"'),
+                       ("owners.pods_dir", '"/var/log/pods"'), ("history.keep", '"90d"')):
+        assert lines[key].split("#")[0].strip() == f"{key} = {value}", lines[key]
+        assert lines[key].rstrip().endswith("# default"), lines[key]
+    config = tmp_path / "config.toml"
+    config.write_text('[fleet]\nprometheus_password_file = "/a/rather/long/path/to/the/prometheus/password"\n')
+    shown = gpumon(env, "--config", str(config), "config", "--show")
+    columns = {line.index("#") for line in shown.stdout.splitlines()[1:]}
+    assert len(columns) == 1, shown.stdout
+    for line in shown.stdout.splitlines()[1:]:
+        assert line[:line.index("#")].endswith("  "), line  # never a value run into its comment

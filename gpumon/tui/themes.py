@@ -7,9 +7,9 @@ import tomllib
 
 from textual.theme import Theme
 
-from gpumon.config import shipped_theme_dir, user_theme_dir
+from gpumon.config import DEFAULT_THEME, shipped_theme_dir, user_theme_dir
 
-DEFAULT = "gpumon-dark"
+DEFAULT = DEFAULT_THEME
 MONOCHROME = "monochrome"
 _FIELDS = {"name", "primary", "secondary", "warning", "error", "success", "accent", "foreground",
            "background", "surface", "panel", "boost", "dark", "luminosity_spread", "text_alpha", "variables"}
