@@ -40,6 +40,7 @@ def main() -> None:
             os.environ["XDG_STATE_HOME"] = tmp
             from gpumon.jobs import records
             from gpumon.jobs.files import write_atomic
+            from gpumon.jobs.jobs_reader import JobsReader
 
             records.configure_keep(10**9, 10**12)  # made without pruning
             now = time.time()
@@ -49,7 +50,7 @@ def main() -> None:
                 directory = records.create_job(spec)
                 write_atomic(directory / "exit.json", json.dumps(
                     {"state": "exited", "exit_code": 0, "signal": None, "ended": now - count + n + 1, "reason": None}))
-            reader = records.JobsReader()
+            reader = JobsReader()
             reader.read()
             full, again = timed(records.list_jobs), timed(reader.read)
             records.configure_keep(200, 30 * 86400.0)

@@ -73,6 +73,7 @@ from gpumon.errors import UsageError
 from gpumon.units import parse_duration
 
 SYSTEM_PATH = "/etc/gpumon/config.toml"
+DEFAULT_THEME = "gpumon-dark"  # the TUI's colours when neither the config nor --theme name others
 
 # section -> key -> accepted types
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
@@ -144,6 +145,53 @@ def default_path() -> Path:
 def system_path() -> Path:
     """The admin's file, read before the user's ($GPUMON_SYSTEM_CONFIG: for tests and packagers)."""
     return Path(os.environ.get("GPUMON_SYSTEM_CONFIG") or SYSTEM_PATH)
+
+
+def user_theme_dir() -> Path:
+    return Path(platformdirs.user_config_dir("gpumon")) / "themes"
+
+
+def shipped_theme_dir() -> Path:
+    """The repo's themes/ folder: inside the package when installed from a wheel (pyproject maps
+    it to gpumon/themes), at the top of the checkout when run from source or installed editable."""
+    package = Path(__file__).resolve().parent
+    installed = package / "themes"
+    return installed if installed.is_dir() else package.parent / "themes"
+
+
+def theme_names() -> list[str]:
+    """The names the theme files give (shipped, then the user's), read without Textual: what the
+    config's `theme` must name, checked by every command, the TUI's or not."""
+    names = []
+    for folder in (shipped_theme_dir(), user_theme_dir()):
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+            try:
+                name = tomllib.loads(path.read_text()).get("name")
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                continue
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def _group_cycle(groups: dict[str, list[str]]) -> str | None:
+    """A group of [fleet.groups] that includes itself, directly or through others, or None."""
+    def members(group: str) -> list[str]:
+        return [entry[1:] for text in groups.get(group, []) for entry in re.split(r"[\s,]+", text)
+                if entry.startswith("@")]
+
+    def reaches(start: str) -> bool:
+        seen, todo = set(), members(start)
+        while todo:
+            group = todo.pop()
+            if group == start:
+                return True
+            if group not in seen:
+                seen.add(group)
+                todo += members(group)
+        return False
+
+    return next((group for group in groups if reaches(group)), None)
 
 
 def _line_of(text: str, key: str, section: str | None = None) -> int | None:
@@ -244,10 +292,14 @@ def load_config(path: str | None = None) -> Config:
     if config.interval is not None and not config.interval >= 0.1:
         raise bad("interval", f"'interval' must be at least 0.1 s, got {config.interval}")
     config.theme = top.get("theme")
+    if config.theme is not None and config.theme not in (names := theme_names()):
+        raise bad("theme", f"unknown theme {config.theme!r}; choose from {', '.join(names)}")
     config.readonly = top.get("readonly", False)
     config.rules = list(top.get("rules", []))
     config.watch_rules = list(watch.get("rules", []))
     config.on_alert = watch.get("on_alert")
+    if config.on_alert is not None and not config.on_alert.strip():
+        raise bad("watch.on_alert", "'watch.on_alert' is empty: give a shell command line, or leave the key out")
     config.hook_timeout = float(watch.get("hook_timeout", 10.0))
     config.format = watch.get("format")
     if config.format not in (None, "jsonl", "text"):
@@ -261,6 +313,8 @@ def load_config(path: str | None = None) -> Config:
     config.fleet_ssh = fleet.get("ssh")
     config.fleet_remote = fleet.get("remote")
     config.fleet_groups = {str(k): list(v) for k, v in fleet.get("groups", {}).items()}
+    if (looped := _group_cycle(config.fleet_groups)) is not None:
+        raise bad("fleet.groups", f"host group @{looped} includes itself (through [fleet.groups])")
     config.fleet_prometheus_url = fleet.get("prometheus_url")
     config.fleet_prometheus_user = fleet.get("prometheus_user") or None
     config.health = dict(data.get("health", {}))

@@ -55,3 +55,15 @@ def test_an_unknown_shell_is_one_line():
     done = subprocess.run([sys.executable, "-m", "gpumon", "completion", "csh"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "csh" in done.stderr
+
+
+def test_bash_says_where_bash_completion_reads_it_and_completes_values(tmp_path):
+    bash = require_tool("bash")
+    script = _script("bash", tmp_path)
+    text = open(script).read()
+    assert "~/.local/share/bash-completion/completions/gpumon" in text
+    assert "bash_completion/gpumon" not in text  # a folder bash-completion never reads
+    assert _bash_complete(bash, script, ["gpumon", "report", "--by", "us"]) == ["user"]
+    assert {"user", "job", "card"} <= set(_bash_complete(bash, script, ["gpumon", "report", "--by", "''"]))
+    assert "gpumon-dark" in _bash_complete(bash, script, ["gpumon", "--theme", "gpumon-"])
+    assert "auto" in _bash_complete(bash, script, ["gpumon", "run", "--gpu", "au"])

@@ -7,6 +7,8 @@ import base64
 import ssl
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -151,6 +153,67 @@ def test_basic_auth_over_plain_http_when_no_tls_is_given_from_the_config_file(fa
         assert get(url, login=("alice", "pw"))[0] == 200
     finally:
         end(watch)
+
+
+def test_a_password_over_bcrypts_72_bytes_is_refused_not_an_error(fake_driver, tmp_path):
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    port = free_port()
+    config = web_config(tmp_path, {"alice": "pw"}, tls=False)
+    watch = subprocess.Popen([sys.executable, "-m", "gpumon", "watch", "--interval", "0.5", "--prometheus", str(port),
+                              "--web-config-file", str(config)], env=fake_driver.env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        assert wait_until(lambda: _answer(url), 60, "the exporter") == 401
+        for user in ("alice", "mallory"):
+            assert get(url, login=(user, "x" * 73))[0] == 401
+        assert get(url, login=("alice", "pw"))[0] == 200
+    finally:
+        end(watch)
+    assert "Traceback" not in watch.stderr.read()
+    watch.stderr.close()
+
+
+def _answer(url: str, login: tuple[str, str] | None = None) -> int | None:
+    try:
+        return get(url, login=login)[0]
+    except OSError:
+        return None
+
+
+def test_a_known_scraper_stays_fast_while_wrong_passwords_are_hammered(fake_driver, tmp_path):
+    """bcrypt at the cost htpasswd uses, over TLS: 40 wrong passwords at once must not hold up a
+    scrape whose login was already checked (each check takes a core for ~50 ms; unbounded, they
+    all run at once and the scrape's handshake waits for a core behind them)."""
+    fake_driver.machine.cards = [Card()]
+    fake_driver.write()
+    cert, _ = certificate(tmp_path)
+    port = free_port()
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(10)).decode().replace("$2b$", "$2y$", 1)
+    config = tmp_path / "web.yml"
+    config.write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      f"basic_auth_users:\n  alice: {hashed}\n")
+    watch = start_watch(["--interval", "0.5", "--prometheus", str(port), "--web-config-file", str(config)],
+                        fake_driver.env, port, cert)
+    url = f"https://127.0.0.1:{port}/metrics"
+    try:
+        assert get(url, cert, ("alice", "pw"))[0] == 200  # checked once, then known
+        hammering = [threading.Thread(target=get, args=(url, cert, ("alice", f"wrong{i}"))) for i in range(40)]
+        for thread in hammering:
+            thread.start()
+        time.sleep(0.2)  # the wrong passwords are being checked
+        took = []
+        for _ in range(3):
+            began = time.monotonic()
+            assert get(url, cert, ("alice", "pw"))[0] == 200
+            took.append(time.monotonic() - began)
+        for thread in hammering:
+            thread.join(60)
+        assert min(took) < 0.3, took
+    finally:
+        end(watch)
+        watch.stderr.close()
 
 
 @pytest.mark.parametrize(("content", "says"), [

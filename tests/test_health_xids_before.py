@@ -53,7 +53,9 @@ def test_without_watch_health_reads_the_kernel_log(fake_driver, tmp_path):
     assert doc["xids_before"] == {"source": "kmsg", "detail": str(log), "xids": 2}  # within the window
 
     missing = fake_driver.run("health", "--json", "--kernel-log", str(tmp_path / "nope"))
-    assert missing.returncode == 0 and json.loads(missing.stdout)["xids_before"]["source"] == "none"
+    # A log named on the command line that is not there is the user's mistake, said at once.
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr == f"gpumon: error: --kernel-log {tmp_path / 'nope'}: No such file or directory\n"
 
 
 def test_with_watch_running_health_takes_the_xids_it_heard(fake_driver, tmp_path):

@@ -9,6 +9,7 @@ import time
 from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.jobs import records
 from gpumon.jobs.files import jobs_dir, write_atomic
+from gpumon.jobs.jobs_reader import JobsReader
 
 
 def _finished(n: int, ended: float, keep: records.JobsKeep = records.JobsKeep()) -> records.JobSpec:
@@ -45,7 +46,7 @@ def test_the_reader_reads_again_only_what_changed(tmp_path, monkeypatch):
     now = time.time()
     for n in range(50):
         _finished(n, now - 100 + n)
-    reader = records.JobsReader()
+    reader = JobsReader()
     first = reader.read()
     assert len(first) == 50 and reader.changed
     again = reader.read()

@@ -191,8 +191,14 @@ def jobs_hosts(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
-    elif not rows:
-        sys.stdout.write("No jobs.\n")
+    elif not rows:  # "No jobs." only where every host said so: a host not read may have some
+        unread = [h.name for h in hosts if h.name not in answers]
+        if not answers:
+            sys.stdout.write("No host could be read: their jobs are unknown.\n")
+        elif unread:
+            sys.stdout.write(f"No jobs on {', '.join(answers)}; {', '.join(unread)} could not be read.\n")
+        else:
+            sys.stdout.write("No jobs.\n")
     return fleet.answered_status(h.name in answers for h in hosts)
 
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from gpumon.cards.sampler import sample_once
 from gpumon.cli.common import fleet_requested, load_settings, open_source, xid_state_file
 from gpumon.config import Config
 from gpumon.counters import Health
+from gpumon.errors import UsageError
 from gpumon.health.seen_xids import Seen, pci_key, read_kernel_log, read_watch_state
 from gpumon.health.verdicts import card_verdict, fleet_health_document, health_document
 from gpumon.model import GpuSample, HostStatus
@@ -45,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         return _hosts(args)
     settings = load_settings(args)
     config = settings.config
+    if args.kernel_log is not None:
+        _check_kernel_log(args.kernel_log)
+    kernel_log = args.kernel_log or "/dev/kmsg"
     deadline = time.monotonic() + args.timeout
     backend = open_source(args, settings.health, timeout=args.timeout)
     tracker = backend.health_baseline()
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if baseline is not None:
             _load(tracker, baseline)
-            seen = _xids_before(backend, tracker, config, args.kernel_log, deadline)
+            seen = _xids_before(backend, tracker, config, kernel_log, deadline)
         snapshot = sample_once(backend, max(0.0, deadline - time.monotonic()), settings.host_paths)
         if baseline is not None:
             _save(tracker, baseline)
@@ -68,6 +73,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("".join(_line(str(g.index), g, card_verdict(g)) for g in snapshot.gpus))
     return EXIT[doc["verdict"]]
+
+
+def _check_kernel_log(path: str) -> None:
+    """A log the user named must be readable: read later, a missing one would only be a note in
+    --json's xids_before, and the verdict would go on as if the log had no XIDs."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UsageError(f"--kernel-log {path}: {exc.strerror or exc}") from None
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise UsageError(f"--kernel-log {path}: is a directory (give a file of /dev/kmsg records)")
+    finally:
+        os.close(fd)
 
 
 def _line(card: str, gpu: GpuSample, verdict: Health) -> str:

@@ -148,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("health", help="is any card going bad? exit 0 ok, 1 warn, 2 fail (or a usage error)",
                        description="One line per card with its verdict, reasons and actions. Exit status: 0 all "
-                                   "ok, 1 a card warns, 2 a card fails; a usage error is 2 too, told apart by "
+                                   "ok, 1 a card warns, 2 a card fails, 3 no usable driver (not loaded, or a "
+                                   "driver/library mismatch); a usage error is 2 too, told apart by "
                                    "its one line on stderr and nothing on stdout.")
     p.add_argument("--json", action="store_true", help="the verdicts and counters as JSON")
-    p.add_argument("--kernel-log", metavar="PATH", default="/dev/kmsg",
+    p.add_argument("--kernel-log", metavar="PATH", default=None,
                    help="where no gpumon watch runs, read the XIDs before this run from this kernel log "
                         "(/dev/kmsg records; default /dev/kmsg, else the journal)")
     _add_timeout_option(p)
@@ -316,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signal", type=signal_name, default="terminate", metavar="NAME",
                    help="TERM (default), KILL or INT")
     p.add_argument("--started", type=unix_time, metavar="T",
-                   help="its start time (unix s, as in the snapshot): a recycled pid is never signalled")
+                   help="its start time (unix s, as in the snapshot): a recycled pid is never signalled; "
+                        "without it, PID 1, kernel threads and other users' session leaders are refused")
     _add_config_option(p, suppress=True)
     p.set_defaults(subcommand="signal")
 

@@ -11,6 +11,7 @@ import time
 
 from rich.cells import cell_len, set_cell_size
 
+from gpumon.health.verdicts import card_verdict
 from gpumon.jobs.attempts import describe
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.owners.holders import Holder
@@ -107,8 +108,13 @@ def snapshot_text(snapshot: Snapshot) -> str:
             gpu_rows.append([str(g.index), fit(g.name, NAME_CELLS), "ASLEEP" if g.asleep else g.state.upper(),
                              "", "", "", "", "", "", "", g.pci_bus_id or NA])
             continue
+        verdict = card_verdict(g)  # the word health, the TUI and the page give the card
+        if g.state == "ok" and verdict.verdict != "ok":
+            notes += [f"GPU {g.index}: {verdict.verdict.upper()}: {r.code}: {r.text} -> {r.action}"
+                      for r in verdict.reasons]
         gpu_rows.append([
-            str(g.index), fit(g.name, NAME_CELLS), g.state.upper(), _fmt(g.utilization_gpu, "%"), _memory(g),
+            str(g.index), fit(g.name, NAME_CELLS), verdict.verdict.upper() if g.state == "ok" else g.state.upper(),
+            _fmt(g.utilization_gpu, "%"), _memory(g),
             _fmt(g.temperature, "C"), _fmt(g.fan, "%"), _power(g), _fmt(g.clock_sm, "MHz"),
             g.pstate or NA, g.pci_bus_id or NA,
         ])

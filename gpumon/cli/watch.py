@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.on_alert is not None and not args.on_alert.strip():  # `sh -c ''` per event would do nothing
+        from gpumon.errors import UsageError
+
+        raise UsageError("--on-alert: the command is empty (give a shell command line)")
     settings = load_settings(args)
     config = settings.config
     rules = parse_rules(config.watch_rules + config.rules + args.alert)

@@ -5,6 +5,9 @@ A TLS handshake runs in the connection's own thread (not in the accepting one, w
 never finishes it would hold up every scrape). A password is checked with bcrypt once per user and
 password while they stay the same (bcrypt costs ~50 ms by design, every scrape would pay it); an
 unknown user is checked against a hash too, so the time taken does not say which users exist.
+Checks run a few at a time: a flood of wrong passwords queues for them (and is refused once it has
+waited a while) instead of taking every core from the scrapes whose login is already known. A
+password over bcrypt's 72 bytes matches no hash anyone can make: refused without a check.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 # A hash of a password nobody has, checked for unknown users (cost 10, as htpasswd -B makes them).
 _NOBODY = b"$2b$10$yHnUa6UmrbXNmMmIQtWL3u4xpZtfu6xAbsUZTqqFlCvh5mFY9JuPa"
 _REMEMBERED = 64  # user/password pairs that passed, kept so a scrape does not pay bcrypt each time
+_CHECKS_AT_ONCE = 2  # bcrypt checks running together, whatever the number of requests
+_CHECK_WAIT_S = 5.0  # a request that waits longer than this for a check is refused unchecked
+_BCRYPT_MAX = 72  # bytes of a password bcrypt takes; more raises in bcrypt >= 4.1
 
 App = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -61,6 +67,7 @@ class BasicAuth:
         self.users = users
         self._passed: dict[tuple[str, bytes], None] = {}
         self._lock = threading.Lock()
+        self._checks = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if self._allowed(environ.get("HTTP_AUTHORIZATION", "")):
@@ -82,11 +89,21 @@ class BasicAuth:
         if not sep:
             return False
         hashed = self.users.get(user)
-        key = (user, hashlib.sha256(password.encode() + (hashed or b"")).digest())
+        secret = password.encode()
+        if len(secret) > _BCRYPT_MAX:
+            return False
+        key = (user, hashlib.sha256(secret + (hashed or b"")).digest())
         with self._lock:
             if hashed is not None and key in self._passed:
                 return True
-        ok = bcrypt.checkpw(password.encode(), hashed or _NOBODY) and hashed is not None
+        if not self._checks.acquire(timeout=_CHECK_WAIT_S):
+            return False
+        try:
+            ok = bcrypt.checkpw(secret, hashed or _NOBODY) and hashed is not None
+        except ValueError:  # a hash bcrypt cannot read after all: nobody gets in with it
+            ok = False
+        finally:
+            self._checks.release()
         if ok:
             with self._lock:
                 if len(self._passed) >= _REMEMBERED:

@@ -31,7 +31,7 @@ from gpumon.fleet.remote_claims import taken_from_remote
 from gpumon.fleet.schema import SchemaError, snapshot_from_remote
 from gpumon.remote.hosts import HostSpec
 from gpumon.remote.login import MAX_BANNER, after_mark, is_mark, marked, new_mark
-from gpumon.remote.ssh import NOT_FOUND, SshTransport, describe_failure
+from gpumon.remote.ssh import NOT_FOUND, REMOTE_GPUMON_HINT, SshTransport, describe_failure
 
 MAX_LINE = 4 << 20  # one snapshot document: 8 cards with thousands of processes fit easily
 STALE_INTERVALS = 3
@@ -276,7 +276,8 @@ class SshSource(Source):
             if len(out) > MAX_LINE:
                 return Ending("error", f"nvidia-smi sent over {MAX_LINE >> 20} MiB", live, source="nvidia-smi")
             if code == NOT_FOUND:
-                return Ending("error", "neither gpumon nor nvidia-smi is installed there", live, source="nvidia-smi")
+                return Ending("error", f"neither gpumon nor nvidia-smi is installed there (a gpumon not on the "
+                                       f"PATH, as in a venv: {REMOTE_GPUMON_HINT})", live, source="nvidia-smi")
             if code != 0:
                 reason = "nvidia-smi: " + describe_failure(code, proc.stderr_tail)
                 return Ending("unreachable" if code == 255 else "error", reason, live, source="nvidia-smi")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from gpumon.jobs.files import state_dir, write_atomic
 
 
@@ -15,6 +17,9 @@ def command_history(limit: int = 100) -> list[str]:
 
 
 def remember_command(command: str) -> None:
+    """Kept where it can be: a full or unwritable state folder costs the history, not the launch
+    (which says what is wrong with the folder when it records the job)."""
     path = state_dir() / "history"
     history = [c for c in reversed(command_history(200)) if c != command] + [command]
-    write_atomic(path, "\n".join(history[-200:]) + "\n")
+    with contextlib.suppress(OSError):
+        write_atomic(path, "\n".join(history[-200:]) + "\n")

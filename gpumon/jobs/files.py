@@ -12,6 +12,8 @@ from typing import Any
 
 import platformdirs
 
+from gpumon.errors import UsageError
+
 ENVIRONMENT_RECORD = "environment.json"
 WAITING_RECORD = "waiting.json"  # a queued job's supervisor says there why it waits
 
@@ -22,6 +24,13 @@ def state_dir() -> Path:
 
 def jobs_dir() -> Path:
     return state_dir() / "jobs"
+
+
+def unusable_folder(folder: Path, exc: OSError, doing: str) -> UsageError:
+    """One line for a state folder gpumon cannot use (unreadable, unwritable, full): which folder,
+    what gpumon was doing, and the system's reason, so the user knows what to free or fix."""
+    return UsageError(f"cannot {doing} in {folder}: {exc.strerror or exc} (gpumon's state folder: "
+                      "free some space there or make it yours to read and write)")
 
 
 def write_atomic(path: Path, text: str) -> None:

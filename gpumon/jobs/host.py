@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from gpumon.errors import UsageError
+from gpumon.errors import EXIT_NONE_READ, UsageError
 from gpumon.fleet import Fleet
 from gpumon.fleet.schema import SchemaError, jobs_from_remote, launched_from_remote, topology_from_remote
-from gpumon.jobs import records
 from gpumon.jobs.child_gpumon import child_argv
+from gpumon.jobs.jobs_reader import JobsReader
 from gpumon.jobs.launch import LaunchRequest
 from gpumon.jobs.remote_launch import run_args
 from gpumon.model import Topology
@@ -44,6 +44,13 @@ TOPOLOGY_PARALLEL = 16  # hosts asked at once for their topology (each runs the 
 
 class HostError(UsageError):
     """An action on a host failed: the message names the host and says why."""
+
+
+class HostNotRead(HostError):
+    """The host's gpumon could not be asked at all (no connection, no answer, not installed): for a
+    command, a host not read (exit status 5, as every fleet command says it), not bad input."""
+
+    exit_status = EXIT_NONE_READ
 
 
 class Host(Protocol):
@@ -105,9 +112,8 @@ class GpumonHost:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if returncode not in (None, 127, 255) and lines and lines[-1].startswith("gpumon: "):
             reason = printable(lines[-1].removeprefix("gpumon: ").removeprefix("error: "))[:300]
-        else:
-            reason = describe_failure(returncode, text)
-        return HostError(f"{self.name}: {reason}")
+            return HostError(f"{self.name}: {reason}")
+        return HostNotRead(f"{self.name}: {describe_failure(returncode, text)}")
 
     def call(self, args: Sequence[str], timeout: float = 60.0) -> str:
         """`gpumon ARGS` there; its stdout, or HostError (also when it sends over MAX_OUTPUT: it is
@@ -116,11 +122,11 @@ class GpumonHost:
         try:
             done = run_capped(self.argv(args, mark=mark), timeout, MAX_OUTPUT, env=self.env)
         except TimeoutError:
-            raise HostError(f"{self.name}: timeout (no answer in {timeout:g} s)") from None
+            raise HostNotRead(f"{self.name}: timeout (no answer in {timeout:g} s)") from None
         except OutputTooLarge as exc:
             raise HostError(f"{self.name}: `gpumon {args[0]}` {exc} (stopped there)") from None
         except OSError as exc:
-            raise HostError(f"{self.name}: cannot run {self.argv(args)[0]!r}: {exc.strerror or exc}") from None
+            raise HostNotRead(f"{self.name}: cannot run {self.argv(args)[0]!r}: {exc.strerror or exc}") from None
         if done.returncode != 0:
             raise self._fail(done.returncode, done.stderr)
         out = done.stdout if mark is None else after_mark(done.stdout, mark)
@@ -210,7 +216,7 @@ class LocalHost(GpumonHost):
         # The environment gpumon was started with (the TUI changes its own: NO_COLOR, ...): the
         # jobs launched here get it, as they would from a shell.
         self.env = None if env is None else dict(env)
-        self._records = records.JobsReader()  # what changed since the last listing, read again
+        self._records = JobsReader()  # what changed since the last listing, read again
 
     def argv(self, args: Sequence[str], tty: bool = False, mark: bytes | None = None) -> list[str]:
         return child_argv("gpumon", [*self.local_args, *args])

@@ -77,6 +77,34 @@ def send_signal(pid: int, started: float | None, action: str) -> str:
     return f"sent {sig.name} to {pid}"
 
 
+_KERNEL_THREAD = 0x00200000  # PF_KTHREAD in /proc/PID/stat's flags
+
+
+def system_process(pid: int) -> str | None:
+    """Why signalling `pid` could take down the machine or someone's login, or None: PID 1, a
+    kernel thread, another user's session leader (their login shell, sshd's session, a daemon).
+    Only a process named with its start time (as a view that shows it does) is signalled then."""
+    if pid == 1:
+        return "it is PID 1 (the system's init)"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        if int(fields[6]) & _KERNEL_THREAD:
+            return "it is a kernel thread"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        proc = psutil.Process(pid)
+        uid = proc.uids().real
+        leads = os.getsid(pid) == pid
+        user = proc.username()
+    except (psutil.Error, OSError, KeyError):
+        return None
+    if leads and uid != os.geteuid():
+        return f"it leads a session of {user} (a login or a service)"
+    return None
+
+
 def may_signal(uid: int | None) -> bool:
     """Whether the OS would let us signal a process owned by uid (root may signal anything)."""
     return os.geteuid() == 0 or uid == os.geteuid()

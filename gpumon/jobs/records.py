@@ -1,7 +1,5 @@
 """Jobs launched by gpumon: what their records say, and the state read from them (files.py keeps
-the files, control.py starts and stops jobs).
-
-Each job has a private directory (0700) in the user's state dir:
+the files, control.py starts and stops jobs). Each job has a private directory (0700) in the user's state dir:
     ~/.local/state/gpumon/jobs/<id>/
         job.json      what was asked: command, cards, limit, cwd, the environment added
         process.json  the running command's pid and start time (a recycled pid is not the job)
@@ -11,15 +9,13 @@ Each job has a private directory (0700) in the user's state dir:
         peak          peak GPU memory the watchdog saw (bytes)
         energy.json   the energy its cards used while it ran (jobs/supervision/energy.py)
         output.log    the command's stdout and stderr
-Records are written atomically (temp file + rename), so a kill -9 at any moment leaves each one
-either old or new, never half-written. A small supervisor process (gpumon.jobs.supervision.supervisor) owns each
-detached job: it waits for a free card when queued, starts the command, enforces the memory
-limit, and records the exit; it runs in its own session, so quitting the TUI or losing the SSH
-connection does not touch it.
-
-Homes are often shared between hosts (NFS): each job records the host it runs on, and a job of
-another host is shown as its records say, never judged by this host's pids (which mean nothing
-there), never stopped from here and never pruned while it may run.
+Records are written atomically (temp file + rename): a kill -9 at any moment leaves each one old or
+new, never half-written. A small supervisor process (gpumon.jobs.supervision.supervisor) owns each
+detached job: it waits for a free card when queued, starts the command, enforces the memory limit,
+and records the exit; in its own session, so quitting the TUI or losing the SSH connection does not
+touch it. Homes are often shared between hosts (NFS): each job records the host it runs on, and a
+job of another host is shown as its records say, never judged by this host's pids (which mean
+nothing there), never stopped from here and never pruned while it may run.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ import psutil
 from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
-from gpumon.jobs.files import WAITING_RECORD, jobs_dir, read_json, write_atomic
+from gpumon.jobs.files import WAITING_RECORD, jobs_dir, read_json, unusable_folder, write_atomic
 from gpumon.jobs.processes import same_start
 
 STATES = ("queued", "running", "exited", "failed", "cancelled", "killed", "lost")
@@ -51,6 +47,9 @@ STOP_RECORD = "stop.json"  # `jobs --stop` of a job whose supervisor is gone
 # A running job whose supervisor is gone, as tables show it (`state` stays "running" in the JSON,
 # with "supervised": false, so readers that know the seven states keep working).
 UNSUPERVISED = "unsupervised"
+# The command has ended; the supervisor holds its end record until the state folder takes it (a full
+# disk, an NFS server away): the job is not over for prune or --stop, but nothing runs.
+RECORD_PENDING = "its command has ended; record pending: gpumon's supervisor writes how once the state folder has room"
 UNSUPERVISED_REASON = ("gpumon's supervisor is gone while the command runs: no memory limit, no failover, "
                        "no end record (stop it with gpumon jobs --stop)")
 
@@ -149,6 +148,8 @@ class Job:
         supervisor is gone is `unsupervised`."""
         if self.supervised is False:
             return UNSUPERVISED
+        if self.reason == RECORD_PENDING:  # "running" to scripts until its end is recorded; not to people
+            return "ended"
         return f"{self.state} on {self.host}" if self.remote and self.state not in FINISHED else self.state
 
     @property
@@ -257,7 +258,7 @@ def load_job(directory: Path) -> Job | None:
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state, job.supervised = ("queued" if job.pid is None else "running"), True
         if job.pid is not None:
-            job.reason = "its command has ended: gpumon's supervisor is recording how"
+            job.reason = RECORD_PENDING
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"
         elif job.pid is None:  # queued: why, as its supervisor says
@@ -274,9 +275,11 @@ def load_job(directory: Path) -> Job | None:
 def list_jobs() -> list[Job]:
     """All jobs, oldest first."""
     root = jobs_dir()
-    if not root.is_dir():
-        return []
-    jobs = [job for d in root.iterdir() if d.is_dir() and (job := load_job(d)) is not None]
+    try:
+        folders = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+    except OSError as exc:
+        raise unusable_folder(root, exc, "read the job records") from None
+    jobs = [job for d in folders if (job := load_job(d)) is not None]
     return sorted(jobs, key=lambda j: (j.spec.created, j.spec.id))
 
 
@@ -333,50 +336,6 @@ def prune_old(keep: int = JOBS_KEEP, keep_for: float = JOBS_KEEP_FOR_S, now: flo
     return removed
 
 
-class JobsReader:
-    """The job list, read again cheaply: a finished job whose directory has not changed (every
-    record is written by a rename into it, which changes the directory) is not read again; only
-    unfinished jobs (whose state also depends on their processes) and changed ones are. `read()`
-    costs a stat per job plus the unfinished ones, not every record of every job ever made;
-    `changed` says whether the last read found anything new (a view skips its redraw)."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[int, Job]] = {}  # directory name -> (its mtime, the finished job)
-        self._last: list[Job] = []
-        self.changed = True
-
-    def read(self) -> list[Job]:
-        """All jobs, oldest first (as list_jobs)."""
-        root = jobs_dir()
-        try:
-            entries = [e for e in os.scandir(root) if e.is_dir()]
-        except FileNotFoundError:
-            entries = []
-        known: dict[str, tuple[int, Job]] = {}
-        jobs: list[Job] = []
-        for entry in entries:
-            try:
-                mtime = entry.stat().st_mtime_ns
-            except OSError:
-                continue
-            cached = self._known.get(entry.name)
-            job = cached[1] if cached is not None and cached[0] == mtime else load_job(Path(entry.path))
-            if job is None:
-                continue
-            if job.state in FINISHED:
-                known[entry.name] = (mtime, job)
-            jobs.append(job)
-        jobs.sort(key=lambda j: (j.spec.created, j.spec.id))
-        self.changed = [_shown(j) for j in jobs] != [_shown(j) for j in self._last]
-        self._known, self._last = known, jobs
-        return jobs
-
-
-def _shown(job: Job) -> tuple:
-    return (job.spec.id, job.state, job.pid, job.ended, job.exit_code, job.reason, job.peak_gpu_memory,
-            len(job.attempts))
-
-
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
 
@@ -384,11 +343,15 @@ def new_job_id() -> str:
 def create_job(spec: JobSpec, keep: JobsKeep = JobsKeep()) -> Path:
     prune_old(keep.count, keep.for_s)  # each new job makes room: the records stay as many as [jobs] keep says
     directory = jobs_dir() / spec.id
-    directory.mkdir(parents=True, mode=0o700)
-    os.chmod(directory, 0o700)
-    write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
-    fd = os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.close(fd)
+    try:
+        directory.mkdir(parents=True, mode=0o700)
+        os.chmod(directory, 0o700)
+        write_atomic(directory / "job.json", json.dumps(asdict(spec), indent=1))
+        os.close(os.open(directory / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as exc:  # not left half-recorded (it would list as never started), unless another job's
+        if not isinstance(exc, FileExistsError):
+            shutil.rmtree(directory, ignore_errors=True)
+        raise unusable_folder(jobs_dir(), exc, "record the job") from None
     return directory
 
 

@@ -113,6 +113,10 @@ _FAILURES = [
 ]
 
 
+# Where a gpumon installed in a venv (not on ssh's PATH) is named: said wherever one is not found.
+REMOTE_GPUMON_HINT = "name it with --remote-gpumon PATH or [fleet] remote in the config"
+
+
 def describe_failure(returncode: int | None, stderr: str) -> str:
     """Why an ssh command failed, in a few words."""
     if returncode == SSH_FAILED or returncode is None:
@@ -120,7 +124,7 @@ def describe_failure(returncode: int | None, stderr: str) -> str:
             if re.search(pattern, stderr):
                 return words
     if returncode == NOT_FOUND:
-        return "gpumon is not installed there (or not on the remote PATH; see --remote-gpumon)"
+        return f"gpumon is not installed there (or not on the remote PATH: {REMOTE_GPUMON_HINT})"
     if "unrecognized arguments" in stderr or "invalid choice" in stderr:
         return "gpumon there is too old for this (update it there)"
     lines = [printable(line.strip()) for line in stderr.splitlines() if line.strip()]

@@ -4,27 +4,15 @@ their config dir (~/.config/gpumon/themes/). A broken file is reported, never fa
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
-import platformdirs
 from textual.theme import Theme
 
-DEFAULT = "gpumon-dark"
+from gpumon.config import DEFAULT_THEME, shipped_theme_dir, user_theme_dir
+
+DEFAULT = DEFAULT_THEME
 MONOCHROME = "monochrome"
 _FIELDS = {"name", "primary", "secondary", "warning", "error", "success", "accent", "foreground",
            "background", "surface", "panel", "boost", "dark", "luminosity_spread", "text_alpha", "variables"}
-
-
-def user_theme_dir() -> Path:
-    return Path(platformdirs.user_config_dir("gpumon")) / "themes"
-
-
-def shipped_theme_dir() -> Path:
-    """The repo's themes/ folder: inside the package when installed from a wheel (pyproject maps
-    it to gpumon/themes), at the top of the checkout when run from source or installed editable."""
-    package = Path(__file__).resolve().parent.parent
-    installed = package / "themes"
-    return installed if installed.is_dir() else package.parent / "themes"
 
 
 def _theme_files() -> list[tuple[str, str]]:
