@@ -123,3 +123,30 @@ def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_s
     finally:
         stop.set()
         toucher.join()
+
+
+def test_the_fleets_free_count_is_what_select_gives_on_that_host(fake_driver, tmux_session):
+    """FREE in the fleet overview passes by a card another user reserved, as `select` there does."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    from test_claims import free_cards
+
+    free_cards(fake_driver.machine, 3)
+    fake_driver.write()
+    place = Path(fake_driver.env["GPUMON_CLAIMS_DIR"])
+    place.mkdir(mode=0o1777, exist_ok=True)
+    uuid = fake_driver.machine.cards[2].uuid
+    booked = place / f"reserve.{uuid}.0000"
+    booked.write_text(json.dumps({"card": uuid, "index": 2, "until": time.time() + 3600, "created": time.time()}))
+    os.chown(booked, 65534, 65534)  # nobody's
+    assert fake_driver.run("select", "--count", "3").returncode == 1
+    assert fake_driver.run("select", "--count", "2").returncode == 0
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
+                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                            "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
+    tmux = tmux_session(120, 30)
+    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --hosts local --interval 0.5")
+    tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")

@@ -71,7 +71,8 @@ def build(args: argparse.Namespace, settings: Settings, hosts: list[HostSpec], u
     interval = args.interval if hosts or given or not url else DEFAULT_INTERVAL_S
     remote = any(not h.is_local for h in hosts)
     return open_fleet(hosts, transport(args, config) if remote else None, interval,
-                      lambda: open_source(args, settings.health), local_args(args), extra, settings.host_paths)
+                      lambda: open_source(args, settings.health), local_args(args), extra, settings.host_paths,
+                      settings.sharing)
 
 
 def settle_timeout(interval: float) -> float:

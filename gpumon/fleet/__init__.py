@@ -20,19 +20,22 @@ from gpumon.fleet.stream import SshSource
 from gpumon.owners.reader import HostPaths
 from gpumon.remote.hosts import HostSpec
 from gpumon.remote.ssh import SshTransport
+from gpumon.sharing.folder import SharingSettings
 
 
 def open_fleet(hosts: Sequence[HostSpec], transport: SshTransport | None, interval: float,
                open_local: Callable[[], Backend] | None = None, local_args: Sequence[str] = (),
-               extra_sources: Sequence[Source] = (), owners: HostPaths = HostPaths()) -> Fleet:
+               extra_sources: Sequence[Source] = (), owners: HostPaths = HostPaths(),
+               sharing: SharingSettings | None = None) -> Fleet:
     """A Fleet reading `hosts`: `local` through `open_local()` (its processes' owners read where
-    `owners` says), the others through ssh; and the hosts `extra_sources` find (a PrometheusSource)."""
+    `owners` says, its claims and reservations where `sharing` says), the others through ssh; and the
+    hosts `extra_sources` find (a PrometheusSource)."""
     sources: list[Source] = []
     for spec in hosts:
         if spec.is_local:
             if open_local is None:
                 raise ValueError("the host list names `local` but no local backend was given")
-            sources.append(LocalSource(open_local, interval, owners))
+            sources.append(LocalSource(open_local, interval, owners, sharing))
         else:
             if transport is None:
                 raise ValueError("remote hosts need an SshTransport")

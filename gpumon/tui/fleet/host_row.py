@@ -133,7 +133,8 @@ def host_row(status: HostStatus, now: float) -> HostRow:
     cards = tuple(card_cell(g, old) for g in snapshot.gpus)
     health, health_tone, rank, codes = host_health(snapshot.gpus)
     words = " ".join(w for w in (words, health.lower(), codes) if w)
-    free = sum(1 for g in snapshot.gpus if free_enough(g) is None)
+    taken = dict(status.taken)  # claimed or reserved by someone else: not free for this user, as select says
+    free = sum(1 for g in snapshot.gpus if free_enough(g) is None and g.ref not in taken)
     utils = [g.utilization_gpu for g in snapshot.gpus if g.state == "ok" and g.utilization_gpu is not None]
     temps = [(g.temperature, g.index) for g in snapshot.gpus if g.state == "ok" and g.temperature is not None]
     return HostRow(printable(status.host), state, state_tone, cards, free, len(snapshot.gpus),
