@@ -39,3 +39,30 @@ def test_claims_reservations_and_the_queue_on_the_page(fake_driver, browser):  #
         for job in jobs(fake_driver):
             if job["state"] in ("running", "queued"):
                 fake_driver.run("jobs", "--stop", job["id"])
+
+
+def test_a_poisoned_place_leaves_the_page_and_its_api_answering(fake_driver):
+    """Records no parser survives, planted by another user: the page's documents still answer 200,
+    and the stream the page reads keeps coming."""
+    import json
+    import os
+    from pathlib import Path
+
+    from test_web_access import get
+
+    uuid = "GPU-0000ffff-1111-2222-3333-444455556660"
+    fake_driver.machine.cards = [Card("NVIDIA A40", uuid=uuid, mem_total=48 * GIB)]
+    fake_driver.write()
+    place = Path(fake_driver.env["GPUMON_CLAIMS_DIR"])
+    place.mkdir(mode=0o1777, exist_ok=True)
+    for kind, body in {"deep": b'{"card": "%s", "x": ' % uuid.encode() + b"[" * 1900 + b"]" * 1900 + b"}",
+                       "nan": b'{"card": "%s", "until": NaN, "created": NaN}' % uuid.encode(),
+                       "huge": b'{"card": "%s", "until": 1%s, "created": 1}' % (uuid.encode(), b"0" * 400)}.items():
+        (place / f"reserve.{kind}.0000").write_bytes(body)
+        os.chown(place / f"reserve.{kind}.0000", 65534, 65534)
+    with serve(fake_driver) as served:
+        for path in ("/api/snapshot", "/api/users"):
+            status, _, body = get(f"{served.base}{path}?token={served.token}")
+            assert status == 200, (path, body[:200])
+        doc = json.loads(get(f"{served.base}/api/snapshot?token={served.token}")[2])
+        assert doc["gpus"][0]["reservation"] is None and doc["gpus"][0]["claims"] == []
