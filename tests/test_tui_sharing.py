@@ -1,11 +1,12 @@
-"""The TUI on a shared host, through tmux: a reserved card says so on its panel; `r` on a card
-another job claims asks first and says who holds it; J lists the host's queue."""
+"""The TUI on a shared host, through tmux: a claimed or reserved card says so on its panel (the
+user's own as theirs); `r` on a card the user's own job claims says so; J lists the host's queue."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 
+import pytest
 from conftest import GIB, Card
 from test_claims import jobs
 
@@ -26,15 +27,14 @@ def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):
                                 "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
         tmux = tmux_session(120, 40)
         tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
-        screen = tmux.wait_for(lambda s: "Reserved by root until" in s, what="the reservation on its card")
-        assert 'Reserved by root until' in screen and '"[b]paper[/b]"' in screen
+        screen = tmux.wait_for(lambda s: "Reserved by you until" in s, what="the reservation on its card")
+        assert '"[b]paper[/b]"' in screen  # the user's own: read as theirs, the note as typed
+        assert "Yours: job " in screen and "[red]train[/red]" in screen  # the job's claim on card 1
 
-        tmux.keys("Down", "r")  # card 1: claimed by the job started above
-        screen = tmux.wait_for(lambda s: "Run a job there anyway?" in s, what="the question")
-        assert "GPU 1 is claimed by root: job " in screen and "[red]train[/red]" in screen
-        tmux.keys("y")
+        tmux.keys("Down", "r")  # card 1: the user's own job claims it: said, not asked
         screen = tmux.wait_for(lambda s: "Run on GPU 1" in s, what="the run dialog")
-        assert "job will share it." in screen and "is claimed by root" in screen
+        assert "Run a job there anyway?" not in screen
+        assert "GPU 1 is yours: job " in screen and "the new job will share it." in screen
         tmux.keys("Escape")  # alone: ESC then J at once reads as Alt+J
         tmux.wait_for(lambda s: "Run on GPU 1" not in s, what="the dialog to close")
         tmux.keys("J")
@@ -150,3 +150,56 @@ def test_the_fleets_free_count_is_what_select_gives_on_that_host(fake_driver, tm
     tmux = tmux_session(120, 30)
     tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --hosts local --interval 0.5")
     tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_who_has_each_card_at_a_glance_at_every_size(fake_driver, tmux_session, size):
+    """8 cards on a shared host: one claimed by another user's job, one they reserved, one the
+    user's own job claims, the rest free. Each compact row says which, in a column of its own."""
+    import json
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from test_claims import free_cards
+
+    free_cards(fake_driver.machine, 8)
+    fake_driver.write()
+    place = Path(fake_driver.env["GPUMON_CLAIMS_DIR"])
+    place.mkdir(mode=0o1777, exist_ok=True)
+    os.chmod(place, 0o1777)
+    uuids = [c.uuid for c in fake_driver.machine.cards]
+    booked = place / f"reserve.{uuids[5]}.0000"
+    booked.write_text(json.dumps({"card": uuids[5], "index": 5, "until": time.time() + 3600,
+                                  "created": time.time(), "note": "deadline"}))
+    os.chown(booked, 65534, 65534)
+    # Another user's claim: the file is theirs (whose a claim is comes from its owner) and held by a live
+    # process's flock (whose process it is does not matter).
+    claimed = place / f"claim.{uuids[2]}.j42.0000"
+    claimed.write_text(json.dumps({"card": uuids[2], "job": "j42", "name": "train.py", "since": time.time()}))
+    os.chown(claimed, 65534, 65534)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+                               str(claimed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert fake_driver.run("run", "--gpu", "6", "--name", "mine", "--", "sleep", "60").returncode == 0
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
+                       if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
+                                "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
+        tmux = tmux_session(*size)
+        tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+        screen = tmux.wait_for(lambda s: "nobody: train.py" in s and "nobody's →" in s and "yours: mine" in s,
+                               what="who has each card")
+        words = [line.replace("▌", " ").replace("│", " ").split() for line in screen.splitlines()]
+        rows = {int(w[0]): " ".join(w) for w in words if len(w) > 2 and w[0].isdigit() and w[1] == "A40"}
+        assert sorted(rows) == list(range(8)), screen
+        assert "nobody: train.py" in rows[2] and "nobody's →" in rows[5] and "yours: mine" in rows[6]
+        assert all(("nobody" not in rows[i] and "yours" not in rows[i]) for i in (0, 1, 3, 4, 7))
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        for job in json.loads(fake_driver.run("jobs", "--json").stdout or "[]"):
+            if job["state"] in ("running", "queued"):
+                fake_driver.run("jobs", "--stop", job["id"])

@@ -41,16 +41,22 @@ class CardsTaken:
     skip: dict[str, str] = field(default_factory=dict)
     mine: frozenset[str] = frozenset()
     claimed: dict[str, list[claims.Claim]] = field(default_factory=dict)
+    reserved: dict[str, str] = field(default_factory=dict)  # others' reservations, in words
+
+    def others_on(self, ref: str) -> str:
+        """Who else claims or reserved the card, in words ('' when nobody, or only the user)."""
+        theirs = [c.words() for c in self.claimed.get(ref, []) if c.uid != os.geteuid()]
+        return "; ".join([*theirs, *([self.reserved[ref]] if ref in self.reserved else [])])
 
 
 def cards_taken_now(directory: Path, idle_release: float = IDLE_RELEASE_S) -> CardsTaken:
     held = claims.read(directory)
     booked = reservations.read(directory, idle_release=idle_release)
     skip = {card: ", ".join(c.words() for c in listed) for card, listed in held.items()}
-    for card, r in booked.items():
-        if not r.mine:
-            skip[card] = (skip[card] + "; " if card in skip else "") + r.words()
-    return CardsTaken(skip, frozenset(card for card, r in booked.items() if r.mine), held)
+    reserved = {card: r.words() for card, r in booked.items() if not r.mine}
+    for card, words in reserved.items():
+        skip[card] = (skip[card] + "; " if card in skip else "") + words
+    return CardsTaken(skip, frozenset(card for card, r in booked.items() if r.mine), held, reserved)
 
 
 def notes_for(gpus: Sequence[GpuSample], taken: CardsTaken) -> list[str]:

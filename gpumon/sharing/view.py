@@ -3,6 +3,7 @@ from the shared place (a listdir and one small read per record), keyed by the ca
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,13 +16,37 @@ from gpumon.sharing import claims, reservations
 from gpumon.sharing import queue as queue_mod
 from gpumon.sharing.folder import SharingSettings
 from gpumon.sharing.reservations import Ended, Reservation, ReservationEvent
-from gpumon.units import format_duration
+from gpumon.units import format_duration, format_time
 
 
 @dataclass(frozen=True)
 class CardSharing:
     claims: list[claims.Claim] = field(default_factory=list)
     reservation: Reservation | None = None
+
+
+def card_words(card: CardSharing, me: int | None = None) -> tuple[str, str]:
+    """Who has the card, as the views say it: (in full, in a few cells), both '' when nobody claims
+    or reserves it. Full: 'claimed by alice: job 3f2a train.py, since 10:02; reserved by bob until
+    Tue 18:00: "paper"'; short: 'alice: train.py' (the job's name), 'bob's →Tue 18:00'. The user's
+    own claim and reservation read as theirs: 'yours: train.py', 'reserved by you until 18:00'. Text
+    from the records is made printable."""
+    me = os.geteuid() if me is None else me
+    full, short = [], []
+    theirs = [c for c in card.claims if c.uid != me]
+    ours = [c for c in card.claims if c.uid == me]
+    full += [c.words() for c in theirs]
+    short += [f"{printable(c.user)}: {printable(c.name or c.job)}" for c in theirs[:1]]
+    if ours:
+        full.append("yours: " + ", ".join(f"job {printable(c.job)} {printable(c.name)}" for c in ours))
+        short.append(f"yours: {printable(ours[0].name or ours[0].job)}")
+    r = card.reservation
+    if r is not None:
+        note = f': "{printable(r.note)}"' if r.note else ""
+        who = "you" if r.uid == me else printable(r.user)
+        full.append(f"reserved by {who} until {format_time(r.until)}{note}")
+        short.append(("yours" if r.uid == me else f"{who}'s") + f" →{format_time(r.until)}")
+    return "; ".join(full), " · ".join(short[:2])
 
 
 def _refs(gpu: GpuSample | dict[str, Any]) -> list[str]:
@@ -121,6 +146,9 @@ class SharingNow:
 
     def of(self, gpu: GpuSample) -> Reservation | None:
         return of(gpu, self.latest.cards).reservation
+
+    def card(self, gpu: GpuSample) -> CardSharing:
+        return of(gpu, self.latest.cards)
 
     def reservations(self) -> dict[str, Reservation]:
         return {ref: c.reservation for ref, c in self.latest.cards.items() if c.reservation is not None}

@@ -10,6 +10,7 @@ fleet acts on its `local` host and on any other, so this view and the fleet's ca
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -46,8 +47,12 @@ class CardActions:
         note = "" if self.real_pids else simulated_note(gpu)
         # Another job's claim (or someone's reservation): sharing the card is asked, then said in the dialog.
         sharing = LaunchSharing(self.app.sharing, lambda line: None)
-        held = sharing.taken_now().skip.get(gpu.ref or "")
-        held_note = f"{self.card_label(gpu)} is {held}; the job will share it." if held else ""
+        taken = sharing.taken_now()
+        held = taken.others_on(gpu.ref or "")  # the user's own claim asks nothing: it is said
+        ours = [f"job {c.job} {c.name}" for c in taken.claimed.get(gpu.ref or "", []) if c.uid == os.geteuid()]
+        held_note = (f"{self.card_label(gpu)} is {held}; the job will share it." if held
+                     else f"{self.card_label(gpu)} is yours: {', '.join(ours)}; the new job will share it." if ours
+                     else "")
         place_note = sharing.shared_badly()  # the folder's owner can remove this job's claim
 
         def ask() -> None:

@@ -26,10 +26,10 @@ from gpumon.cards.process_history import ProcessHistory
 from gpumon.cards.sampler import History
 from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
-from gpumon.model import Snapshot
+from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import SharingNow
+from gpumon.sharing.view import SharingNow, card_words
 from gpumon.tui.literal_text import plain
 from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import Preferences
@@ -246,14 +246,18 @@ class MainScreen(CardActions, Screen):
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
             slot = any(has_verdict(gpu) for gpu in snap.gpus)  # compact rows keep room for WARN/FAIL
-            for panel, gpu in zip(cards.panels, snap.gpus):
-                booked = self.reservations.of(gpu) if self.local_sharing else None
+            shared = [self.shared_words(gpu) for gpu in snap.gpus]  # who claims or reserved each card
+            share_slot = any(full for full, _ in shared)
+            for panel, gpu, words in zip(cards.panels, snap.gpus, shared):
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
-                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time), slot,
-                           "R" + booked.words()[1:] if booked else "")
+                           self.alerts.get(gpu.index, ()), xids.texts(gpu.index, snap.time), slot, words, share_slot)
             self._fit_cards()
             self._update_charts()
             self._update_table()
+
+    def shared_words(self, gpu: GpuSample) -> tuple[str, str]:
+        """Who claims or reserved the card (this machine's place, as last read in a thread)."""
+        return card_words(self.reservations.card(gpu)) if self.local_sharing else ("", "")
 
     def status_extra(self) -> str:
         """Said at the end of the status line (a fleet host's view says how the host is doing)."""

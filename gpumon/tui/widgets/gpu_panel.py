@@ -57,6 +57,7 @@ def has_verdict(gpu: GpuSample) -> bool:
 
 
 OWNER_CELLS = 32  # a longer owner (a pod's name) is cut with …
+SHARE_CELLS, SHARE_CELLS_NARROW = 24, 20  # a compact row's column for who claims or reserved the card
 
 
 def short_name(name: str) -> str:
@@ -95,6 +96,8 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         self.alerts: tuple[str, ...] = ()
         self.xids: tuple[str, ...] = ()
         self.verdict_slot = False  # compact rows keep room for WARN/FAIL (some card has a verdict)
+        self.shared: tuple[str, str] = ("", "")  # who claims or reserved it: in full, short
+        self.share_slot = False  # compact rows keep a column for that (some card is shared)
         self._shown: tuple | None = None
         self._height = 0
         self.waiting = False  # names only, before the card's first sample
@@ -109,12 +112,14 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
             self.refresh()
 
     def show(self, gpu: GpuSample, stale: bool, ordinal: str | None, alerts: tuple[str, ...] = (),
-             xids: tuple[str, ...] = (), verdict_slot: bool = False, reserved: str = "") -> None:
+             xids: tuple[str, ...] = (), verdict_slot: bool = False, shared: tuple[str, str] = ("", ""),
+             share_slot: bool = False) -> None:
         """`stale`: the whole sample is late (no new data at all); `xids`: recent XIDs, in words;
-        `verdict_slot`: some card of the list has a health verdict to show; `reserved`: who reserved
-        the card, until when, why (gpumon/sharing), as text."""
-        self.reserved = reserved
-        key = (gpu, stale, ordinal, alerts, xids, verdict_slot, reserved)
+        `verdict_slot`: some card of the list has a health verdict to show; `shared`: who claims or
+        reserved the card (sharing/view.card_words: in full, and short for a compact row); `share_slot`:
+        some card of the list is claimed or reserved (compact rows keep a column for it)."""
+        self.shared, self.share_slot = shared, share_slot
+        key = (gpu, stale, ordinal, alerts, xids, verdict_slot, shared, share_slot)
         if key == self._shown:
             return
         self._shown = key
@@ -288,8 +293,9 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         bars.append_text(self._bar("MEM ", _frac(mem_pct), bar_width, level(mem_pct, 80, 95), mem_value))
         lines.append(bars)
         lines.extend(_flow(self._detail_tokens(gpu), width))
-        if getattr(self, "reserved", ""):
-            lines.append(Text(f"  {self.reserved[:width - 2]}", style=self._style("mark")))
+        if self.shared[0]:
+            said = self.shared[0][0].upper() + self.shared[0][1:]
+            lines.append(Text(f"  {said[:width - 2]}", style=self._style("mark")))
         return lines
 
     def _waiting_lines(self, gpu: GpuSample, width: int) -> list[Text]:
@@ -354,6 +360,11 @@ class GpuPanel(CachedStyles, PartialRefresh, Widget):
         tail.append(f" {gpu.power_draw:>4.0f}W" if gpu.power_draw is not None else " " * 6)
         if self.verdict_slot:
             tail.append_text(self._verdict(gpu, slot=True))
+        if self.share_slot:  # who has it, in a column of its own on every row while any card is shared
+            cells = SHARE_CELLS if width >= 100 else SHARE_CELLS_NARROW
+            who = Text(f" {self.shared[1]}", style=self._style("mark"))
+            who.truncate(cells, overflow="ellipsis", pad=True)
+            tail.append_text(who)
         mem_pct = gpu.memory_percent
         mem_value = (NA if gpu.memory_used is None
                      else f"{format_bytes(gpu.memory_used)}/{format_bytes(gpu.memory_total)}").rjust(10)
