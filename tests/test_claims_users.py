@@ -195,3 +195,12 @@ def test_a_reservation_is_judged_by_the_same_rule_whoever_reads_it(two_users):
     time.sleep(2.5)
     assert _listed(bob) == _listed(alice) == [(2, bob.name), (3, alice.name)]
     assert "GPU 1 skipped: reserved" not in bob.gpumon("select", "--verbose").stderr
+
+
+def test_snapshot_says_who_has_each_card_and_reads_ones_own_as_ones_own(two_users):
+    alice, bob = two_users
+    assert alice.gpumon("reserve", "--gpu", "3", "--for", "1h", "--note", "paper").returncode == 0
+    theirs = bob.gpumon("snapshot")
+    assert f'GPU 3: reserved by {alice.name} until ' in theirs.stdout and '"paper"' in theirs.stdout
+    ours = alice.gpumon("snapshot")
+    assert "GPU 3: reserved by you until " in ours.stdout

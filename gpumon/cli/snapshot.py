@@ -25,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
         return snapshot_hosts(args)
     settings = load_settings(args)
     snapshot = read_once(args, settings, lambda backend, left: sample_once(backend, left, settings.host_paths))
-    if args.json:  # each card's claims and reservation (gpumon/sharing), added to the document
-        shares = view.per_card(settings.sharing.directory, snapshot, settings.sharing.idle_release_s)
+    # Each card's claims and reservation (gpumon/sharing): in the document, and under the table.
+    shares = view.per_card(settings.sharing.directory, snapshot, settings.sharing.idle_release_s)
+    if args.json:
         json.dump(view.annotate(snapshot.to_dict(), shares), sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK
-    return print_document(args, snapshot, snapshot_text)
+    shared = {g.index: view.card_words(view.of(g, shares))[0] for g in snapshot.gpus}
+    return print_document(args, snapshot, lambda s: snapshot_text(s, shared))

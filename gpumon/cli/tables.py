@@ -8,6 +8,7 @@ of the table off the screen.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from rich.cells import cell_len, set_cell_size
 
@@ -82,7 +83,9 @@ def _state_words(gpu: GpuSample) -> str:
     return gpu.error if gpu.state in gpu.error.lower() else f"{gpu.state}: {gpu.error}"
 
 
-def snapshot_text(snapshot: Snapshot) -> str:
+def snapshot_text(snapshot: Snapshot, shared: Mapping[int, str] | None = None) -> str:
+    """The cards and processes for people; `shared`: who claims or reserved each card (by index, in
+    words: sharing/view.card_words), said under the table."""
     header = (
         f"{snapshot.host}  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.time))}  "
         f"driver {snapshot.driver_version or NA}  CUDA {snapshot.cuda_driver_version or NA}"
@@ -118,6 +121,7 @@ def snapshot_text(snapshot: Snapshot) -> str:
             _fmt(g.temperature, "C"), _fmt(g.fan, "%"), _power(g), _fmt(g.clock_sm, "MHz"),
             g.pstate or NA, g.pci_bus_id or NA,
         ])
+    notes += [f"GPU {index}: {words}" for index, words in sorted((shared or {}).items()) if words]
     out = [header, "", table(gpu_rows, right={0, 3, 5, 6, 8})]
     if notes:
         out += [""] + notes
