@@ -147,9 +147,11 @@ def test_the_fleets_free_count_is_what_select_gives_on_that_host(fake_driver, tm
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
                    if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
                             "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
-    tmux = tmux_session(120, 30)
+    tmux = tmux_session(120, 50)
     tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --hosts local --interval 0.5")
     tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")
+    tmux.keys("Enter")  # the host's own view: its cards say who has them, in the same words
+    tmux.wait_for(lambda s: "Reserved by nobody" in s, what="the reservation on the host's card")
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])

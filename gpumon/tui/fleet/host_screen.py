@@ -22,7 +22,7 @@ from textual.widgets import Static
 from gpumon.cards.process_history import ProcessHistory
 from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for
-from gpumon.model import HostStatus
+from gpumon.model import GpuSample, HostStatus
 from gpumon.owners.containers import invisible_reason
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet.actions import ask_and_launch, ask_and_signal
@@ -62,6 +62,18 @@ class HostScreen(MainScreen):
         self._jobs_busy = False
         self._away: Static | None = None  # says why there is no reading yet
         self._first_selected = selected
+
+    def shared_words(self, gpu: GpuSample) -> tuple[str, str]:
+        """Who claims or reserved the card, as the host's own gpumon said it (its stream), in the
+        words this machine's cards use; the user's own reservation there reads as theirs."""
+        ref = gpu.ref or ""
+        if ref in self.status.mine:
+            return "reserved by you", "yours"
+        words = dict(self.status.taken).get(ref, "")
+        first = words.split("; ")[0]
+        if first.startswith("reserved by "):
+            return words, first.removeprefix("reserved by ") + "'s"
+        return words, first.removeprefix("claimed by ").replace(": job ", ": ", 1)
 
     def on_mount(self) -> None:  # MainScreen's on_mount runs too (Textual calls every class's handler)
         self.cards.selected = self._first_selected  # kept (within the card count) when the panels come
