@@ -4,10 +4,11 @@ and the Prometheus source reads comes back as the value it was."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from promlab import exposition
 
-from gpumon.alerting.grammar import CARD, HOLDER, HOST, XID
+from gpumon.alerting.grammar import CARD, HOLDER, HOST, SHARED, XID
 from gpumon.alerting.kinds import BY_WORD, KINDS
 from gpumon.counters import CardCounters
 from gpumon.exporter.collector import GpumonCollector
@@ -20,7 +21,7 @@ from gpumon.model import GpuSample, Snapshot
 
 def test_every_kind_says_how_it_is_evaluated_and_written_in_promql():
     for kind in KINDS:
-        assert kind.scope in (CARD, XID, HOST, HOLDER), kind.words
+        assert kind.scope in (CARD, XID, HOST, HOLDER, SHARED), kind.words
         assert (kind.promql is None) != (not kind.not_in_promql), kind.words  # one or the other, never both
         assert (kind.value is not None) == (kind.scope == CARD), kind.words
         assert kind.condition is not None or kind.whole is not None, kind.words
@@ -61,3 +62,13 @@ def test_what_is_exported_reads_back_as_it_was():
                  "retired_pages_dbe", "retired_pages_pending", "ecc_errors_corrected"):
         assert getattr(back.counters, name) == getattr(counters, name), name
     assert abs(back.counters.energy_j - counters.energy_j) < 1e-6
+
+
+def test_unclaimed_takes_only_on_gpus():
+    from gpumon.alerting.kinds import parse_rule
+    from gpumon.alerting.rules import RuleError
+
+    assert parse_rule("unclaimed").kind.scope == SHARED
+    assert parse_rule("unclaimed on 0,1").gpus == {0, 1}
+    with pytest.raises(RuleError, match="'unclaimed' takes only 'on GPUS'"):
+        parse_rule("unclaimed for 5m")

@@ -10,6 +10,7 @@ from gpumon.counters import HealthReason
 
 if TYPE_CHECKING:
     from gpumon.owners.holders import Holder
+    from gpumon.sharing.view import UseWithoutClaim
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class AlertEvent:
     error: str | None = None  # unreachable: why
     reasons: tuple[HealthReason, ...] = ()  # a health rule: the card's verdict's reasons
     holder: Holder | None = None  # an idle rule: who holds the cards (gpu, uuid: its first card)
+    use: UseWithoutClaim | None = None  # an unclaimed rule: the process, and whose card it is on
 
     def to_dict(self) -> dict[str, Any]:
         out = {"event": self.event, "rule": self.rule, "gpu": self.gpu, "uuid": self.uuid,
@@ -38,4 +40,6 @@ class AlertEvent:
             out["reasons"] = [r.to_dict() for r in self.reasons]
         if self.holder is not None:
             out["holder"] = {**self.holder.to_dict(), "host": self.host}
+        if self.use is not None:
+            out["process"] = {**self.use.to_dict(), "words": self.use.words()}
         return out

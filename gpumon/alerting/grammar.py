@@ -26,6 +26,7 @@ CARD = "card"  # each sample of each card: fires when the condition has held for
 XID = "xid"  # each XID event fires; resolves after a quiet period
 HOST = "host"  # each fleet host's reachability (AlertEngine.evaluate_host), never a card's
 HOLDER = "holder"  # who holds the cards (alerting/holder_rules.py HolderAlerts)
+SHARED = "shared"  # processes on cards others claim or reserved (alerting/sharing_rules.py UnclaimedAlerts)
 
 
 class RuleError(UsageError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumon.alerting.alert_event import AlertEvent
-from gpumon.alerting.grammar import HOLDER, OPS, Rule, RuleKind, parse_gpus, rule_error
+from gpumon.alerting.grammar import HOLDER, OPS, SHARED, Rule, RuleKind, parse_gpus, rule_error
 from gpumon.errors import UsageError
 from gpumon.model import Snapshot
 from gpumon.owners.holders import Holder, HolderTracker
@@ -165,8 +165,9 @@ def _event(kind: str, rule: HolderRule, holder: Holder, snapshot: Snapshot) -> A
 
 
 def needs_processes(rules: list[Rule]) -> bool:
-    """Holder rules read who runs each process: the sampler must enrich them."""
-    return any(r.kind is not None and r.kind.scope == HOLDER for r in rules)
+    """Holder rules (and `unclaimed`: whose each process is) read who runs each process: the
+    sampler must enrich them."""
+    return any(r.kind is not None and r.kind.scope in (HOLDER, SHARED) for r in rules)
 
 
 IDLE = RuleKind(HOLDER_METRICS, scope=HOLDER, whole=parse_holder_rule,

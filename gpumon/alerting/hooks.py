@@ -68,6 +68,12 @@ def hook_environment(event: AlertEvent | FailoverEvent) -> dict[str, str]:
             "GPUMON_UUIDS": ",".join(u or "" for u in h.uuids), "GPUMON_GPU_MEMORY": str(h.gpu_memory or 0),
             "GPUMON_IDLE_S": "" if h.idle_s is None else f"{h.idle_s:.0f}",
         })
+    if event.use is not None:  # an unclaimed rule: whose process, on whose card
+        u = event.use
+        env.update({
+            "GPUMON_PID": str(u.pid), "GPUMON_USER": u.user or "", "GPUMON_HOLDER": u.holder,
+            "GPUMON_HOLDER_KIND": u.kind, "GPUMON_DESCRIPTION": u.words(),
+        })
     return env
 
 

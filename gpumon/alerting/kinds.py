@@ -1,7 +1,7 @@
 """Every kind of alert rule, registered once (a `RuleKind` each: its words, condition, reading,
 evaluation and PromQL), and `parse_rule`, which finds a rule's kind by its first word.
 
-A new kind is a `RuleKind` in a module of its own concern (card_kinds, xid_rules, holder_rules)
+A new kind is a `RuleKind` in a module of its own concern (card_kinds, xid_rules, holder_rules, sharing_rules)
 and one entry in KINDS; the grammar (alerting/grammar.py), the engine (alerting/rules.py) and the
 PromQL export (alerting/prometheus_rules.py) take it from there.
 """
@@ -13,11 +13,12 @@ from collections.abc import Iterable
 from gpumon.alerting.card_kinds import FABRIC, FLAG_KIND, HEALTH_KIND, LOST, METRIC_KIND, THROTTLE, UNREACHABLE
 from gpumon.alerting.grammar import Rule, RuleError, RuleKind, Words, parse_tail
 from gpumon.alerting.holder_rules import IDLE
+from gpumon.alerting.sharing_rules import UNCLAIMED
 from gpumon.alerting.xid_rules import XID_KIND
 
 # In this order in the "known:" list of an unknown metric's message.
 KINDS: tuple[RuleKind, ...] = (METRIC_KIND, LOST, XID_KIND, THROTTLE, FABRIC, HEALTH_KIND, FLAG_KIND, UNREACHABLE,
-                               IDLE)
+                               IDLE, UNCLAIMED)
 BY_WORD: dict[str, RuleKind] = {word: kind for kind in KINDS for word in kind.words}
 
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpumon.alerting.alert_event import AlertEvent
-from gpumon.alerting.grammar import CARD, HOLDER, HOST, OPS, XID, Rule, RuleError, parse_gpus, rule_error
+from gpumon.alerting.grammar import CARD, HOLDER, HOST, OPS, SHARED, XID, Rule, RuleError, parse_gpus, rule_error
 from gpumon.alerting.holder_rules import HolderAlerts
 from gpumon.alerting.kinds import parse_rule, parse_rules
+from gpumon.alerting.sharing_rules import UnclaimedAlerts, WithoutClaim
 from gpumon.model import GpuSample, Snapshot
 from gpumon.units import format_cpu_list
 
@@ -57,10 +58,17 @@ class AlertEngine:
     _host_states: dict[tuple[int, str], _State] = field(default_factory=dict)
     _holders: Any = None  # holder_rules.HolderAlerts, when a rule is about holders
     tracker: Any = None  # the caller's HolderTracker (the TUI's users view's), else its own if a rule needs one
+    # Snapshot -> the processes on cards others claim or reserved (this host's place: sharing/view);
+    # None: `unclaimed` rules see none (a fleet's hosts: their places are theirs).
+    without_claim: WithoutClaim | None = None
+    _unclaimed: Any = None  # sharing_rules.UnclaimedAlerts, when a rule is about them
 
     def __post_init__(self) -> None:
         if about_holders := [(i, r) for i, r in enumerate(self.rules) if _scope(r) == HOLDER]:
             self._holders = HolderAlerts(about_holders, self.tracker)  # type: ignore[arg-type]
+        if (about_shared := [(i, r) for i, r in enumerate(self.rules) if _scope(r) == SHARED]) \
+                and self.without_claim is not None:
+            self._unclaimed = UnclaimedAlerts(about_shared, self.without_claim)
 
     def firing(self) -> dict[int, tuple[str, ...]]:
         """Card index -> texts of the rules firing on it now. Safe from any thread: a copy made
@@ -73,6 +81,8 @@ class AlertEngine:
             if state.firing:
                 out.setdefault(gpu, []).append(self.rules[rule_i].text)
         for gpu, texts in (self._holders.firing_cards() if self._holders else {}).items():
+            out.setdefault(gpu, []).extend(sorted(texts))
+        for gpu, texts in (self._unclaimed.firing_cards() if self._unclaimed else {}).items():
             out.setdefault(gpu, []).extend(sorted(texts))
         self._firing = {gpu: tuple(texts) for gpu, texts in out.items()}
 
@@ -93,6 +103,8 @@ class AlertEngine:
                     events.append(dataclasses.replace(event, host=snapshot.host))
         if self._holders is not None:
             events += [dataclasses.replace(e, host=snapshot.host) for e in self._holders.evaluate(snapshot)]
+        if self._unclaimed is not None and not snapshot.stale:
+            events += [dataclasses.replace(e, host=snapshot.host) for e in self._unclaimed.evaluate(snapshot)]
         if events:
             self._publish()
         return events

@@ -26,7 +26,7 @@ from gpumon.owners.reader import HostPaths
 from gpumon.sanitize import printable
 from gpumon.settings import Settings
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import reservations_now, reservations_text
+from gpumon.sharing.view import per_card, reservations_text, uses_without_claim
 from gpumon.units import format_duration
 
 DEFAULT_SAMPLES = 3
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     window = _window(args, args.interval)
     backend = open_source(args, settings.health)
     try:
-        holders, watched, last = asyncio.run(_watch_host(args, backend, window, settings.host_paths))
+        holders, watched, latest = asyncio.run(_watch_host(args, backend, window, settings.host_paths))
     finally:
         backend.close()
-    return _print(args, holders, watched, None, last, settings.sharing)
+    return _print(args, holders, watched, None, latest.time, settings.sharing, latest)
 
 
 def _window(args: argparse.Namespace, interval: float) -> float:
@@ -50,7 +50,7 @@ def _window(args: argparse.Namespace, interval: float) -> float:
 
 
 async def _watch_host(args: argparse.Namespace, backend: Any, window: float,
-                      owners: HostPaths) -> tuple[tuple[Holder, ...], float, float]:
+                      owners: HostPaths) -> tuple[tuple[Holder, ...], float, Snapshot]:
     """Sample until the samples span `window` (by their own times: a replay goes as fast as it reads)."""
     replaying = getattr(args, "replay", None) is not None
     interval = 0.0 if replaying else args.interval
@@ -63,7 +63,7 @@ async def _watch_host(args: argparse.Namespace, backend: Any, window: float,
             return
         seen["holders"] = tracker.update(snapshot)
         seen["first"] = seen["first"] if seen["first"] is not None else snapshot.time
-        seen["last"] = snapshot.time
+        seen["last"], seen["latest"] = snapshot.time, snapshot
         if snapshot.time - seen["first"] >= window - interval / 2:  # sampling times jitter
             sampler.stop()
 
@@ -71,7 +71,7 @@ async def _watch_host(args: argparse.Namespace, backend: Any, window: float,
     await sampler.run(len(backend.snapshots) if replaying else None)
     if seen["last"] is None:
         raise UsageError("no sample to read holders from (an empty recording?)")
-    return seen["holders"], seen["last"] - seen["first"], seen["last"]
+    return seen["holders"], seen["last"] - seen["first"], seen["latest"]
 
 
 Answer = tuple[HostStatus, tuple[Holder, ...]]  # a host's status when it was done with, its holders then
@@ -176,18 +176,25 @@ async def _watch_fleet(runner: Any, window: float,
 
 
 def _print(args: argparse.Namespace, holders: Any, watched: float, statuses: tuple[HostStatus, ...] | None,
-           now: float | None = None, sharing: SharingSettings | None = None) -> int:
-    """`sharing`: this machine's place, for its reservations (none with `statuses`: hosts')."""
+           now: float | None = None, sharing: SharingSettings | None = None, latest: Snapshot | None = None) -> int:
+    """`sharing`: this machine's place, for its reservations and the use of cards others hold
+    without a claim, in `latest` (none with `statuses`: hosts')."""
+    place = sharing or SharingSettings()
+    shares = per_card(place.directory, latest, place.idle_release_s) if statuses is None else {}
+    unclaimed = uses_without_claim(latest, shares) if latest is not None else []
     if args.json:
         doc = users_document(holders, now if now is not None else time.time(), watched, statuses)
         if statuses is None:  # this machine's reservations (gpumon/sharing)
-            doc["reservations"] = [r.to_dict() for r in reservations_now(sharing or SharingSettings()).values()]
+            doc["reservations"] = [c.reservation.to_dict() for c in shares.values() if c.reservation is not None]
+            doc["without_claim"] = [{**u.to_dict(), "words": u.words()} for u in unclaimed]
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
         return EXIT_OK
     out = users_text(list(holders), show_hosts=statuses is not None)
     if statuses is None:
-        out += "".join(line + "\n" for line in reservations_text(reservations_now(sharing or SharingSettings())))
+        out += "".join(line + "\n" for line in reservations_text(
+            {ref: c.reservation for ref, c in shares.items() if c.reservation is not None}))
+        out += "".join(f"Without a claim: {u.words()}\n" for u in unclaimed)
     for status in statuses or ():
         entry = status.to_dict()
         if entry["state"] not in ("ok", "stale"):

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     enrich = recorder is not None or bool(address) or needs_processes(rules) or usage is not None
     sampler = Sampler(backend, interval=0.0 if replaying else args.interval, enrich=enrich, owners=settings.host_paths)
     watch = Watch(
-        sampler, AlertEngine(rules, tracker=usage.tracker if usage is not None else None),
+        sampler, AlertEngine(rules, tracker=usage.tracker if usage is not None else None,
+                             without_claim=None if replaying else _without_claim(settings.sharing)),
         EventWriter(sys.stdout, fmt), hooks, recorder, args.exit_on_alert, args.metrics, count,
         # Jobs of this user on this host that move to other cards; a replay has none.
         job_events=None if replaying else _job_and_reservation_events(sampler, settings.sharing),
@@ -95,6 +96,20 @@ def _web_config(path: str | None, address: str | None):
     if not address:
         raise UsageError("--web-config-file secures the exporter: give --prometheus ADDR too")
     return load_web_config(path)
+
+
+def _without_claim(sharing: SharingSettings):
+    """For `unclaimed` rules: the processes on cards others claim or reserved here, as the place
+    was last read (in a thread, every 2 s at most)."""
+    from gpumon.sharing.view import SharingNow
+
+    seen = SharingNow(sharing)
+
+    def on_others_cards(snapshot):
+        seen.current(snapshot)
+        return seen.without_claim(snapshot)
+
+    return on_others_cards
 
 
 def _job_and_reservation_events(sampler: Sampler, sharing: SharingSettings):

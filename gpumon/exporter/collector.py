@@ -29,7 +29,7 @@ from gpumon.exporter.amd import DRM_FIELDS
 from gpumon.exporter.fields import CARD_FIELDS, LOST, XID_COUNT_WINDOW_S
 from gpumon.exporter.health import HEALTH, HEALTH_FIELDS, HEALTH_HELP, health_value
 from gpumon.exporter.owners import OWNER_LABELS, card_labels, process_labels
-from gpumon.exporter.sharing import reserved_family
+from gpumon.exporter.sharing import sharing_families
 from gpumon.exporter.vendors import vendor_families
 from gpumon.model import Snapshot
 from gpumon.sharing.folder import SharingSettings
@@ -86,7 +86,8 @@ class GpumonCollector(Collector):
         reading = Reading(self.hostname or snap.host, snap, firing, self.xid() if self.xid else {},
                           self.recent_xids() if self.recent_xids else {})
         yield from families([reading], self.processes, alerts=self.firing is not None)
-        yield reserved_family(snap, reading.host, self.sharing)  # this machine's reservations (exporter/sharing.py)
+        # This machine's reservations, and the processes on others' cards (exporter/sharing.py).
+        yield from sharing_families(snap, reading.host, self.sharing)
 
 
 class FleetCollector(Collector):

@@ -49,6 +49,59 @@ def card_words(card: CardSharing, me: int | None = None) -> tuple[str, str]:
     return "; ".join(full), " · ".join(short[:2])
 
 
+@dataclass(frozen=True)
+class UseWithoutClaim:
+    """A process on a card another user claims or reserved, which is not that user's: CUDA work
+    started outside gpumon (advisory: shown, never stopped). Only what happened, never more."""
+
+    gpu: int
+    uuid: str | None
+    pid: int
+    user: str | None
+    command: str | None
+    holder: str  # whose claim or reservation the card is under
+    kind: str  # "claim" or "reservation"
+    job: str | None = None  # the claim's job
+    until: float | None = None  # the reservation's end
+
+    def on(self) -> str:
+        """'claimed by bob (job 3f2a)', 'reserved by bob until Tue 18:00'."""
+        if self.kind == "claim":
+            return f"claimed by {printable(self.holder)}" + (f" (job {printable(self.job)})" if self.job else "")
+        return f"reserved by {printable(self.holder)}" + (f" until {format_time(self.until)}" if self.until else "")
+
+    def words(self) -> str:
+        """"alice's python (pid 4242) on GPU 3, reserved by bob until Tue 18:00"."""
+        program = printable((self.command or "?").split()[0].rsplit("/", 1)[-1])[:40] if self.command else "process"
+        return f"{printable(self.user or '?')}'s {program} (pid {self.pid}) on GPU {self.gpu}, {self.on()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "uuid": self.uuid, "pid": self.pid, "user": self.user,
+                "on": {"kind": self.kind, "user": self.holder, "job": self.job, "until": self.until}}
+
+
+def uses_without_claim(snapshot: Snapshot, shares: dict[str, CardSharing]) -> list[UseWithoutClaim]:
+    """Every compute process on a card claimed or reserved by another user than its own (by uid
+    where both are known, else by name)."""
+    found = []
+    for gpu in snapshot.gpus:
+        card = of(gpu, shares)
+        holders = [(c.uid, c.user, "claim", c.job, None) for c in card.claims]
+        if card.reservation is not None:
+            r = card.reservation
+            holders.append((r.uid, r.user, "reservation", None, r.until))
+        if not holders:
+            continue
+        for p in gpu.processes:
+            if p.type == "graphics" or (p.uid is None and not p.user):
+                continue
+            if any((p.uid == uid) if p.uid is not None else (p.user == user) for uid, user, *_ in holders):
+                continue
+            _, user, kind, job, until = holders[0]
+            found.append(UseWithoutClaim(gpu.index, gpu.uuid, p.pid, p.user, p.command, user, kind, job, until))
+    return found
+
+
 def _refs(gpu: GpuSample | dict[str, Any]) -> list[str]:
     if isinstance(gpu, dict):
         return [r for r in (gpu.get("uuid"), gpu.get("pci_bus_id")) if r]
@@ -149,6 +202,9 @@ class SharingNow:
 
     def card(self, gpu: GpuSample) -> CardSharing:
         return of(gpu, self.latest.cards)
+
+    def without_claim(self, snapshot: Snapshot) -> list[UseWithoutClaim]:
+        return uses_without_claim(snapshot, self.latest.cards)
 
     def reservations(self) -> dict[str, Reservation]:
         return {ref: c.reservation for ref, c in self.latest.cards.items() if c.reservation is not None}

@@ -94,7 +94,7 @@ class BaseApp(KeysInTurn):
         self._note_until = 0.0
         self.theme_problems: list[str] = []
         self.theme_names: list[str] = []
-        self.engine = AlertEngine(rules or [], tracker=holders)
+        self.engine = AlertEngine(rules or [], tracker=holders, without_claim=self._without_claim)
         self.alert_log: list[AlertEvent] = []
         self.recent_xids = RecentXids()  # heard by a source that listens for them (this machine's)
         self.failure: GpumonError | None = None  # why the data source (or a rule's card) could not be used
@@ -106,6 +106,10 @@ class BaseApp(KeysInTurn):
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
         self._settled = False
+
+    def _without_claim(self, snapshot: Snapshot):
+        """For `unclaimed` rules: this machine's processes on cards others hold (as last read)."""
+        return self.sharing_now.without_claim(snapshot)
 
     def refresh_sharing(self, snapshot: Snapshot | None = None) -> None:
         """Read this machine's shared place again when due, in a thread (sharing/view.SharingNow):

@@ -9,6 +9,7 @@ characters as visible escapes); the page sets it as text, never as markup.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpumon.health.verdicts import card_verdict
@@ -16,7 +17,7 @@ from gpumon.jobs.placement import free_enough
 from gpumon.model import FleetSnapshot, GpuSample, ProcessSample, Snapshot
 from gpumon.owners.holders import Holder, idle_cell, idle_holders, summary
 from gpumon.sanitize import printable
-from gpumon.sharing.view import CardSharing, HostSharing, of, reservations_text
+from gpumon.sharing.view import CardSharing, HostSharing, UseWithoutClaim, of, reservations_text, uses_without_claim
 from gpumon.units import format_bytes, format_duration, format_energy
 
 COMMAND_CHARS = 200  # a command line this long says enough; the rest is cut with …
@@ -48,7 +49,8 @@ def _holders(gpu: GpuSample) -> str | None:
     return _text(", ".join(names)) if names else None
 
 
-def _card(gpu: GpuSample, card_id: str, key: str, shared: CardSharing | None = None) -> dict[str, Any]:
+def _card(gpu: GpuSample, card_id: str, key: str, shared: CardSharing | None = None,
+          unclaimed: Sequence[UseWithoutClaim] = ()) -> dict[str, Any]:
     verdict = card_verdict(gpu)
     shared = shared or CardSharing()
     busy = free_enough(gpu)
@@ -68,14 +70,19 @@ def _card(gpu: GpuSample, card_id: str, key: str, shared: CardSharing | None = N
         "free": busy is None, "why_busy": _text(busy, 200), "error": _text(gpu.error),
         "claims": [_text(c.words(), 200) for c in shared.claims],
         "reservation": _text(shared.reservation.words(), 300) if shared.reservation else None,
+        "without_claim": [_text(u.words(), 300) for u in unclaimed if u.gpu == gpu.index],
     }
 
 
-def _processes(gpus: tuple[GpuSample, ...]) -> tuple[list[dict[str, Any]], int]:
+def _processes(gpus: tuple[GpuSample, ...], unclaimed: Sequence[UseWithoutClaim] = ()
+               ) -> tuple[list[dict[str, Any]], int]:
     rows = [(gpu, p) for gpu in gpus for p in gpu.processes]
     rows.sort(key=lambda row: -(row[1].gpu_memory or 0))
+    on_others = {(u.gpu, u.pid): u for u in unclaimed}
     shown = [{"gpu": gpu.index, "pid": p.pid, "user": _text(p.user, 40), "owner": _owner(p),
-              "memory": format_bytes(p.gpu_memory, na=""), "type": p.type, "command": _text(p.command, COMMAND_CHARS)}
+              "memory": format_bytes(p.gpu_memory, na=""), "type": p.type, "command": _text(p.command, COMMAND_CHARS),
+              "without_claim": _text(on_others[(gpu.index, p.pid)].on(), 200)
+              if (gpu.index, p.pid) in on_others else None}
              for gpu, p in rows[:PROCESSES_PER_HOST]]
     return shown, max(0, len(rows) - PROCESSES_PER_HOST)
 
@@ -87,9 +94,10 @@ def host_view(name: str, state: str, snapshot: Snapshot | None, error: str | Non
     host's claims, reservations and queue (gpumon/sharing), known for this machine only."""
     gpus = snapshot.gpus if snapshot is not None and state in ("live", "stale") else ()
     sharing = sharing or HostSharing()
-    cards = [_card(g, f"{name}:{g.index}" if fleet else str(g.index), f"{name}/{g.key}", of(g, sharing.cards))
-             for g in gpus]
-    processes, more = _processes(gpus)
+    unclaimed = uses_without_claim(snapshot, sharing.cards) if snapshot is not None and gpus else []
+    cards = [_card(g, f"{name}:{g.index}" if fleet else str(g.index), f"{name}/{g.key}", of(g, sharing.cards),
+                   unclaimed) for g in gpus]
+    processes, more = _processes(gpus, unclaimed)
     return {"name": _text(name), "state": state, "error": _text(error, 300),
             "driver": _text(snapshot.driver_version) if snapshot is not None else None,
             "cards": cards, "processes": processes, "more_processes": more,

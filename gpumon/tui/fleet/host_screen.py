@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from textual.binding import Binding
 from textual.widgets import Static
@@ -24,6 +24,7 @@ from gpumon.fleet import Fleet
 from gpumon.jobs.host import host_for
 from gpumon.model import GpuSample, HostStatus
 from gpumon.owners.containers import invisible_reason
+from gpumon.sharing.view import UseWithoutClaim
 from gpumon.tui.background import in_background
 from gpumon.tui.fleet.actions import ask_and_launch, ask_and_signal
 from gpumon.tui.fleet.host_row import describe_state, time_dependent
@@ -63,7 +64,7 @@ class HostScreen(MainScreen):
         self._away: Static | None = None  # says why there is no reading yet
         self._first_selected = selected
 
-    def shared_words(self, gpu: GpuSample) -> tuple[str, str]:
+    def shared_words(self, gpu: GpuSample, unclaimed: Sequence[UseWithoutClaim] = ()) -> tuple[str, str]:
         """Who claims or reserved the card, as the host's own gpumon said it (its stream), in the
         words this machine's cards use; the user's own reservation there reads as theirs."""
         ref = gpu.ref or ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -29,7 +29,7 @@ from gpumon.jobs import records as jobs
 from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.folder import SharingSettings
-from gpumon.sharing.view import SharingNow, card_words
+from gpumon.sharing.view import SharingNow, UseWithoutClaim, card_words
 from gpumon.tui.literal_text import plain
 from gpumon.tui.messages import SnapshotArrived
 from gpumon.tui.preferences import Preferences
@@ -246,7 +246,9 @@ class MainScreen(CardActions, Screen):
             ordinals = self._ordinals_of(snap)
             xids = self.app.recent_xids
             slot = any(has_verdict(gpu) for gpu in snap.gpus)  # compact rows keep room for WARN/FAIL
-            shared = [self.shared_words(gpu) for gpu in snap.gpus]  # who claims or reserved each card
+            unclaimed = self.without_claim(snap)
+            shared = [self.shared_words(gpu, [u for u in unclaimed.values() if u.gpu == gpu.index])
+                      for gpu in snap.gpus]  # who claims or reserved each card, and who is on it anyway
             share_slot = any(full for full, _ in shared)
             for panel, gpu, words in zip(cards.panels, snap.gpus, shared):
                 panel.show(gpu, snap.stale, ordinals.get(gpu.index) if ordinals else None,
@@ -255,9 +257,20 @@ class MainScreen(CardActions, Screen):
             self._update_charts()
             self._update_table()
 
-    def shared_words(self, gpu: GpuSample) -> tuple[str, str]:
-        """Who claims or reserved the card (this machine's place, as last read in a thread)."""
-        return card_words(self.reservations.card(gpu)) if self.local_sharing else ("", "")
+    def shared_words(self, gpu: GpuSample, unclaimed: Sequence[UseWithoutClaim] = ()) -> tuple[str, str]:
+        """Who claims or reserved the card (this machine's place, as last read in a thread), and
+        the processes on it without a claim."""
+        full, short = card_words(self.reservations.card(gpu)) if self.local_sharing else ("", "")
+        if unclaimed:
+            full += "; without a claim: " + ", ".join(u.words().split(" on GPU ")[0] for u in unclaimed)
+            short = f"!{len(unclaimed)} " + short
+        return full, short
+
+    def without_claim(self, snap: Snapshot) -> dict[tuple[int, int], UseWithoutClaim]:
+        """This machine's processes on cards others claim or reserved (none for a fleet host)."""
+        if not self.local_sharing:
+            return {}
+        return {(u.gpu, u.pid): u for u in self.reservations.without_claim(snap)}
 
     def status_extra(self) -> str:
         """Said at the end of the status line (a fleet host's view says how the host is doing)."""
@@ -311,7 +324,7 @@ class MainScreen(CardActions, Screen):
         table = self.table
         gpu = self.selected_gpu
         only = gpu.index if self.only_selected and gpu is not None else None
-        rows = rows_from(self.snapshot, only, self.filter_text, self.job_of_pid)
+        rows = rows_from(self.snapshot, only, self.filter_text, self.job_of_pid, self.without_claim(self.snapshot))
         table.show(rows)
         scope = f"GPU {only}" if only is not None else "all cards"
         title = f"Processes · {scope} · {len(rows)}"

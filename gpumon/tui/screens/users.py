@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
+from gpumon.model import Snapshot
 from gpumon.owners.holders import Holder, summary
 from gpumon.sanitize import printable
 from gpumon.sharing.view import SharingNow, reservations_text
@@ -61,6 +62,7 @@ class UsersScreen(Screen):
         `reservations`: this machine's (gpumon/sharing), listed under the idle line."""
         super().__init__()
         self.reservations = reservations
+        self.snapshot: Snapshot | None = None
         self._reserved_lines: list[str] = []
         use_lean_compositor(self)  # redrawn every second: only what is drawn is rendered
         self.source = source
@@ -93,6 +95,7 @@ class UsersScreen(Screen):
         self.show_latest()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.snapshot = message.snapshot  # this machine's: whose processes are on cards others hold
         self._reading_arrived()
 
     def on_hosts_reported(self, message: HostsReported) -> None:
@@ -111,6 +114,8 @@ class UsersScreen(Screen):
         self.line.show(*summary(holders, self.hosts))
         if self.reservations is not None:
             lines = reservations_text(self.reservations.reservations())
+            if self.snapshot is not None:
+                lines += [f"Without a claim: {u.words()}" for u in self.reservations.without_claim(self.snapshot)]
             if lines != self._reserved_lines:  # repainted only when they change
                 self._reserved_lines = lines
                 self.reserved.display = bool(lines)

@@ -9,8 +9,10 @@ each row's strip is cached, and the cursor and scroll position survive every upd
 from __future__ import annotations
 
 import getpass
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from rich.cells import cell_len, set_cell_size
 from rich.style import Style
@@ -39,6 +41,8 @@ class Row:
     age: float | None
     job: str | None = None
     job_id: str | None = None
+    # On a card another user claims or reserved, without a claim of its own: whose, in words.
+    unclaimed: str | None = None
 
     @property
     def key(self) -> str:
@@ -82,7 +86,9 @@ _age = lru_cache(maxsize=4096)(format_age)
 
 
 def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
-              jobs: dict[int, tuple[str, str]] | None = None) -> list[Row]:
+              jobs: dict[int, tuple[str, str]] | None = None, unclaimed: Mapping[tuple[int, int], Any] | None = None,
+              ) -> list[Row]:
+    """`unclaimed`: (card, pid) -> its use without a claim (sharing/view.UseWithoutClaim)."""
     rows = []
     for gpu in snapshot.gpus:
         if only_gpu is not None and gpu.index != only_gpu:
@@ -90,7 +96,8 @@ def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
         for p in gpu.processes:
             age = snapshot.time - p.started if p.started is not None else None
             name, job_id = (jobs or {}).get(p.pid, (None, None))
-            row = Row(gpu.index, p, age, name, job_id)
+            use = (unclaimed or {}).get((gpu.index, p.pid))
+            row = Row(gpu.index, p, age, name, job_id, use.on() if use is not None else None)
             if not needle or row.matches(needle):
                 rows.append(row)
     return rows
@@ -98,7 +105,7 @@ def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,
 
 class ProcessTable(SortableTable):
     COMPONENT_CLASSES = {"process-table--header", "process-table--cursor", "process-table--own",
-                         "process-table--muted", "process-table--job"}
+                         "process-table--muted", "process-table--job", "process-table--unclaimed"}
     COLUMNS = COLUMNS
     SORTS = {"gpu_mem": True, "sm": True, "cpu": True, "pid": False, "user": False, "age": True, "owner": False}
     STRETCH = True
@@ -120,6 +127,8 @@ class ProcessTable(SortableTable):
         visible = p.user is not None or p.command is not None
         # Which container the process is in is the owner column's to say.
         prefix = f"[job {row.job}] " if row.job else ""
+        if row.unclaimed:  # said first: it is what a person must see
+            prefix = f"[no claim: {row.unclaimed}] " + prefix
         return (
             str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
             _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
@@ -165,7 +174,8 @@ class ProcessTable(SortableTable):
         if row.process.user == self.me:
             texts[2] = (cells[2], styles["own"])
         visible = row.process.user is not None or row.process.command is not None
-        texts[-1] = (cells[-1], styles["job"] if row.job else (PLAIN if visible else styles["muted"]))
+        texts[-1] = (cells[-1], styles["unclaimed"] if row.unclaimed else styles["job"] if row.job
+                     else (PLAIN if visible else styles["muted"]))
         return texts, styles["cursor"] if on_cursor else PLAIN
 
     # -- cursor and keys --

@@ -99,6 +99,7 @@
     if (card.state === "ok" || card.owner) node.append(el("p", "owner", card.owner ? `held by ${card.owner}` : "no one holds it"));
     for (const claim of card.claims || []) node.append(el("p", "claim", claim));
     if (card.reservation) node.append(el("p", "reservation", card.reservation));
+    for (const use of card.without_claim || []) node.append(el("p", "unclaimed", `Without a claim: ${use}`));
     if (card.reasons.length) {
       const reasons = el("ul", "reasons");
       for (const reason of card.reasons) reasons.append(el("li", null, reason));
@@ -119,7 +120,9 @@
     for (const p of host.processes) {
       const row = el("tr");
       row.append(el("td", "num", p.gpu), el("td", "num", p.pid), el("td", null, p.user ?? ""),
-        el("td", "owner", p.owner ?? ""), el("td", "num", p.memory), el("td", "command", p.command ?? ""));
+        el("td", "owner", p.owner ?? ""), el("td", "num", p.memory),
+        el("td", p.without_claim ? "command unclaimed" : "command",
+          (p.without_claim ? `[no claim: ${p.without_claim}] ` : "") + (p.command ?? "")));
       body.append(row);
     }
     table.append(body);
