@@ -149,7 +149,8 @@ def test_the_fleets_free_count_is_what_select_gives_on_that_host(fake_driver, tm
                             "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
     tmux = tmux_session(120, 50)
     tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --hosts local --interval 0.5")
-    tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")
+    screen = tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")
+    assert "1 reserved by others" in screen  # the row's note says who has the rest
     tmux.keys("Enter")  # the host's own view: its cards say who has them, in the same words
     tmux.wait_for(lambda s: "Reserved by nobody" in s, what="the reservation on the host's card")
 

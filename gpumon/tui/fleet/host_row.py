@@ -135,12 +135,24 @@ def host_row(status: HostStatus, now: float) -> HostRow:
     words = " ".join(w for w in (words, health.lower(), codes) if w)
     taken = dict(status.taken)  # claimed or reserved by someone else: not free for this user, as select says
     free = sum(1 for g in snapshot.gpus if free_enough(g) is None and g.ref not in taken)
+    if live and not note and (taken or status.mine):  # who has the cards, as the host view says per card
+        note = _held_note(taken, status.mine)
     utils = [g.utilization_gpu for g in snapshot.gpus if g.state == "ok" and g.utilization_gpu is not None]
     temps = [(g.temperature, g.index) for g in snapshot.gpus if g.state == "ok" and g.temperature is not None]
     return HostRow(printable(status.host), state, state_tone, cards, free, len(snapshot.gpus),
                    sum(utils) / len(utils) if utils else None, max(temps) if temps else None,
                    note, note_tone, live=live, words=words, health=health,
                    health_tone=health_tone if live else "muted", health_rank=rank)
+
+
+def _held_note(taken: dict[str, str], mine: frozenset[str]) -> str:
+    """'2 claimed, 1 reserved by others · 1 reserved by you'."""
+    claimed = sum(1 for words in taken.values() if words.startswith("claimed"))
+    reserved = len(taken) - claimed
+    theirs = ", ".join(part for part in (f"{claimed} claimed" if claimed else "",
+                                         f"{reserved} reserved" if reserved else "") if part)
+    return " · ".join(part for part in (f"{theirs} by others" if theirs else "",
+                                        f"{len(mine)} reserved by you" if mine else "") if part)
 
 
 def host_health(gpus: Sequence[GpuSample]) -> tuple[str, str, tuple[int, int] | None, str]:
