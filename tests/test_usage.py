@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def wait_for_rows(db: Path, user: str, timeout: float = 30) -> None:
     while time.monotonic() < deadline:
         if db.exists():
             try:
-                with sqlite3.connect(db) as conn:
+                with closing(sqlite3.connect(db)) as conn:  # closed: an open one keeps the writer's WAL
                     if conn.execute("SELECT count(*) FROM holder_minutes WHERE holder = ?", (user,)).fetchone()[0]:
                         return
             except sqlite3.Error:
