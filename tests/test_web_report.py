@@ -24,8 +24,9 @@ def test_the_page_shows_the_last_7_days_from_the_ledger(fake_driver, tmp_path, t
     _, err = recorded.communicate(timeout=60)
     assert recorded.returncode == 0, err
     with sqlite3.connect(db) as conn:  # a name from elsewhere (a host's /etc/passwd, a job's name) is data
-        conn.execute("INSERT INTO holder_minutes VALUES (?, 'h', 'GPU-x', 'user', ?, 0, ?, ?, 60, 0, 60, 0, 0, 0, 60)",
-                     (int(time.time() // 60 * 60), HOSTILE, HOSTILE, HOSTILE))
+        conn.execute("INSERT INTO holders (kind, holder, label, user) VALUES ('user', ?, ?, ?)", (HOSTILE,) * 3)
+        conn.execute("INSERT INTO holder_minutes VALUES (?, (SELECT min(id) FROM cards), last_insert_rowid(), "
+                     "60, 0, 60, 0, 0, 0, 60)", (int(time.time() // 60 * 60),))
     argv = [sys.executable, "-m", "gpumon", "serve", "--interval", "0.5", "--listen", "127.0.0.1:0"]
     with Served(argv, env) as served:
         status, _, body = get(served.base + "/api/report")
