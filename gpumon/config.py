@@ -49,7 +49,7 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     [history]                 # the usage ledger (gpumon report; gpumon/usage/settings.py checks it)
     path = "/var/lib/gpumon/usage.sqlite"   # default: usage.HOST.sqlite in the state folder
     keep = "90d"
-    keep_minutes = "14d"                    # then one row per hour
+    keep_minutes = "2d"                    # then one row per hour
     price_per_kwh = 0.25
 
     [health]                  # the card health rules (gpumon/health/rules.py checks this table)

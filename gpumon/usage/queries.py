@@ -18,7 +18,6 @@ that give it format 2's shape, in the reader's connection alone.
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from gpumon.usage import store
 from gpumon.usage.ledger import connect
 
 BY = ("user", "job", "card", "day")
-QUARTER_S = 900  # every time zone's offset is a whole number of quarter hours: local days from these
+_DAY = "date(minute, 'unixepoch', 'localtime')"
 _HOLDER_SUMS = ("sum(held_s), sum(sm_s), sum(sm_known_s), sum(mem_s), max(mem_peak), sum(energy_j), sum(idle_s), "
                 "min(minute), max(minute)")
 _CARD_SUMS = "sum(seen_s), sum(util_s), sum(util_known_s), sum(energy_j), sum(held_s)"
@@ -120,10 +119,6 @@ def _most(a, b):
     return b if a is None or (b is not None and b > a) else a
 
 
-def _day(t: float) -> str:
-    return time.strftime("%Y-%m-%d", time.localtime(t))
-
-
 def holder_rows(conns: list[sqlite3.Connection], start: float, end: float, by: str,
                 price: float | None = None) -> list[dict[str, Any]]:
     """The report's rows for `--by` (BY): users each followed by their jobs, pods and containers
@@ -138,15 +133,15 @@ def holder_rows(conns: list[sqlite3.Connection], start: float, end: float, by: s
         only_users = "" if by in ("user", "job") else \
             "WHERE holder IN (SELECT id FROM holders WHERE kind = 'user')"
         if by == "day":
-            query = (f"SELECT minute / {QUARTER_S}, card, holder, {_HOLDER_SUMS} FROM {_rows('holder')} {only_users} "
-                     f"GROUP BY minute / {QUARTER_S}, card")
+            query = (f"SELECT {_DAY} AS day, card, holder, {_HOLDER_SUMS} FROM {_rows('holder')} {only_users} "
+                     "GROUP BY day, card")
         else:
             query = f"SELECT 0, card, holder, {_HOLDER_SUMS} FROM {_rows('holder')} {only_users} GROUP BY card, holder"
-        for quarter, card_id, holder_id, *sums in conn.execute(query, window):
+        for day, card_id, holder_id, *sums in conn.execute(query, window):
             host, card, index, *_ = cards[card_id]
             kind, ident, label, user = holders[holder_id]
             if by == "day":
-                key, into = (_day(quarter * QUARTER_S),), users
+                key, into = (day,), users
             elif by == "card":
                 key, into = (host, card), users
             elif kind == "user":
@@ -179,17 +174,29 @@ def holder_rows(conns: list[sqlite3.Connection], start: float, end: float, by: s
     return out
 
 
-def card_rows(conns: list[sqlite3.Connection], start: float, end: float,
-              price: float | None = None) -> list[dict[str, Any]]:
+def card_rows_and_days(conns: list[sqlite3.Connection], start: float, end: float,
+                       price: float | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Each card ever recorded (as long as rows are kept): its last use (the start of the last
-    minute a process held it, or it was busy) whenever that was, and its figures in the window."""
+    minute a process held it, or it was busy) whenever that was, and its figures in the window;
+    and each card's mean utilisation per local day in the window (the plot, the page's strip).
+    One pass over the window's card rows gives both."""
     found: dict[tuple[str, str], list] = {}
+    days: dict[tuple[str, str, str], list] = {}
     for conn in conns:
         cards, _ = _names(conn)
-        figures = {card_id: sums for card_id, *sums in conn.execute(
-            f"SELECT card, {_CARD_SUMS} FROM {_rows('card')} GROUP BY card", {"start": start, "end": end})}
+        figures: dict[int, list[float]] = {}
+        for day_name, card_id, *sums in conn.execute(
+                f"SELECT {_DAY} AS day, card, {_CARD_SUMS} FROM {_rows('card')} GROUP BY day, card",
+                {"start": start, "end": end}):
+            sums = [x or 0.0 for x in sums]
+            total = figures.setdefault(card_id, [0.0] * 5)
+            total[:] = [a + b for a, b in zip(total, sums)]
+            host, card, index, *_ = cards[card_id]
+            day = days.setdefault((day_name, host, card), [index, 0.0, 0.0])
+            day[1] += sums[1]
+            day[2] += sums[2]
         for card_id, (host, card, index, name, last_held, last_busy) in cards.items():
-            sums = figures.get(card_id, (0.0, 0.0, 0.0, 0.0, 0.0))
+            sums = figures.get(card_id, [0.0] * 5)
             known = found.get((host, card))
             if known is None:
                 found[host, card] = [index, name, last_held, last_busy, *sums]
@@ -203,22 +210,8 @@ def card_rows(conns: list[sqlite3.Connection], start: float, end: float,
                     "last_busy": last_busy, "watched_hours": round(seen / 3600, 6),
                     "held_hours": round(held / 3600, 6), "mean_util": round(util / known, 1) if known else None,
                     "energy_kwh": round(kwh, 6), "cost": None if price is None else round(kwh * price, 6)})
-    return sorted(out, key=lambda r: (r["host"], r["index"], r["card"]))
-
-
-def daily_util(conns: list[sqlite3.Connection], start: float, end: float) -> list[dict[str, Any]]:
-    """Each card's mean utilisation per local day in the window (the plot, the page's strip)."""
-    days: dict[tuple[str, str, str], list] = {}
-    for conn in conns:
-        cards, _ = _names(conn)
-        for quarter, card_id, util, known in conn.execute(
-                f"SELECT minute / {QUARTER_S}, card, sum(util_s), sum(util_known_s) FROM {_rows('card')} "
-                f"GROUP BY minute / {QUARTER_S}, card", {"start": start, "end": end}):
-            host, card, index, *_ = cards[card_id]
-            day = days.setdefault((_day(quarter * QUARTER_S), host, card), [index, 0.0, 0.0])
-            day[1] += util or 0.0
-            day[2] += known or 0.0
-    return [{"day": day, "host": host, "card": card, "index": index,
-             "mean_util": round(util / known, 1) if known else None}
-            for (day, host, card), (index, util, known) in sorted(days.items(),
-                                                                  key=lambda kv: (kv[0][0], kv[0][1], kv[1][0]))]
+    daily = [{"day": day, "host": host, "card": card, "index": index,
+              "mean_util": round(util / known, 1) if known else None}
+             for (day, host, card), (index, util, known) in sorted(days.items(),
+                                                                   key=lambda kv: (kv[0][0], kv[0][1], kv[1][0]))]
+    return sorted(out, key=lambda r: (r["host"], r["index"], r["card"])), daily

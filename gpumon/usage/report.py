@@ -58,8 +58,7 @@ def ledger_report(settings: HistorySettings, start: float, end: float, by: str,
                 conns.append(queries.open_ledger(path))
             path = paths[0] if len(paths) == 1 else path.parent
             rows = queries.holder_rows(conns, start, end, by, settings.price_per_kwh)
-            cards = queries.card_rows(conns, start, end, settings.price_per_kwh)
-            days = queries.daily_util(conns, start, end)
+            cards, days = queries.card_rows_and_days(conns, start, end, settings.price_per_kwh)
             hourly = queries.hourly_before(conns)
         finally:
             for conn in conns:

@@ -4,7 +4,7 @@
     [history]
     path = "/var/lib/gpumon/usage.sqlite"   # default: usage.HOST.sqlite in the state folder
     keep = "90d"                            # rows older than this are removed (default 90 days)
-    keep_minutes = "14d"                    # minute rows this long, then one row per hour (default 14 days)
+    keep_minutes = "2d"                     # minute rows this long, then one row per hour (default 2 days)
     price_per_kwh = 0.25                    # the report adds a cost to each row's energy
     record = false                          # watch and the TUI keep no ledger
 

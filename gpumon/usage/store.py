@@ -9,7 +9,7 @@ into hours, and how a format-1 file is upgraded in place.
     meta(key, value)   'rolled_before': minutes before this are in the hour tables
 
 Rows name their card and holder by id (a UUID and a user name once, not in every row). Minutes are
-kept `[history] keep_minutes` (14 days), then added up into one row per hour (`minute` its start),
+kept `[history] keep_minutes` (2 days), then added up into one row per hour (`minute` its start),
 as Prometheus' recording rules and RRD's consolidation do: a year is a few hundred thousand rows.
 A card's last use is kept on its row as minutes are written, so no report scans the history for it.
 """
@@ -22,7 +22,7 @@ from gpumon.usage.minutes import Minute
 
 SCHEMA_VERSION = 2
 HOUR_S = 3600
-KEEP_MINUTES_S = 14 * 86400.0
+KEEP_MINUTES_S = 2 * 86400.0
 _SUMS_H = "held_s REAL NOT NULL, sm_s REAL NOT NULL, sm_known_s REAL NOT NULL, mem_s REAL NOT NULL, " \
           "mem_peak INTEGER, energy_j REAL NOT NULL, idle_s REAL NOT NULL"
 _SUMS_C = "seen_s REAL NOT NULL, util_s REAL NOT NULL, util_known_s REAL NOT NULL, energy_j REAL NOT NULL, " \
@@ -142,21 +142,27 @@ class Ids:
 
 
 def write_minute(conn: sqlite3.Connection, minute: Minute, ids: Ids) -> None:
-    """One minute's rows in one transaction, added to what is there; its cards' last use moved on.
-    `ids` is forgotten by the caller when the transaction fails (an id it learnt may be rolled back)."""
-    start = minute.start
+    write_minutes(conn, [minute], ids)
+
+
+def write_minutes(conn: sqlite3.Connection, minutes: list[Minute], ids: Ids) -> None:
+    """Minutes' rows in one transaction (the writer's: one minute; a benchmark building a year: a
+    day), added to what is there; their cards' last use moved on. `ids` is forgotten by the caller
+    when the transaction fails (an id it learnt may be rolled back)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        # Every card a holder row names has a card row of the same minute (the book makes both from one sample).
-        cards = []
-        for (host, card), c in minute.cards.items():
-            ident = ids.card(conn, host, card, c.card_index, c.name)
-            cards.append((start, ident, c.seen_s, c.util_s, c.util_known_s, c.energy_j, c.held_s, c.busy_s))
-            conn.execute(_LAST_USE, (c.card_index, c.name, c.held_s, start, start, c.busy_s, start, start, ident))
-        rows = [(start, ids.card(conn, host, card, row[0], ""), ids.holder(conn, kind, ident, row[1], row[2]), *row[3:])
-                for (host, card, kind, ident), row in minute.holders.items()]
-        conn.executemany(_ADD_HOLDER.format(table="holder_minutes"), rows)
-        conn.executemany(_ADD_CARD.format(table="card_minutes"), cards)
+        for minute in minutes:
+            start = minute.start
+            # Every card a holder row names has a card row of the same minute (one sample makes both).
+            cards = []
+            for (host, card), c in minute.cards.items():
+                ident = ids.card(conn, host, card, c.card_index, c.name)
+                cards.append((start, ident, c.seen_s, c.util_s, c.util_known_s, c.energy_j, c.held_s, c.busy_s))
+                conn.execute(_LAST_USE, (c.card_index, c.name, c.held_s, start, start, c.busy_s, start, start, ident))
+            rows = [(start, ids.card(conn, host, card, row[0], ""), ids.holder(conn, kind, ident, row[1], row[2]),
+                     *row[3:]) for (host, card, kind, ident), row in minute.holders.items()]
+            conn.executemany(_ADD_HOLDER.format(table="holder_minutes"), rows)
+            conn.executemany(_ADD_CARD.format(table="card_minutes"), cards)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
