@@ -154,11 +154,12 @@ def write_minutes(conn: sqlite3.Connection, minutes: list[Minute], ids: Ids) -> 
         for minute in minutes:
             start = minute.start
             # Every card a holder row names has a card row of the same minute (one sample makes both).
-            cards = []
+            cards, uses = [], []
             for (host, card), c in minute.cards.items():
                 ident = ids.card(conn, host, card, c.card_index, c.name)
                 cards.append((start, ident, c.seen_s, c.util_s, c.util_known_s, c.energy_j, c.held_s, c.busy_s))
-                conn.execute(_LAST_USE, (c.card_index, c.name, c.held_s, start, start, c.busy_s, start, start, ident))
+                uses.append((c.card_index, c.name, c.held_s, start, start, c.busy_s, start, start, ident))
+            conn.executemany(_LAST_USE, uses)
             rows = [(start, ids.card(conn, host, card, row[0], ""), ids.holder(conn, kind, ident, row[1], row[2]),
                      *row[3:]) for (host, card, kind, ident), row in minute.holders.items()]
             conn.executemany(_ADD_HOLDER.format(table="holder_minutes"), rows)
