@@ -5,7 +5,7 @@ and 512 real processes, as they come (one user) and spread over 64 Slurm jobs of
 Per pass: the sampler's pass itself (NVML + psutil enrichment, as the TUI and a recording watch do);
 HolderTracker.update as it was before the ledger (the module from git's 16fef6b^, loaded beside) and
 now, with each holder's per-card shares; MinuteBook.add (the minute's sums, in memory); and the
-writer thread's transaction of a minute's rows into a real WAL file, spread over the minute's 60
+writer thread's transaction of a minute's rows into a real ledger file, spread over the minute's 60
 samples (it runs in its own thread, off the pass, but it is CPU all the same).
 
 Run from the repo root: `python benchmarks/usage_cost.py`. Needs a C compiler and git.
@@ -59,8 +59,9 @@ def per_pass(fn, items) -> float:
 
 def measure(procs, passes: int, workdir: Path, lib: Path, Before) -> list[tuple]:
     from gpumon.owners.holders import HolderTracker
-    from gpumon.usage.ledger import connect, write_minute
+    from gpumon.usage.ledger import connect
     from gpumon.usage.minutes import MinuteBook
+    from gpumon.usage.store import Ids, write_minute
 
     snapshots, pass_cost = sampled(8, procs, passes, workdir, lib, "usage")
     out = []
@@ -84,9 +85,10 @@ def measure(procs, passes: int, workdir: Path, lib: Path, Before) -> list[tuple]
         minute = book.take()
         db = workdir / f"usage-{len(procs)}-{shape.replace(' ', '')}.sqlite"
         conn = connect(db, write=True)
+        ids = Ids()  # the writer's, kept across its minutes
         start = time.process_time()
         for n in range(20):
-            write_minute(conn, dataclasses.replace(minute, start=minute.start + 60 * (n + 1)))
+            write_minute(conn, dataclasses.replace(minute, start=minute.start + 60 * (n + 1)), ids)
         write = (time.process_time() - start) / 20 / 60  # a transaction a minute, over 60 samples
         conn.close()
         out.append((len(procs), shape, pass_cost, before, now, add, write, len(minute.holders)))

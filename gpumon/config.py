@@ -47,8 +47,9 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
                                       # the system file's is the host's, for everyone; a user's own may only
                                       # shorten it, for the reservations that user makes
     [history]                 # the usage ledger (gpumon report; gpumon/usage/settings.py checks it)
-    path = "/var/lib/gpumon/usage.sqlite"   # default: usage.sqlite in the state folder
+    path = "/var/lib/gpumon/usage.sqlite"   # default: usage.HOST.sqlite in the state folder
     keep = "90d"
+    keep_minutes = "2d"                    # then one row per hour
     price_per_kwh = 0.25
 
     [health]                  # the card health rules (gpumon/health/rules.py checks this table)
@@ -88,7 +89,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "health": {"window": (str,), "interval": (str,), "rules": (dict,), "xid": (dict,), "xid_state": (str,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},
     "claims": {"dir": (str,), "idle_release": (str,)},
-    "history": {"path": (str,), "keep": (str,), "price_per_kwh": (int, float), "record": (bool,)},
+    "history": {"path": (str,), "keep": (str,), "keep_minutes": (str,), "price_per_kwh": (int, float),
+                "record": (bool,)},
     "jobs": {"keep": (int,), "keep_for": (str,)},
 }
 JOBS_KEEP = 200  # finished jobs whose records are kept (the newest), and for how long

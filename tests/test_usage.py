@@ -11,12 +11,14 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from conftest import GIB, Card
 from usage_lab import two_users  # noqa: F401 - the fixture
 
+USER_ROWS = "holder_minutes r JOIN holders h ON h.id = r.holder AND h.kind = 'user' WHERE 1"
 PERIOD = "1"  # GPUMON_HISTORY_PERIOD: rows per second instead of per minute, to keep tests fast
 INTERVAL = "0.1"
 
@@ -42,8 +44,9 @@ def wait_for_rows(db: Path, user: str, timeout: float = 30) -> None:
     while time.monotonic() < deadline:
         if db.exists():
             try:
-                with sqlite3.connect(db) as conn:
-                    if conn.execute("SELECT count(*) FROM holder_minutes WHERE holder = ?", (user,)).fetchone()[0]:
+                with closing(sqlite3.connect(db)) as conn:  # closed: an open one keeps the writer's WAL
+                    if conn.execute("SELECT count(*) FROM holder_minutes r JOIN holders h ON h.id = r.holder "
+                                    "WHERE h.holder = ?", (user,)).fetchone()[0]:
                         return
             except sqlite3.Error:
                 pass
@@ -95,11 +98,10 @@ def test_watch_records_two_users_across_a_restart_and_report_answers_what_ran(fa
     assert set(cards) == {0, 1} and all(c["last_used"] is not None for c in cards.values())
     assert cards[0]["mean_util"] == pytest.approx(80) and cards[1]["mean_util"] == 0
 
-    # The file is plain SQLite, in WAL mode.
+    # The file is plain SQLite, with a rollback journal (readers need only read access).
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        held = conn.execute("SELECT sum(held_s) FROM holder_minutes WHERE holder = ? AND kind = 'user'",
-                            (b,)).fetchone()[0]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        held = conn.execute(f"SELECT sum(held_s) FROM {USER_ROWS} AND h.holder = ?", (b,)).fetchone()[0]
     assert held == pytest.approx(idle["gpu_hours"] * 3600, abs=0.5)
 
     text = report(env, "--since", "1h", "--plot")
@@ -215,7 +217,7 @@ def test_the_tui_records_where_no_watch_does_and_hands_over_to_one(fake_driver, 
 
     def held() -> float:
         with sqlite3.connect(db) as conn:
-            return conn.execute("SELECT sum(held_s) FROM holder_minutes WHERE kind = 'user'").fetchone()[0]
+            return conn.execute(f"SELECT sum(held_s) FROM {USER_ROWS}").fetchone()[0]
 
     since = time.time()
     running = watch(env, "--count", "50")  # both record to one file now: the watch alone counts
@@ -232,8 +234,8 @@ def test_the_tui_records_where_no_watch_does_and_hands_over_to_one(fake_driver, 
     period = float(PERIOD)
     with sqlite3.connect(db) as conn:
         inside, periods = conn.execute(
-            "SELECT sum(held_s), count(DISTINCT minute) FROM holder_minutes WHERE kind = 'user' "
-            "AND minute >= ? AND minute + ? <= ?", (since + period, period, until)).fetchone()
+            f"SELECT sum(held_s), count(DISTINCT minute) FROM {USER_ROWS} AND minute >= ? AND minute + ? <= ?",
+            (since + period, period, until)).fetchone()
         (after,) = conn.execute("SELECT count(*) FROM holder_minutes WHERE minute > ?", (until + period,)).fetchone()
     # Two cards held all along, counted once while both ran: never twice the time.
     assert periods >= 2 and 2 * period * periods * 0.5 <= inside <= 2 * period * (periods + 1)
@@ -320,8 +322,9 @@ def test_a_clock_step_and_a_card_reset_add_no_time_and_old_rows_go(fake_driver, 
     writer.close()
     with sqlite3.connect(db) as conn:
         starts = {m for (m,) in conn.execute("SELECT DISTINCT minute FROM holder_minutes")}
-        held, peak, index = conn.execute("SELECT sum(held_s), max(mem_peak), max(card_index) FROM holder_minutes "
-                                         "WHERE kind = 'user'").fetchone()
+        held, peak, index = conn.execute(
+            "SELECT sum(held_s), max(mem_peak), max(c.card_index) FROM holder_minutes r JOIN cards c ON c.id = r.card "
+            "JOIN holders h ON h.id = r.holder WHERE h.kind = 'user'").fetchone()
     assert starts == {m.start for m in minutes} and writer.failing is None
     assert (held, peak, index) == (pytest.approx(5.0), GIB, 1)  # the columns as the book made them
 

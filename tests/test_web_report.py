@@ -24,8 +24,9 @@ def test_the_page_shows_the_last_7_days_from_the_ledger(fake_driver, tmp_path, t
     _, err = recorded.communicate(timeout=60)
     assert recorded.returncode == 0, err
     with sqlite3.connect(db) as conn:  # a name from elsewhere (a host's /etc/passwd, a job's name) is data
-        conn.execute("INSERT INTO holder_minutes VALUES (?, 'h', 'GPU-x', 'user', ?, 0, ?, ?, 60, 0, 60, 0, 0, 0, 60)",
-                     (int(time.time() // 60 * 60), HOSTILE, HOSTILE, HOSTILE))
+        conn.execute("INSERT INTO holders (kind, holder, label, user) VALUES ('user', ?, ?, ?)", (HOSTILE,) * 3)
+        conn.execute("INSERT INTO holder_minutes VALUES (?, (SELECT min(id) FROM cards), last_insert_rowid(), "
+                     "60, 0, 60, 0, 0, 0, 60)", (int(time.time() // 60 * 60),))
     argv = [sys.executable, "-m", "gpumon", "serve", "--interval", "0.5", "--listen", "127.0.0.1:0"]
     with Served(argv, env) as served:
         status, _, body = get(served.base + "/api/report")
@@ -66,3 +67,20 @@ def test_the_demo_has_no_history_to_show(tmp_path):
     argv = [sys.executable, "-m", "gpumon", "serve", "--demo", "--interval", "0.5", "--listen", "127.0.0.1:0"]
     with Served(argv, None) as served:  # the machine's own ledger is never shown beside the demo's cards
         assert get(served.base + "/api/report")[0] == 404
+
+
+def test_viewers_asking_at_once_get_one_reading_of_the_ledger(fake_driver, tmp_path):
+    """Eight viewers ask for the section at the same moment: the ledger is read once, and all of
+    them get that one answer (the same document, made at one time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from usage_history import write_v1_ledger
+
+    db = write_v1_ledger(tmp_path / "usage.sqlite")  # a format-1 file: each reading takes a while
+    fake_driver.write()
+    argv = [sys.executable, "-m", "gpumon", "serve", "--interval", "0.5", "--listen", "127.0.0.1:0"]
+    with Served(argv, ledger_env(fake_driver, tmp_path, db)) as served:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: get(served.base + "/api/report"), range(8)))
+    assert [status for status, _, _ in answers] == [200] * 8
+    assert len({json.loads(body)["time"] for _, _, body in answers}) == 1

@@ -2,8 +2,9 @@
 `gpumon report`'s answers from it (or from Prometheus). Below the views, beside jobs and alerting;
 never imports Textual.
 
-    settings   the [history] table: path, keep, price_per_kwh; spans and dates
+    settings   the [history] table: path, keep, keep_minutes, price_per_kwh; spans and dates
     minutes    a minute of usage added up in memory, per card per holder and per card
+    store      the tables: a minute written, minutes rolled up into hours, format 1 upgraded
     ledger     the SQLite file and the thread that writes it
     recorder   who records (flock roles: a watch, else one TUI) and the per-sample feed
     queries    the report's numbers from the ledger

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpumon.model import Snapshot
 from gpumon.owners.holders import HolderTracker
-from gpumon.usage.ledger import LedgerWriter
+from gpumon.usage.ledger import LedgerWriter, folder_mode
 from gpumon.usage.minutes import MinuteBook
 from gpumon.usage.settings import HistorySettings
 
@@ -35,7 +35,7 @@ RETRY_TUI_LOCK_S = 60.0
 
 
 def _lock_file(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=folder_mode())
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
@@ -77,7 +77,8 @@ class UsageRecorder:
         except OSError as exc:
             log.warning("usage history %s: %s; not recorded, monitoring goes on", path, exc.strerror or exc)
             return self._give_up()
-        self.writer = LedgerWriter(path, self.settings.keep_s)
+        self.writer = LedgerWriter(path, self.settings.keep_s, legacy=self.settings.legacy_path(),
+                                   keep_minutes_s=self.settings.keep_minutes_s)
         return self
 
     def _give_up(self) -> UsageRecorder:

@@ -3,6 +3,8 @@ terminal shows of it (a table, CSV, plots).
 
     {"schema": 1, "time": now, "from": t, "to": t, "by": "user"|"job"|"card"|"day",
      "source": "ledger"|"prometheus"|"hosts", "price_per_kwh": float|null,
+     "resolution": s, "hourly_before": t|null   (the ledger's: 60, or 3600 where the window reaches
+                                                  back before the minutes kept, into hour rows),
      "rows": [{"host", "kind", "id", "label", "user", (by card: "card", "index"; by day: "day"),
                "gpu_hours", "energy_kwh", "cost", "mean_sm", "idle_hours", "peak_memory", "mean_memory",
                "cards", "first", "last"}],
@@ -20,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -29,6 +32,7 @@ from gpumon.units import format_bytes
 from gpumon.usage import queries
 from gpumon.usage.ledger import describe
 from gpumon.usage.settings import HistorySettings
+from gpumon.usage.store import HOUR_S
 
 FIGURES = ("gpu_hours", "energy_kwh", "cost", "mean_sm", "idle_hours", "peak_memory", "mean_memory")
 
@@ -41,21 +45,30 @@ class LedgerError(GpumonError):
 
 def ledger_report(settings: HistorySettings, start: float, end: float, by: str,
                   now: float | None = None) -> dict[str, Any]:
-    path = settings.path
-    if not path.exists():
-        raise LedgerError(f"no usage history at {path} yet: `gpumon watch` records it "
+    """From this machine's ledger: the file `[history] path` names, or every host's in the default folder."""
+    paths = [p for p in settings.read_paths() if p.exists()]
+    if not paths:
+        raise LedgerError(f"no usage history at {settings.path} yet: `gpumon watch` records it "
                           "(or the TUI, where no watch runs)")
+    conns: list[sqlite3.Connection] = []
+    path = paths[0]
     try:
-        conn = queries.open_ledger(path)
         try:
-            rows = queries.holder_rows(conn, start, end, by, settings.price_per_kwh)
-            cards = queries.card_rows(conn, start, end, settings.price_per_kwh)
-            days = queries.daily_util(conn, start, end)
+            for path in paths:
+                conns.append(queries.open_ledger(path))
+            path = paths[0] if len(paths) == 1 else path.parent
+            rows = queries.holder_rows(conns, start, end, by, settings.price_per_kwh)
+            cards, days = queries.card_rows_and_days(conns, start, end, settings.price_per_kwh)
+            hourly = queries.hourly_before(conns)
         finally:
-            conn.close()
+            for conn in conns:
+                conn.close()
     except sqlite3.Error as exc:
         raise LedgerError(f"usage history {path}: {describe(exc)}") from None
-    return document(start, end, by, "ledger", settings.price_per_kwh, rows, cards, days, now)
+    doc = document(start, end, by, "ledger", settings.price_per_kwh, rows, cards, days, now)
+    doc["resolution"] = HOUR_S if hourly is not None and start < hourly else settings.period_s
+    doc["hourly_before"] = hourly
+    return doc
 
 
 def document(start: float, end: float, by: str, source: str, price: float | None, rows: list, cards: list,
@@ -112,10 +125,12 @@ def _who(row: dict[str, Any], hosts: bool) -> str:
 
 def text(doc: dict[str, Any]) -> str:
     """The report as a table, then each card's last use."""
-    hosts = doc.get("source") == "hosts"
+    hosts = doc.get("source") == "hosts" or len({r.get("host") for r in doc["rows"] + doc["cards"]} - {None}) > 1
     priced = doc.get("price_per_kwh") is not None
     head = {"user": "USER / JOB", "job": "JOB / POD / CONTAINER", "card": "CARD", "day": "DAY"}[doc["by"]]
     lines = [f"{_when(doc['from'])} – {_when(doc['to'])}"]
+    if doc.get("resolution", 0) >= HOUR_S:
+        lines[0] += f"  (whole hours before {_when(doc.get('hourly_before'))}: older minutes are kept as hours)"
     table = [[head, "GPU-h", "kWh"] + (["COST"] if priced else []) + ["SM %", "IDLE-h", "PEAK MEM"]]
     for row in doc["rows"]:
         marked = {**row, "by_user": doc["by"] == "user"}
@@ -205,7 +220,8 @@ def plot(doc: dict[str, Any], width: int = 100, height: int = 20) -> str:
 
 class PageReport:
     """The web page's "last 7 days" (`/api/report`): per user, and each card's days; asked of the
-    ledger at most every REFRESH_S (in the server's thread pool: a read never holds up the loop)."""
+    ledger at most every REFRESH_S (in the server's thread pool: a read never holds up the loop),
+    once however many viewers ask at the same moment: the others wait for that one answer."""
 
     SPAN_S = 7 * 86400.0
     REFRESH_S = 30.0
@@ -214,11 +230,16 @@ class PageReport:
         self.settings = settings
         self._clock = clock
         self._made: tuple[float, dict[str, Any]] | None = None
+        self._making = threading.Lock()
 
     def __call__(self) -> dict[str, Any]:
-        now = self._clock()
-        if self._made is not None and now - self._made[0] < self.REFRESH_S:
-            return self._made[1]
+        with self._making:
+            now = self._clock()
+            if self._made is not None and now - self._made[0] < self.REFRESH_S:
+                return self._made[1]
+            return self._make(now)
+
+    def _make(self, now: float) -> dict[str, Any]:
         try:
             doc = ledger_report(self.settings, now - self.SPAN_S, now, "user", now)
         except LedgerError as exc:
