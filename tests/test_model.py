@@ -17,7 +17,7 @@ SCHEMA_GPU_KEYS = {
     "clock_sm", "clock_mem", "pstate", "throttle_reasons", "ecc_errors_uncorrected", "pcie_tx",
     "pcie_rx", "encoder_util", "decoder_util", "numa_node", "cpu_affinity", "owner", "processes",
     # Added later: MIG mode, the NVSwitch fabric's state, and how long a hung card has been silent.
-    "mig_mode", "fabric", "stale_s",
+    "mig_mode", "compute_mode", "fabric", "stale_s",
     # Added later: whose card, and what the kernel says of AMD and Intel cards (null from NVML).
     "vendor", "temperature_junction", "temperature_memory", "gtt_total", "gtt_used", "pcie_link_speed",
     "pcie_link_width", "pcie_link_speed_max", "pcie_link_width_max", "vbios", "serial", "perf_level", "asleep",

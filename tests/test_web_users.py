@@ -129,7 +129,7 @@ def test_api_users_is_the_users_json_document_watched_since_the_server_started(h
 
         ours = until(watched_a_while, 30, "the server watching for a few intervals")
     theirs = json.loads(fake_driver.run("users", "--json", "--interval", "0.2", "--config", str(config)).stdout)
-    assert set(ours) == set(theirs) == {"schema", "time", "window_s", "holders", "reservations"}
+    assert set(ours) == set(theirs) == {"schema", "time", "window_s", "holders", "reservations", "without_claim"}
     assert [set(h) for h in ours["holders"]] == [set(h) for h in theirs["holders"]]
     assert [(h["kind"], h["id"], h["label"]) for h in ours["holders"]] == \
            [(h["kind"], h["id"], h["label"]) for h in theirs["holders"]]

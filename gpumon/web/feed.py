@@ -118,7 +118,9 @@ class LocalCards(_Documents):
         self._health = _Cached(health_document)
         # As `gpumon users --json`, with this host's reservations (gpumon/sharing).
         self._users = _Cached(lambda s: {**users_document(self.holding, s.time, s.time - (self._first or s.time)),
-                                         "reservations": [r.to_dict() for r in self.shared.reservations().values()]})
+                                         "reservations": [r.to_dict() for r in self.shared.reservations().values()],
+                                         "without_claim": [{**u.to_dict(), "words": u.words()}
+                                                           for u in self.shared.without_claim(s)]})
         self._xids: XidListener | None = None
         sampler.subscribe(self._on_snapshot)
 
