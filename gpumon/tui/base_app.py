@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 from rich.color import ColorSystem
 from rich.console import RenderableType
+from textual.actions import SkipAction
+from textual.app import ScreenStackError
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -57,9 +59,9 @@ class BaseApp(KeysInTurn):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "Quit"),
-        # Ctrl-C leaves, as in top or nvtop (Textual would only say to press q); a text field or a
-        # selection takes it first, to copy.
-        Binding("ctrl+c", f"quit({EXIT_INTERRUPTED})", "Quit", show=False),
+        # Ctrl-C leaves, as in top or nvtop (Textual would only say to press q), from every screen:
+        # a dialog (a modal screen) hides the app's other bindings. Selected text takes it first, to copy.
+        Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         Binding("f1", "help", show=False),  # F1 and F10 as in htop, nvtop, btop
         Binding("f10", "quit", show=False),
@@ -303,6 +305,22 @@ class BaseApp(KeysInTurn):
 
     async def action_quit(self, status: int = EXIT_OK) -> None:
         self.exit(status)
+
+    async def action_interrupt(self) -> None:
+        """Ctrl-C: quit with the status of an interrupted command, unless there is text selected to copy."""
+        if self._selected_text():
+            raise SkipAction()  # the focused field's or the screen's own Ctrl-C copies it
+        await self.action_quit(EXIT_INTERRUPTED)
+
+    def _selected_text(self) -> str:
+        focused = self.focused
+        selected = getattr(focused, "selected_text", "") if focused is not None else ""
+        if isinstance(selected, str) and selected:
+            return selected
+        try:
+            return self.screen.get_selected_text() or ""
+        except ScreenStackError:  # no screen (starting, ending): nothing is selected
+            return ""
 
 
 def _check_theme(name: str | None) -> None:
