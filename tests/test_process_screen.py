@@ -4,6 +4,7 @@ from there, the process exiting while shown, and back to the main screen as it w
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sys
@@ -247,3 +248,32 @@ def test_a_fleet_hosts_process_has_its_screen_too():
 
     run(go())
     assert any("this machine's processes only" in n for n in notes), notes
+
+
+def _rightmost_axis_labels(screen: str) -> list[str]:
+    """The y-axis labels (top to bottom) of the rightmost chart on the screen: the number before
+    the last tick mark `┤` of each line that has one."""
+    labels = []
+    for line in screen.splitlines():
+        ticks = re.findall(r"([\d.]+)┤", line)
+        if ticks:
+            labels.append(ticks[-1])
+    return labels
+
+
+def test_a_flat_zero_cpu_chart_is_labelled_from_0_to_100_percent(fake_driver, idle_processes, tmux_session):
+    """An idle process: its CPU chart's axis reads 100 / 50 / 0 (%), not 1 / 1 / 0."""
+    sleeper = idle_processes("sleep", "600")
+    fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB)]
+    fake_driver.machine.procs = [dict(gpu=0, pid=sleeper.pid, mem=3 * GIB, sm=20)]
+    fake_driver.write()
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
+                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+                            "GPUMON_CLAIMS_DIR", "TZ"))
+    tmux = tmux_session(120, 40)
+    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5; sleep 600")
+    tmux.wait_for(lambda s: "sleep 600" in s, what="the process")
+    tmux.keys("Tab", "Enter")
+    screen = tmux.wait_for(lambda s: f"Process {sleeper.pid}" in s and re.search(r"\bCPU 0%", s), what="its charts")
+    assert re.search(r"GPU memory .*SM .*CPU 0%", screen), screen  # the CPU chart is the rightmost
+    assert _rightmost_axis_labels(screen) == ["100", "50", "0"], screen

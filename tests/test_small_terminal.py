@@ -140,3 +140,30 @@ def test_a_long_command_line_with_wide_characters_is_cut_with_an_ellipsis(fake_d
     assert cell_len(shown) >= 8, row
     # Cut between characters; a wide one that did not fit whole leaves a space.
     assert name.startswith(shown) or (shown.endswith(" ") and name.startswith(shown[:-1])), row
+
+
+@pytest.mark.parametrize("where", ["card", "processes", "fleet-host-processes"])
+def test_every_footer_hint_fits_at_120_columns(fake_driver, idle_processes, tmux_session, where):
+    """With one's own process (every action offered) and the process table focused (its own hints):
+    the footer ends with `q Quit  ? Help`, never cut."""
+    sleeper = idle_processes("sleep", "600")
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.procs = [dict(gpu=0, pid=sleeper.pid, mem=GIB, sm=10)]
+    fake_driver.write()
+    keep = ("PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME",
+            "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG", "TZ", "GPUMON_NVML_LIB", "FAKE_NVML_CONFIG")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
+    tmux = tmux_session(120, 40)
+    hosts = "--hosts local " if where.startswith("fleet") else ""
+    tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon {hosts}"
+               f"--interval 0.5; sleep 600")
+    if hosts:
+        tmux.wait_for(lambda s: "live" in s, timeout=30, what="the fleet overview")
+        tmux.keys("Enter")
+    tmux.wait_for(lambda s: "sleep 600" in s and "Terminate" in s, timeout=30, what="the process, with its actions")
+    if where != "card":
+        tmux.keys("Tab")
+        tmux.wait_for(lambda s: "Sort" in s.splitlines()[-1] or "Process" in s.splitlines()[-1],
+                      what="the process table's hints")
+    footer = tmux.screen().splitlines()[-1]
+    assert footer.rstrip().endswith("q Quit  ? Help"), footer

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import secrets
 import shlex
+import subprocess
 import sys
 import time
 
 import pytest
 from cgroup_lab import cgroup_lab  # noqa: F401 - the fixture
-from conftest import GIB, Card
+from conftest import GIB, Card, add_suite_user, end_users_processes
 from holders_lab import two_hosts
 
 from gpumon.cards.backends.nvml import NvmlBackend
@@ -199,3 +203,47 @@ def test_demo_in_a_real_terminal_shows_an_idle_holder(tmux_session, tmp_path):
     while not status.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert status.read_text().strip() == "0"
+
+
+
+@pytest.fixture
+def long_named_user():
+    """A real user with a 20-character name (what a site's naming scheme gives): its idle process."""
+    if os.geteuid() != 0:
+        pytest.skip("making users needs root")
+    name = f"gpumonidle{secrets.token_hex(5)}"
+    add_suite_user(name, "--no-create-home", "--shell", "/bin/sh")
+    sleeper = subprocess.Popen(["sleep", "600"], user=name, cwd="/")
+    try:
+        yield name, sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        end_users_processes(name)
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["this-machine", "hosts-local"])
+def test_at_80_columns_this_machines_idle_holder_is_shown_alike_alone_and_in_the_fleet(
+        fake_driver, long_named_user, tmux_session, fleet):
+    """`gpumon` and `gpumon --hosts local` over the same driver: the same holder, marked idle, with
+    its IDLE time (the fleet's HOST column takes room the single machine's view does not need)."""
+    name, pid = long_named_user
+    fake_driver.machine.cards = [Card()]
+    fake_driver.machine.procs = [dict(gpu=0, pid=pid, mem=3 * GIB, sm=0)]
+    fake_driver.write()
+    keep = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "TZ", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "XDG_DATA_HOME", "GPUMON_CLAIMS_DIR", "GPUMON_SYSTEM_CONFIG")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items() if k in keep)
+    tmux = tmux_session(80, 24)
+    hosts = "--hosts local " if fleet else ""
+    tmux.start(f"env -i {env} TERM=xterm-256color LANG=C.UTF-8 {shlex.quote(sys.executable)} -m gpumon {hosts}"
+               f"--interval 0.5; sleep 600")
+    tmux.wait_for(lambda s: "live" in s if fleet else "3.0G" in s, timeout=30, what="the first reading")
+    tmux.keys("u")
+    screen = tmux.wait_for(lambda s: "WHO" in s and "1 holder idle" in s, timeout=30, what="an idle holder")
+    header = next(line for line in screen.splitlines() if "WHO" in line)
+    assert "IDLE" in header, screen
+    holder = next(line for line in screen.splitlines() if "3.0G" in line and "idle:" not in line)
+    assert holder.lstrip("│ ").startswith("!"), screen
+    assert re.search(r"\d+s\s+│$", holder.rstrip()), screen  # its idle time, in the IDLE column

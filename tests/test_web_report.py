@@ -5,6 +5,7 @@ as per-user bars and a per-card strip, every name as text."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 import time
@@ -47,8 +48,29 @@ def test_the_page_shows_the_last_7_days_from_the_ledger(fake_driver, tmp_path, t
         strip = page.locator("#usage .usage-card")
         assert strip.count() == 2 and all("last used" in t for t in strip.locator(".value").all_text_contents())
         assert page.locator("#usage .usage-card .day").count() == 2  # one day of each card
+        bars_agree_with_their_numbers(page)
         assert not errors
         page.close()
+
+
+def shown_hours(text: str) -> float:
+    """The GPU time a row's words say, in hours ('2.5 GPU-h', '1.2 GPU-min', '40 GPU-s')."""
+    number, unit = re.match(r"([\d.]+) GPU-(h|min|s)\b", text).groups()
+    return float(number) / {"h": 1, "min": 60, "s": 3600}[unit]
+
+
+def bars_agree_with_their_numbers(page) -> None:
+    """A few seconds of use each: every bar's length is its number's share of the largest, as shown
+    (a number rounded to 0.0 beside a full bar said nothing)."""
+    rows = page.locator("#usage .usage-user")
+    shown = [(shown_hours(rows.nth(i).locator(".value").text_content()),
+              rows.nth(i).locator(".fill").evaluate("e => e.getBoundingClientRect().width"),
+              rows.nth(i).locator(".track").evaluate("e => e.getBoundingClientRect().width"))
+             for i in range(rows.count())]
+    most = max(hours for hours, _, _ in shown)
+    assert most > 0, shown
+    for hours, fill, track in shown:
+        assert abs(fill / track - hours / most) < 0.1, shown
 
 
 def test_without_a_ledger_the_section_says_so(fake_driver, tmp_path, browser):  # noqa: F811

@@ -17,11 +17,14 @@ import gc
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
 from rich.color import ColorSystem
 from rich.console import RenderableType
+from textual.actions import SkipAction
+from textual.app import ScreenStackError
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -41,15 +44,20 @@ from gpumon.tui.themes import DEFAULT, MONOCHROME, load_themes
 from gpumon.tui.wire import updates
 from gpumon.tui.wire.driver import LinkLag, WireDriver
 from gpumon.tui.wire.guards import usable
+from gpumon.tui.wire.quiet_input import TerminalGone
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C, as a shell reports a command it interrupted
 EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_HANGUP = 128 + signal.SIGHUP  # the terminal went away, as a shell reports a command it hung up
 # The terminal this many seconds behind for this long: low-bandwidth mode switches on. (The first
 # frames of a slow link take seconds on their own: that is no reason yet.)
 AUTO_LOW_BANDWIDTH_S = 3
 AUTO_LOW_BANDWIDTH_AFTER_S = 10.0
 NOTE_S = 20.0  # how long the status line says the preferences could not be read or saved
 LOW_BANDWIDTH_REDRAW_S = 5.0  # how often the screen is redrawn in low-bandwidth mode
+# After SIGTERM or a lost terminal, leaving takes a fraction of a second; longer, and it is stuck
+# writing to a terminal that takes no more output (which nothing can interrupt): the process ends.
+FORCED_END_S = 3.0
 
 
 class BaseApp(KeysInTurn):
@@ -59,9 +67,9 @@ class BaseApp(KeysInTurn):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "Quit"),
-        # Ctrl-C leaves, as in top or nvtop (Textual would only say to press q); a text field or a
-        # selection takes it first, to copy.
-        Binding("ctrl+c", f"quit({EXIT_INTERRUPTED})", "Quit", show=False),
+        # Ctrl-C leaves, as in top or nvtop (Textual would only say to press q), from every screen:
+        # a dialog (a modal screen) hides the app's other bindings. Selected text takes it first, to copy.
+        Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         Binding("f1", "help", show=False),  # F1 and F10 as in htop, nvtop, btop
         Binding("f10", "quit", show=False),
@@ -106,6 +114,7 @@ class BaseApp(KeysInTurn):
         self.link_behind = 0  # seconds the terminal is behind (from the output layer)
         self._slow_since: float | None = None  # since when it has been AUTO_LOW_BANDWIDTH_S behind
         self._settled = False
+        self._forced_end: threading.Timer | None = None
 
     def _without_claim(self, snapshot: Snapshot):
         """For `unclaimed` rules: this machine's processes on cards others hold (as last read)."""
@@ -189,8 +198,7 @@ class BaseApp(KeysInTurn):
     def _quit_on_sigterm(self) -> None:
         """SIGTERM (kill, a logout, a service manager) leaves as `q` does: the terminal restored."""
         try:
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGTERM, lambda: self.call_later(self.run_action, f"quit({EXIT_TERMINATED})"))
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._leave_for_good, EXIT_TERMINATED)
         except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main thread)
             pass
 
@@ -249,6 +257,26 @@ class BaseApp(KeysInTurn):
             return False
         self._redrawn_at = now
         return True
+
+    def on_terminal_gone(self, message: TerminalGone) -> None:
+        """Nobody can see or type into it any more: leave as SIGHUP would have, sources stopped."""
+        self._leave_for_good(EXIT_HANGUP)
+
+    def _leave_for_good(self, status: int) -> None:
+        """Quit as `q` does; a process whose way out is stuck on its terminal ends after FORCED_END_S
+        anyway (its locks die with it; the terminal cannot be restored)."""
+        if self._forced_end is None:
+            self._forced_end = threading.Timer(FORCED_END_S, os._exit, (status,))
+            self._forced_end.daemon = True
+            self._forced_end.start()
+        self.call_later(self.run_action, f"quit({status})")
+
+    def run(self, *args, **kwargs):
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            if self._forced_end is not None:  # the app has ended: what the caller does next is not stuck
+                self._forced_end.cancel()
 
     def on_link_lag(self, message: LinkLag) -> None:
         """The terminal is this far behind: a slow link (frames are being merged meanwhile)."""
@@ -315,6 +343,22 @@ class BaseApp(KeysInTurn):
 
     async def action_quit(self, status: int = EXIT_OK) -> None:
         self.exit(status)
+
+    async def action_interrupt(self) -> None:
+        """Ctrl-C: quit with the status of an interrupted command, unless there is text selected to copy."""
+        if self._selected_text():
+            raise SkipAction()  # the focused field's or the screen's own Ctrl-C copies it
+        await self.action_quit(EXIT_INTERRUPTED)
+
+    def _selected_text(self) -> str:
+        focused = self.focused
+        selected = getattr(focused, "selected_text", "") if focused is not None else ""
+        if isinstance(selected, str) and selected:
+            return selected
+        try:
+            return self.screen.get_selected_text() or ""
+        except ScreenStackError:  # no screen (starting, ending): nothing is selected
+            return ""
 
 
 def _check_theme(name: str | None) -> None:

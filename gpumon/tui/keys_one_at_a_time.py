@@ -14,6 +14,8 @@ stack, the focus it moved has moved). A screen that is not mounted yet is sent a
 handles it once it is built, and only then gets keys. A marker is lost only with the widget it was
 sent to (removed on the way, a dialog closed by its key): the keys behind it wait until that is
 seen (every CHECK_S), and never longer than TURN_TIMEOUT_S (a key whose handling takes that long).
+
+Ctrl-C waits for no turn: it is how a user leaves when a key's handling is stuck.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class KeyTurn(Message):
 class KeysInTurn(App):
     """An App whose keys from the terminal are handled one after the other, in the order typed."""
 
+    OUT_OF_TURN = frozenset({"ctrl+c"})
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._held: deque[events.Key | events.Paste] = deque()
@@ -51,6 +55,9 @@ class KeysInTurn(App):
         self._turn_timer: Timer | None = None
 
     async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and event.key in self.OUT_OF_TURN:
+            await super().on_event(event)
+            return
         if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
             self._held.append(event)
             await self._hand_on()

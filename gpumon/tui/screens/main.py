@@ -54,9 +54,11 @@ BEHIND_OVERLAY_S = 5.0  # how often the dashboard updates while an overlay cover
 class MainScreen(CardActions, Screen):
     local_sharing = True  # this machine's reservations on its cards (a fleet host's view: False)
     BINDINGS = [
-        Binding("a", "toggle_scope", "All/one card"),
+        # a, s and / are on the process table's frame: the footer keeps its room for the actions
+        # (all of them fit at 120 columns, a fleet host's view included; ? lists every key).
+        Binding("a", "toggle_scope", "All/one card", show=False),
         Binding("enter", "open_process", "Process"),
-        Binding("slash", "filter", "Filter"),
+        Binding("slash", "filter", "Filter", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("x", "signal('terminate')", "Terminate"),
         Binding("X", "signal('kill')", "Kill"),

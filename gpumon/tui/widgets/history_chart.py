@@ -14,6 +14,9 @@ UNITS = {"util": ("GPU utilisation", "%", 100.0), "mem": ("Memory used", "%", 10
          "temp": ("Temperature", "°C", None), "power": ("Power", "W", None),
          # One process's (the process screen's charts)
          "proc_mem": ("GPU memory", " MiB", None), "proc_sm": ("SM", "%", 100.0), "proc_cpu": ("CPU", "%", None)}
+# The least top of a chart whose values have no upper bound: a process's CPU % passes 100 with
+# several cores, and below that its axis is 0-100 % like the others (a flat 0 read 1 / 1 / 0).
+FLOORS = {"proc_cpu": 100.0}
 
 
 def _window_label(seconds: float) -> str:
@@ -32,8 +35,12 @@ def downsample(values: list[float | None], points: int) -> list[float | None]:
     return out
 
 
+def _tick(value: float, top: float) -> str:
+    return f"{value:.0f}" if top >= 10 else f"{value:.1f}"  # small tops: labels that differ
+
+
 def render_chart(values: list[float | None], slots: int, width: int, height: int, window: float,
-                 upper: float | None, title: str) -> str:
+                 upper: float | None, title: str, floor: float = 1.0) -> str:
     """The chart as plain text (no colour codes: the widget styles it from the theme).
 
     `slots` samples fill the window; the newest value sits at the right edge, so a short
@@ -54,9 +61,9 @@ def render_chart(values: list[float | None], slots: int, width: int, height: int
     fig.theme("colorless")
     fig.title(title)
     known = [v for v in values if v is not None]
-    top = upper if upper is not None else max([1.0] + known) * 1.15
+    top = upper if upper is not None else max(floor, max([0.0] + known) * 1.15)
     fig.ruler("y").lim(0, top)
-    fig.ruler("y").ticks([0, top / 2, top], ["0", f"{top / 2:.0f}", f"{top:.0f}"])
+    fig.ruler("y").ticks([0, top / 2, top], ["0", _tick(top / 2, top), _tick(top, top)])
     fig.ruler("x").lim(1, slots)
     fig.ruler("x").ticks([1, slots], [_window_label(window), "now"])
     if known:
@@ -96,6 +103,7 @@ class HistoryChart(Widget):
             latest = next((v for v in reversed(self.values) if v is not None), None)
             now = f" {latest:.0f}{unit}" if latest is not None else " N/A"
             text = render_chart(self.values, self.slots, width, height, self.window, upper,
-                                f"{name} ({self.card_label}){now}" if self.card_label else f"{name}{now}")
+                                f"{name} ({self.card_label}){now}" if self.card_label else f"{name}{now}",
+                                FLOORS.get(self.metric, 1.0))
             self._text = Text(text, style=self.get_component_rich_style("history-chart--line"), no_wrap=True)
         return self._text

@@ -27,6 +27,8 @@ COLUMNS = (Column("mark", "", most=1), Column("host", "HOST", most=20), Column("
 KEYS = [c.key for c in COLUMNS]
 MARK, HOST = KEYS.index("mark"), KEYS.index("host")
 DROPPED_FIRST = (KEYS.index("power"), KEYS.index("energy"))
+# Then these are narrowed (their text cut with …), down to this many cells, in this order.
+NARROWED = ((KEYS.index("who"), 12), (KEYS.index("user"), 8), (KEYS.index("host"), 8))
 IDLE_MARK = "!"  # idle rows stand out without colour too
 SORT_VALUES = {
     "who": lambda h: (h.host, h.label.lower()), "idle": lambda h: -1.0 if h.idle_s is None else h.idle_s,
@@ -135,13 +137,21 @@ class HolderTable(SortableTable):
         self._show_cells(order, cells, widths)
 
     def _drop_to_fit(self, widths: list[int]) -> None:
-        """A narrow view leaves out POWER, then ENERGY, before a line is cut: IDLE, what the view is
-        for, stays at the end of the line (80 columns)."""
+        """A narrow view leaves out POWER, then ENERGY, then narrows WHO, USER and HOST, before a line
+        is cut: IDLE, what the view is for, stays at the end of the line (80 columns), with or
+        without the fleet's HOST column and however long the names."""
         room = self.size.width
+
+        def over() -> int:
+            return 1 + sum(w + GAP for w in widths if w) - room if room else 0
+
         for column in DROPPED_FIRST:
-            if not room or 1 + sum(w + GAP for w in widths if w) <= room:
+            if over() <= 0:
                 return
             widths[column] = 0
+        for column, least in NARROWED:
+            if over() > 0 and widths[column] > least:
+                widths[column] = max(least, widths[column] - over())
 
     def set_filter(self, text: str) -> None:
         self.filter_text = text

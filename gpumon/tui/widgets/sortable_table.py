@@ -61,7 +61,7 @@ class SortableTable(LineTable):
     WHOLE_ROW: ClassVar[frozenset[int]] = frozenset()
 
     BINDINGS = [
-        Binding("s", "cycle_sort", "Sort"),
+        Binding("s", "cycle_sort", "Sort", show=False),  # each table's frame says `s sort`
         Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("k", "cursor(-1)", show=False),
         Binding("j", "cursor(1)", show=False),

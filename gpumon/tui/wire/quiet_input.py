@@ -6,6 +6,11 @@ day of watching, those wake-ups are a fifth of what an idle gpumon costs (0.06 C
 2-core VM, against ~0.3 for a whole monitor's sampling). Here the thread waits for a byte, for the
 moment the key parser's own timeout falls due (it says when: none while nothing is half read), or
 for the driver to stop, which writes to a pipe the thread also waits on.
+
+A terminal that reads as ended is gone (its window closed, its ssh or tmux session killed): in raw
+mode a terminal has no end-of-file key. Closing it sends no SIGHUP to a program in a session of its
+own (`su -l USER -c gpumon`), and a program left drawing to it would run for good: the app hears of
+it (`TerminalGone`) and ends.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import threading
 from codecs import getincrementaldecoder
 
 from textual.drivers.linux_driver import LinuxDriver
+from textual.message import Message
 
 from gpumon.tui.wire.guards import usable
 
@@ -28,6 +34,10 @@ except ImportError:  # a Textual without them: guards.py says so, and Textual's 
     pass
 
 log = logging.getLogger(__name__)
+
+
+class TerminalGone(Message):
+    """The terminal the app reads and draws on has gone away."""
 
 
 class _WakingEvent(threading.Event):
@@ -71,6 +81,7 @@ class QuietInputDriver(LinuxDriver):
         selector.register(self.fileno, selectors.EVENT_READ)
         selector.register(wake_fd, selectors.EVENT_READ)
         reading = True
+        terminal = os.isatty(self.fileno)  # asked now: a terminal that has gone away is none any more
         try:
             while not self.exit_event.is_set():
                 due = parser._timeout_time
@@ -79,9 +90,12 @@ class QuietInputDriver(LinuxDriver):
                         os.read(wake_fd, 64)
                     elif reading:
                         data = os.read(self.fileno, 4096)
-                        if not data:  # end of input (a pipe, not a terminal): nothing more will come
+                        if not data:  # end of input: nothing more will come
                             selector.unregister(self.fileno)
                             reading = False
+                            if terminal:
+                                log.info("the terminal has gone away")
+                                self._app.post_message(TerminalGone())
                         for event in parser.feed(decode(data)):
                             self.process_message(event)
                 for event in parser.tick():

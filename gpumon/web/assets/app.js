@@ -237,6 +237,21 @@
     if (doc.users) renderUsers(doc.users, doc.fleet);
   }
 
+  // Small amounts in a unit that shows them: beside a bar scaled to the largest, "0.0 GPU-h" said
+  // nothing about a bar drawn at full length.
+  function hoursIn(hours, prefix) {
+    if (hours >= 1 || hours === 0) return `${hours.toFixed(1)} ${prefix}h`;
+    if (hours * 60 >= 1) return `${(hours * 60).toFixed(1)} ${prefix}min`;
+    const seconds = hours * 3600;
+    return `${seconds.toFixed(seconds >= 10 ? 0 : 1)} ${prefix}s`;
+  }
+
+  function energyIn(kwh) {
+    if (kwh >= 1 || kwh === 0) return `${kwh.toFixed(1)} kWh`;
+    const wh = kwh * 1000;
+    return `${wh.toFixed(wh >= 10 ? 0 : 1)} Wh`;
+  }
+
   // The "last 7 days" section: /api/report (the usage ledger), asked on load and every 5 minutes.
   function renderUsage(doc) {
     document.getElementById("usage").hidden = false;
@@ -255,8 +270,8 @@
       idle.style.width = `${r.gpu_hours ? (100 * r.idle_hours) / r.gpu_hours : 0}%`;
       fill.append(idle);
       track.append(fill);
-      const words = [`${r.gpu_hours.toFixed(1)} GPU-h`, `${r.energy_kwh.toFixed(1)} kWh`];
-      if (r.idle_hours) words.push(`${r.idle_hours.toFixed(1)} h idle`);
+      const words = [`${hoursIn(r.gpu_hours, "GPU-")}`, energyIn(r.energy_kwh)];
+      if (r.idle_hours) words.push(`${hoursIn(r.idle_hours, "")} idle`);
       row.append(track, el("span", "value", words.join(" \u00b7 ")));
       return row;
     }));
