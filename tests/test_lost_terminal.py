@@ -26,6 +26,8 @@ import pytest
 from conftest import Card, add_suite_user, end_users_processes, require_tool
 from terminal import Tmux
 
+from gpumon.usage.settings import default_path
+
 # Other users cannot run a Python under root's home: Debian's, given this checkout and the venv's packages.
 PYTHON = "/usr/bin/python3"
 SITE = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
@@ -50,7 +52,8 @@ class TuiUser:
         self.config = self.place / "fake-nvml.conf"
         fake_driver.machine.write(self.config)
         self.config.chmod(0o644)
-        self.ledger_lock = self.home / "state" / "gpumon" / "usage.sqlite.tui.lock"
+        # The default ledger, named after this host (usage/settings.default_path), and its TUI's lock.
+        self.ledger_lock = self.home / "state" / "gpumon" / (default_path().name + ".tui.lock")
 
     def command(self, *args: str) -> str:
         env = {"HOME": str(self.home), "XDG_STATE_HOME": f"{self.home}/state",

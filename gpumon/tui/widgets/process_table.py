@@ -80,9 +80,11 @@ def format_age(seconds: float | None) -> str:
     return "N/A" if seconds is None else format_duration(max(0.0, seconds))
 
 
-# Hundreds of rows every sample: the same few sizes and ages are formatted over and over.
-_bytes = lru_cache(maxsize=4096)(format_bytes)
-_age = lru_cache(maxsize=4096)(format_age)
+# Hundreds of rows every sample: the same few sizes and ages are formatted over and over. Small:
+# an age is new every second, so a cache of thousands filled for over an hour (memory that grew
+# ~0.1 MiB a minute, then stopped) and held ages no row showed any more.
+_bytes = lru_cache(maxsize=1024)(format_bytes)
+_age = lru_cache(maxsize=512)(format_age)
 
 
 def rows_from(snapshot: Snapshot, only_gpu: int | None, needle: str,

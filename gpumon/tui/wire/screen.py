@@ -349,7 +349,9 @@ def _horizontal(tx: int, x: int) -> list[str]:
     return ways
 
 
-@lru_cache(maxsize=8192)  # the same moves come back every frame (a table's cells, the clock)
+# The same moves come back every frame (a table's cells, the clock); 8192 took half an hour at
+# 10 frames a second to fill (~2 MiB) with moves seen once.
+@lru_cache(maxsize=2048)
 def _movement(ty: int | None, tx: int | None, y: int, x: int) -> str:
     """The shortest way from (ty, tx) to (y, x); unknown: the absolute position. Downwards the
     cursor never scrolls (CUD stops at the last line) and never wraps."""
