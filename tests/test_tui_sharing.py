@@ -199,7 +199,8 @@ def test_who_has_each_card_at_a_glance_at_every_size(fake_driver, tmux_session, 
         rows = {int(w[0]): " ".join(w) for w in words if len(w) > 2 and w[0].isdigit() and w[1] == "A40"}
         assert sorted(rows) == list(range(8)), screen
         assert "nobody: train.py" in rows[2] and "nobody's →" in rows[5] and "yours: mine" in rows[6]
-        assert all(("nobody" not in rows[i] and "yours" not in rows[i]) for i in (0, 1, 3, 4, 7))
+        assert all(("nobody" not in rows[i] and "yours" not in rows[i] and rows[i].endswith(" free"))
+                   for i in (0, 1, 3, 4, 7)), rows
     finally:
         holder.stdin.close()
         holder.wait(10)

@@ -26,6 +26,7 @@ from gpumon.cards.process_history import ProcessHistory
 from gpumon.cards.sampler import History
 from gpumon.cards.topology import unknown_links
 from gpumon.jobs import records as jobs
+from gpumon.jobs.placement import free_enough
 from gpumon.model import GpuSample, Snapshot
 from gpumon.owners.containers import invisible_reason
 from gpumon.sharing.folder import SharingSettings
@@ -263,6 +264,8 @@ class MainScreen(CardActions, Screen):
         """Who claims or reserved the card (this machine's place, as last read in a thread), and
         the processes on it without a claim."""
         full, short = card_words(self.reservations.card(gpu)) if self.local_sharing else ("", "")
+        if not short and free_enough(gpu) is None:  # free as select would give it, in the same column
+            short = "free"
         if unclaimed:
             full += "; without a claim: " + ", ".join(u.words().split(" on GPU ")[0] for u in unclaimed)
             short = f"!{len(unclaimed)} " + short
