@@ -79,3 +79,23 @@ def cuda_ordinals(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> dict[int
         position += 1
     rest = UNKNOWN if unknown_entries else HIDDEN
     return {g.index: ordinal.get(g.index, rest) for g in gpus}
+
+
+ALLOCATION_MARKS = ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "NVIDIA_VISIBLE_DEVICES")
+
+
+def granted(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> tuple[set[int], str] | None:
+    """The NVML indices of the cards an allocation grants this environment (a Slurm job's
+    CUDA_VISIBLE_DEVICES, a container's), and the allocation in words; None where there is none.
+    A CUDA_VISIBLE_DEVICES of the user's own (an earlier `select --export` in this shell) is no
+    allocation: only one beside Slurm's or the container toolkit's variables is. An entry whose card
+    only CUDA's own order could tell (integers, mixed models) grants nothing here: gpumon does not guess."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    marks = [m for m in ALLOCATION_MARKS if env.get(m)]
+    if visible is None or not marks:
+        return None
+    ordinals = cuda_ordinals(gpus, env) or {}
+    job = env.get("SLURM_JOB_ID")
+    who = f"Slurm job {job}" if job else marks[0]
+    return ({index for index, ordinal in ordinals.items() if ordinal.isdigit()},
+            f"{who}: CUDA_VISIBLE_DEVICES={visible}")

@@ -27,7 +27,7 @@ from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.child_gpumon import child_argv
 from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing
 from gpumon.jobs.pinning import named_cards, vendor_env
-from gpumon.jobs.placement import Choice, TooFewFree, choose
+from gpumon.jobs.placement import Choice, TooFewFree, choose, outside_allocation
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,9 +51,11 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
     sharing = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr))
 
+    outside = outside_allocation(snapshot, os.environ)  # inside a Slurm job or a container: its cards
+
     def best(taken: CardsTaken) -> Choice:
         return choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,
-                      max_used=args.max_used, taken=taken.skip, preferred=taken.mine)
+                      max_used=args.max_used, taken={**outside, **taken.skip}, preferred=taken.mine)
 
     holder = _holder(args)
     try:

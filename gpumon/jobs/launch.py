@@ -33,7 +33,7 @@ from gpumon.jobs import records as jobs
 from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for, queue_request
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
-from gpumon.jobs.placement import auto_count, busy_note, never_met, resolve_spec
+from gpumon.jobs.placement import auto_count, busy_note, never_met, outside_allocation, resolve_spec
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.owners.reader import HostPaths
 from gpumon.sharing.folder import SharingSettings
@@ -81,10 +81,12 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
     free_min = None if request.wait else request.min_free
     free_util = None if request.wait else request.max_util
     taken = taken or CardsTaken()
-    if request.wait and (never := never_met(request.gpu_spec, snapshot, request.min_free)):
+    # Inside a Slurm job or a container: auto and the queue choose among the cards it grants.
+    outside = outside_allocation(snapshot, os.environ)
+    if request.wait and (never := never_met(request.gpu_spec, snapshot, request.min_free, outside)):
         raise UsageError(f"cannot queue: {never}; it would wait for good, and every queued job behind it too")
-    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, taken.skip, taken.mine) if not (
-        request.wait and request.gpu_spec.startswith("auto")) else []
+    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, {**outside, **taken.skip},
+                        taken.mine) if not (request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
     if request.mem_limit:
         totals = ([g.memory_total for g in gpus if g.memory_total]
@@ -259,6 +261,10 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
             chosen = [g for g in snapshot.gpus if g.ref in spec.gpus]
             for note in notes_for(chosen, taken):
                 print(f"gpumon: {note}; starting there as asked (the card is shared)", file=sys.stderr)
+            for gpu in chosen:
+                if why := outside_allocation(snapshot, os.environ).get(gpu.ref or ""):
+                    print(f"gpumon: GPU {gpu.index} is {why}: the job may not be able to open it; starting there "
+                          "as asked", file=sys.stderr)
             for gpu in chosen:
                 if note := busy_note(gpu):
                     print(f"gpumon: {note}; starting there as asked", file=sys.stderr)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from gpumon.cards.cuda_order import granted
 from gpumon.cards.topology import UNKNOWN_RANK, describe_link, link_between, link_rank
 from gpumon.errors import UsageError
 from gpumon.jobs.pinning import Pinning, local_cpus, one_vendor, pin  # noqa: F401 - where launches find them
@@ -330,20 +331,34 @@ def _indices(snapshot: Snapshot) -> str:
     return ", ".join(str(g.index) for g in snapshot.gpus) or "none"
 
 
-def never_met(spec: str, snapshot: Snapshot, min_free: str | None = None) -> str | None:
+def outside_allocation(snapshot: Snapshot, env: Mapping[str, str]) -> dict[str, str]:
+    """Cards this environment's allocation does not grant (ref -> why, in words), as placement's
+    `taken`: inside a Slurm job or a container, auto, select and the queue choose among its cards."""
+    given = granted(snapshot.gpus, env)
+    if given is None:
+        return {}
+    indices, words = given
+    return {g.ref: f"outside this allocation ({printable(words)})" for g in snapshot.gpus
+            if g.ref and g.index not in indices and vendor(g.vendor).cuda}
+
+
+def never_met(spec: str, snapshot: Snapshot, min_free: str | None = None,
+              outside: Collection[str] = ()) -> str | None:
     """Why no state of this host's cards could ever meet a queued request, or None: more cards
-    than it has healthy, or more free memory than a card has. A queue must not wait for it."""
+    than it has healthy (within its allocation: `outside` are the cards it does not grant), or more
+    free memory than a card has. A queue must not wait for it."""
     count = auto_count(spec)
     if count is None:
         named = resolve_spec(spec, snapshot)
     else:
         first = snapshot.gpus[0].vendor if snapshot.gpus else DEFAULT_VENDOR
-        named = [g for g in snapshot.gpus if g.vendor == first and g.state == "ok"
+        named = [g for g in snapshot.gpus if g.vendor == first and g.state == "ok" and g.ref not in outside
                  and not (g.health is not None and g.health.verdict == "fail") and not (g.mig_mode and count > 1)]
         if count > len(named):
             others = [g for g in snapshot.gpus if g not in named]
             why = "; ".join(f"GPU {g.index}: {free_enough(g) or 'another vendor'}" for g in others[:3])
-            return (f"--gpu {spec} asks for {count} cards; this host has {len(named)} that could run it"
+            where = "this allocation grants" if any(g.ref in outside for g in snapshot.gpus) else "this host has"
+            return (f"--gpu {spec} asks for {count} cards; {where} {len(named)} that could run it"
                     + (f" ({why})" if why else ""))
     if min_free is None or min_free.endswith("%"):
         return None

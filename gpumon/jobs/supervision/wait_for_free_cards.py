@@ -3,9 +3,11 @@ nobody else's claim) for a few samples in a row, so a card freed for a moment is
 
 from __future__ import annotations
 
+import os
+
 from gpumon.errors import GpumonError
 from gpumon.jobs.claims_and_queue import CardsTaken, SupervisorSharing
-from gpumon.jobs.placement import free_enough, resolve_spec
+from gpumon.jobs.placement import free_enough, outside_allocation, resolve_spec
 from gpumon.model import Snapshot, Topology
 
 FREE_SAMPLES_IN_A_ROW = 3
@@ -21,10 +23,13 @@ class FreeCardsWait:
     def pick(self, taken: CardsTaken, snapshot: Snapshot):
         """The cards, on the queue's turn (`taken`: cards claimed by others, and the user's own
         reserved ones), once free FREE_SAMPLES_IN_A_ROW samples in a row; else None."""
+        # Auto chooses within the launcher's allocation (a card named by hand waits for that card).
+        outside = outside_allocation(snapshot, os.environ) if self.gpu_spec.strip().startswith("auto") else {}
+        skip = {**outside, **taken.skip}
         try:
             gpus = resolve_spec(self.gpu_spec, snapshot, self.topo, self.min_free, self.max_util, None,
-                                taken.skip, taken.mine)
-            free = all(free_enough(g, self.min_free, self.max_util) is None and g.ref not in taken.skip for g in gpus)
+                                skip, taken.mine)
+            free = all(free_enough(g, self.min_free, self.max_util) is None and g.ref not in skip for g in gpus)
             self.sharing.waiting_for = "" if free else "its cards are not free"
         except GpumonError as exc:
             gpus, free = [], False
