@@ -90,3 +90,16 @@ def tmux_session():
     yield make
     for session in sessions:
         session.kill()
+
+
+TUI_ENV = ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "TZ",
+           "GPUMON_CLAIMS_DIR")
+
+
+def gpumon_command(env: dict[str, str], *args: str) -> str:
+    """The shell command that starts this checkout's gpumon in a tmux pane, with the fake driver's
+    environment (`env`: a FakeDriver's) and a colour terminal."""
+    import shlex
+
+    words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k in TUI_ENV)
+    return f"env {words} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon {shlex.join(args)}"

@@ -5,12 +5,12 @@ from there, the process exiting while shown, and back to the main screen as it w
 from __future__ import annotations
 
 import re
-import shlex
 import signal
 import sys
 
 import pytest
 from conftest import GIB, Card
+from terminal import gpumon_command
 from test_tui import run, started
 from test_tui_dialogs import wait_until
 
@@ -170,11 +170,8 @@ def test_the_process_screen_in_a_real_terminal(fake_driver, idle_processes, tmux
     fake_driver.machine.procs = [dict(gpu=0, pid=sleeper.pid, mem=3 * GIB, sm=20),
                                  dict(gpu=0, pid=odd.pid, mem=GIB, sm=60)]
     fake_driver.write()
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
-                            "GPUMON_CLAIMS_DIR", "TZ"))
     tmux = tmux_session(120, 40)
-    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+    tmux.start(gpumon_command(fake_driver.env, "--interval", "0.5"))
     tmux.wait_for(lambda s: "sleep 600" in s and str(odd.pid) in s, what="both processes")
     tmux.keys("Tab", "Down", "Enter")  # the second row: the odd one (less GPU memory)
     screen = tmux.wait_for(lambda s: f"Process {odd.pid}" in s and "GPU memory 1024 MiB" in s, what="its screen")
@@ -267,11 +264,8 @@ def test_a_flat_zero_cpu_chart_is_labelled_from_0_to_100_percent(fake_driver, id
     fake_driver.machine.cards = [Card("NVIDIA A10", mem_total=24 * GIB)]
     fake_driver.machine.procs = [dict(gpu=0, pid=sleeper.pid, mem=3 * GIB, sm=20)]
     fake_driver.write()
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
-                            "GPUMON_CLAIMS_DIR", "TZ"))
     tmux = tmux_session(120, 40)
-    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5; sleep 600")
+    tmux.start(gpumon_command(fake_driver.env, "--interval", "0.5") + "; sleep 600")
     tmux.wait_for(lambda s: "sleep 600" in s, what="the process")
     tmux.keys("Tab", "Enter")
     screen = tmux.wait_for(lambda s: f"Process {sleeper.pid}" in s and re.search(r"\bCPU 0%", s), what="its charts")

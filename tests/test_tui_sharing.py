@@ -3,11 +3,11 @@ user's own as theirs); `r` on a card the user's own job claims says so; J lists 
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 import pytest
 from conftest import GIB, Card
+from terminal import gpumon_command
 from test_claims import jobs
 
 
@@ -22,11 +22,8 @@ def test_claims_reservations_and_queue_in_the_tui(fake_driver, tmux_session):
         assert fake_driver.run("reserve", "--gpu", "2", "--for", "1h", "--note", "[b]paper[/b]").returncode == 0
         assert fake_driver.run("run", "--gpu", "1", "--name", "[red]train[/red]", "--", "sleep", "60").returncode == 0
         assert fake_driver.run("run", "--wait", "--gpu", "0", "--name", "later", "--", "true").returncode == 0
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                       if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
-                                "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
         tmux = tmux_session(120, 40)
-        tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+        tmux.start(gpumon_command(fake_driver.env, "--interval", "0.5"))
         screen = tmux.wait_for(lambda s: "Reserved by you until" in s, what="the reservation on its card")
         assert '"[b]paper[/b]"' in screen  # the user's own: read as theirs, the note as typed
         assert "Yours: job " in screen and "[red]train[/red]" in screen  # the job's claim on card 1
@@ -90,12 +87,9 @@ def test_a_flooded_and_poisoned_place_never_holds_the_tui_up(fake_driver, tmux_s
     toucher.start()
     try:
         env = {**fake_driver.env, "GPUMON_CLAIMS_DIR": str(place)}
-        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
-                             if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
-                                      "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
         tmux = tmux_session(120, 40)
         started = time.monotonic()
-        tmux.start(f"env {env_words} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+        tmux.start(gpumon_command(env, "--interval", "0.5"))
         tmux.wait_for(lambda s: "NVIDIA A40" in s and "starting" not in s, what="the first frame")
         assert time.monotonic() - started < 15
         screen = tmux.wait_for(lambda s: "Reserved by nobody until" in s, what="the one real reservation")
@@ -144,11 +138,8 @@ def test_the_fleets_free_count_is_what_select_gives_on_that_host(fake_driver, tm
     os.chown(booked, 65534, 65534)  # nobody's
     assert fake_driver.run("select", "--count", "3").returncode == 1
     assert fake_driver.run("select", "--count", "2").returncode == 0
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
-                            "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
     tmux = tmux_session(120, 50)
-    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --hosts local --interval 0.5")
+    tmux.start(gpumon_command(fake_driver.env, "--hosts", "local", "--interval", "0.5"))
     screen = tmux.wait_for(lambda s: "local  live" in s and " 2/3 " in s, what="FREE as select counts it")
     assert "1 reserved by others" in screen  # the row's note says who has the rest
     tmux.keys("Enter")  # the host's own view: its cards say who has them, in the same words
@@ -188,11 +179,8 @@ def test_who_has_each_card_at_a_glance_at_every_size(fake_driver, tmux_session, 
     try:
         assert holder.stdout.readline() == "held\n"
         assert fake_driver.run("run", "--gpu", "6", "--name", "mine", "--", "sleep", "60").returncode == 0
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                       if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
-                                "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
         tmux = tmux_session(*size)
-        tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+        tmux.start(gpumon_command(fake_driver.env, "--interval", "0.5"))
         screen = tmux.wait_for(lambda s: "nobody: train.py" in s and "nobody's →" in s and "yours: mine" in s,
                                what="who has each card")
         words = [line.replace("▌", " ").replace("│", " ").split() for line in screen.splitlines()]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from conftest import GIB, require_tool
 from promlab import free_port, serve_and_scrape
+from terminal import gpumon_command
 from test_claims import free_cards, jobs
 from test_web_page import serve
 from webpage import browser  # noqa: F401 - a fixture
@@ -95,11 +96,8 @@ def test_the_exporter_has_a_series_for_it(fake_driver, nobodys_process_on_a_rese
 
 def test_the_tui_marks_the_process_and_the_card(fake_driver, nobodys_process_on_a_reserved_card, tmux_session):
     pid = nobodys_process_on_a_reserved_card
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in fake_driver.env.items()
-                   if k in ("GPUMON_NVML_LIB", "FAKE_NVML_CONFIG", "PATH", "HOME", "XDG_CONFIG_HOME",
-                            "XDG_STATE_HOME", "TZ", "GPUMON_CLAIMS_DIR"))
     tmux = tmux_session(160, 40)
-    tmux.start(f"env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m gpumon --interval 0.5")
+    tmux.start(gpumon_command(fake_driver.env, "--interval", "0.5"))
     screen = tmux.wait_for(lambda s: "[no claim: reserved by root until" in s, what="the process row's mark")
     row = next(line for line in screen.splitlines() if f" {pid} " in line)
     assert "nobody" in row and "[no claim: reserved by root until" in row
