@@ -92,7 +92,8 @@ def test_ctrl_c_on_a_foreground_job_from_the_tui_is_recorded(fake_driver, termin
     tmux = terminal()
     tmux.start(shell_line(start_env(fake_driver), sys.executable, "-m", "gpumon", "--interval", "0.5",
                           status=status))
-    tmux.wait_for(lambda s: "L4" in s, what="the dashboard")
+    # A reading, not only the cards' names: before the first one, r says "select a working card first".
+    tmux.wait_for(lambda s: "L4" in s and "UTIL" in s and "%" in s, what="the dashboard's first reading")
     tmux.keys("r")
     tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
     type_into_dialog(tmux, READY)
@@ -119,7 +120,8 @@ def test_a_job_from_the_tui_gets_the_environment_gpumon_started_with(fake_driver
     env = start_env(fake_driver, COLUMNS="77", LINES="19", MY_SETTING="kept")
     tmux = terminal()
     tmux.start(shell_line(env, sys.executable, "-m", "gpumon", "--no-color", "--interval", "0.5", status=status))
-    tmux.wait_for(lambda s: "L4" in s, what="the dashboard")
+    # A reading, not only the cards' names: before the first one, r says "select a working card first".
+    tmux.wait_for(lambda s: "L4" in s and "UTIL" in s and "%" in s, what="the dashboard's first reading")
     tmux.keys("r")
     tmux.wait_for(lambda s: "Run on GPU 0" in s, what="the run dialog")
     dump = f"{shlex.quote(sys.executable)} -c 'import json, os; print(json.dumps(dict(os.environ)))' > {out}"
