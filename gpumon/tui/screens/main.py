@@ -102,6 +102,7 @@ class MainScreen(CardActions, Screen):
         self.snapshot: Snapshot | None = None
         self._names_settling = False  # the cards' names drawn, their layout pass not done yet
         self.reservations = sharing or SharingNow(SharingSettings())
+        self._unclaimed: tuple[object, dict[tuple[int, int], UseWithoutClaim]] = (None, {})
         self.only_selected = False
         self.filter_text = ""
         self.window = WINDOWS[0]
@@ -275,7 +276,11 @@ class MainScreen(CardActions, Screen):
         """This machine's processes on cards others claim or reserved (none for a fleet host)."""
         if not self.local_sharing:
             return {}
-        return {(u.gpu, u.pid): u for u in self.reservations.without_claim(snap)}
+        # The panels and the process table ask for one reading: worked out once per reading and read of the place.
+        key = (id(snap), id(self.reservations.latest))
+        if self._unclaimed[0] != key:
+            self._unclaimed = (key, {(u.gpu, u.pid): u for u in self.reservations.without_claim(snap)})
+        return self._unclaimed[1]
 
     def status_extra(self) -> str:
         """Said at the end of the status line (a fleet host's view says how the host is doing)."""
