@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with auto or --wait: highest utilisation (default 10)")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: here)")
     p.add_argument("--systemd", action="store_true", help="run as a transient systemd user unit")
+    p.add_argument("--as-typed", action="store_true",
+                   help="a container command that asks its engine for other cards (--gpus all, a count): "
+                        "start it anyway, with a warning, its request kept")
     p.add_argument("--failover", type=count, default=0, metavar="N",
                    help="when the job's card fails (lost, fatal XID, fabric failed): stop it and start it "
                         "again on other free cards, up to N times (default 0: never)")

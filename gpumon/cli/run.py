@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
         command=command, gpu_spec=args.gpu, mem_limit=args.mem_limit, numa=not args.no_numa,
         foreground=args.foreground, name=args.name, wait=args.wait, min_free=args.min_free,
         max_util=args.max_util, cwd=args.cwd, systemd=args.systemd, failover=args.failover,
-        wait_timeout=args.wait_timeout,
+        wait_timeout=args.wait_timeout, as_typed=args.as_typed,
         # A command line typed in a run dialog arrives as `sh -c TYPED` (jobs/host.py): the
         # history keeps it as it was typed, as when the dialog launched it itself.
         typed=command[2] if len(command) == 3 and command[:2] == ["/bin/sh", "-c"] else None,

@@ -31,6 +31,7 @@ from gpumon.errors import UsageError
 from gpumon.jobs import command_history, control, files
 from gpumon.jobs import records as jobs
 from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for, queue_request
+from gpumon.jobs.container_command import OtherCards, check_cards, locate
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
 from gpumon.jobs.placement import auto_count, busy_note, never_met, outside_allocation, resolve_spec
@@ -62,6 +63,7 @@ class LaunchRequest:
     # (jobs/host.py): the TUI's --interval. None: that gpumon's own (--interval, config, 1 s).
     interval: float | None = None
     wait_timeout: float | None = None  # --wait-timeout: a queued job gives up after this many seconds
+    as_typed: bool = False  # a container command's own request for other cards is kept (with a warning)
 
 
 def shell_request(typed: str, gpu_spec: str, **options: Any) -> LaunchRequest:
@@ -93,6 +95,11 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
                   or [g.memory_total for g in snapshot.gpus if g.memory_total])
         limit = parse_size(request.mem_limit, min(totals) if totals else None)
         _check_limit(request.mem_limit, limit, gpus or snapshot.gpus, chosen=bool(gpus))
+    if (located := locate(request.command)) is not None:
+        try:  # a container that asks its engine for other cards would see cards nobody gave it
+            check_cards(located.container, [g.ref or "" for g in gpus], [g.index for g in gpus], request.as_typed)
+        except OtherCards as exc:
+            raise UsageError(str(exc)) from None
     # Without one, each card the job lands on brings its own default: its supervisor applies them.
     name = request.name or program_name(request.command)
     return jobs.JobSpec(
@@ -101,7 +108,7 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
         gpu_indices=[g.index for g in gpus] if not request.wait else [], mem_limit=limit, numa=request.numa,
         wait=request.wait, min_free=request.min_free, max_util=request.max_util,
         backend=_absolute_paths(backend_args), interval=interval, host=jobs.THIS_HOST,
-        failover=request.failover, wait_timeout=request.wait_timeout,
+        failover=request.failover, wait_timeout=request.wait_timeout, as_typed=request.as_typed,
     )
 
 
@@ -184,6 +191,8 @@ def summary(job: jobs.Job) -> list[str]:
         lines.append(f"job {s.id} ({s.name}) on {cards}, pid {job.pid}")
     else:
         lines.append(f"job {s.id} ({s.name}) {job.state}: {job.reason or ''}".rstrip(": "))
+    if s.container:
+        lines.append(str(s.container.get("summary", "")))
     if s.cpus:
         lines.append(f"CPUs: {format_cpu_list(s.cpus)} (the cards' NUMA node)")
     if s.limits:

@@ -35,6 +35,7 @@ import psutil
 from gpumon.config import JOBS_KEEP, JOBS_KEEP_FOR_S
 from gpumon.errors import UsageError
 from gpumon.jobs.attempts import Attempt, load_attempts
+from gpumon.jobs.container_processes import recorded_processes
 from gpumon.jobs.files import WAITING_RECORD, jobs_dir, read_json, unusable_folder, write_atomic
 from gpumon.jobs.processes import same_start
 
@@ -98,6 +99,9 @@ class JobSpec:
     # policy); None: the one the supervisor finds itself ($GPUMON_CONFIG, else the default).
     config: str | None = None
     wait_timeout: float | None = None  # --wait-timeout: seconds a queued job waits before giving up
+    as_typed: bool = False  # --as-typed: a container command's own request for cards is kept
+    # Where the command starts a container: its engine, what gpumon added (jobs/container_command.py).
+    container: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
@@ -182,13 +186,14 @@ class Job:
         """The job's command and everything it started, if it is running (on this host)."""
         if self.state != "running" or self.pid is None or self.remote:
             return []
+        inside = recorded_processes(self.dir) if self.spec.container else []  # not its children
         try:
             root = psutil.Process(self.pid)
             if not same_start(root, self.started, self.booted):
-                return []
-            return [root] + root.children(recursive=True)
+                return inside
+            return [root] + root.children(recursive=True) + inside
         except psutil.Error:
-            return []
+            return inside
 
 
 def alive(pid: int | None, started: float | None, booted: float | None = None) -> bool:

@@ -27,7 +27,7 @@ def run_args(request: LaunchRequest) -> list[str]:
     if request.failover:
         out += ["--failover", str(request.failover)]
     for flag, on in (("--no-numa", not request.numa), ("--foreground", request.foreground),
-                     ("--wait", request.wait), ("--systemd", request.systemd)):
+                     ("--wait", request.wait), ("--systemd", request.systemd), ("--as-typed", request.as_typed)):
         if on:
             out.append(flag)
     return out + ["--", *request.command]

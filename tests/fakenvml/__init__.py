@@ -81,6 +81,7 @@ class FakeMachine:
     init_error: int = 0
     topo_default: int = 50
     scan_env: bool = False  # real processes pinned by CUDA_VISIBLE_DEVICES=<a card's UUID> are its processes
+    scan_env_ignore: tuple[str, ...] = ()  # ... except these programs (comm), which never open a card
     count_error: int = 0  # nvmlDeviceGetCount fails with this NVML code
     driver_unloaded: bool = False  # the kernel driver is gone (a reload in progress)
     nvswitches: int = 4  # NVSwitch chips the cards' switch_links go to
@@ -93,6 +94,8 @@ class FakeMachine:
             lines.append(f"init_error {self.init_error}")
         if self.scan_env:
             lines.append("scan_env 1")
+        if self.scan_env_ignore:
+            lines.append("scan_env_ignore " + ",".join(self.scan_env_ignore))
         if self.count_error:
             lines.append(f"count_error {self.count_error}")
         if self.driver_unloaded:

@@ -21,6 +21,8 @@
  *   xid gpu=0 at=1 type=0x2000 code=0  # another NVML event (fatal poison); code= is its data
  *   scan_env 1                         # list real processes pinned by CUDA_VISIBLE_DEVICES
  *   scan_env_mem 1073741824            #   ... each using this many bytes (default 1 GiB)
+ *   scan_env_ignore podman,docker      #   ... but never these programs (by comm): a container
+ *                                      #   engine's client never opens a card itself
  *   count_error 999                    # nvmlDeviceGetCount fails with this code
  *   driver_unloaded 1                  # the kernel driver is unloaded (see below)
  *   nvswitches 4                       # NVSwitch chips that switch_links= go to
@@ -197,6 +199,7 @@ static struct {
     struct delay delays[MAX_DELAYS];
     int scan_env;        /* see the scan_env block */
     double scan_env_mem;
+    char scan_env_ignore[256]; /* ",name,name," */
     int count_error;
     int driver_unloaded;
     int nvswitches;
@@ -417,6 +420,11 @@ static void load_config(const char *path) {
         else if (!strcmp(word, "topo_default")) C.topo_default = atoi(p);
         else if (!strcmp(word, "scan_env")) C.scan_env = atoi(p);
         else if (!strcmp(word, "scan_env_mem")) C.scan_env_mem = atof(p);
+        else if (!strcmp(word, "scan_env_ignore")) {
+            char names[250] = "";
+            sscanf(p, "%249s", names);
+            snprintf(C.scan_env_ignore, sizeof C.scan_env_ignore, ",%s,", names);
+        }
         else if (!strcmp(word, "count_error")) C.count_error = atoi(p);
         else if (!strcmp(word, "driver_unloaded")) C.driver_unloaded = atoi(p);
         else if (!strcmp(word, "nvswitches")) C.nvswitches = atoi(p) > 0 ? atoi(p) : 1;
@@ -814,6 +822,17 @@ static void scan_env_refresh(void) {
     for (struct dirent *e; (e = readdir(dir)) && nscanned < MAX_SCANNED;) {
         if (!isdigit((unsigned char)e->d_name[0])) continue;
         char path[300];
+        if (C.scan_env_ignore[0]) {
+            char comm[64] = "", key[70];
+            snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+            FILE *c = fopen(path, "r");
+            if (c) {
+                if (fgets(comm, sizeof comm, c)) comm[strcspn(comm, "\n")] = 0;
+                fclose(c);
+            }
+            snprintf(key, sizeof key, ",%s,", comm);
+            if (comm[0] && strstr(C.scan_env_ignore, key)) continue;
+        }
         snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;

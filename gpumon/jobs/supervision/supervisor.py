@@ -41,6 +41,9 @@ from gpumon.failover_event import FailoverEvent
 from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json, banner
 from gpumon.jobs.claims_and_queue import SupervisorSharing
+from gpumon.jobs.container_command import asked_cards, check_cards, locate
+from gpumon.jobs.container_pin import additions
+from gpumon.jobs.container_processes import ContainerFollow
 from gpumon.jobs.files import WAITING_RECORD, take_environment
 from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
 from gpumon.jobs.placement import pin, resolve_spec
@@ -85,6 +88,7 @@ class Supervisor:
         self.interrupted = False  # Ctrl-C came
         self.child: subprocess.Popen | None = None
         self.tree: CommandTree | None = None  # the command and what it started: see jobs/supervision/process_tree.py
+        self.container: ContainerFollow | None = None  # the container the command started, if it starts one
         self.peak = 0
         self.attempts: list[Attempt] = []
         self.failed_cards: set[str] = set()  # UUIDs of cards that failed while we watched: never chosen again
@@ -244,15 +248,19 @@ class Supervisor:
             extra, applied = limit_environment([limits.get(g.ref) for g in gpus], [g.memory_total or 0 for g in gpus],
                                                dict(os.environ))
             env_added.update(extra)
+        number = len(self.attempts) + 1
+        command, container = self._container_command(pinning, env_added, number)
+        if container is not None:  # the hooks that read a host path do not reach inside
+            applied = [a for a in applied if a != "pytorch"]
         self.spec = dataclasses.replace(
             self.spec, gpus=list(pinning.uuids), gpu_indices=list(pinning.indices), env_added=env_added,
             cpus=list(pinning.cpus) if pinning.cpus else None, limits_applied=applied,
             mem_limits={uuid: limits[g.ref] for uuid, g in zip(pinning.uuids, gpus) if g.ref in limits},
+            container=container,
         )
         self._write("job.json", dataclasses.asdict(self.spec), indent=1)
         if pinning.cpus or self.attempts:  # inherited by the command (all of ours again, for cards without)
             os.sched_setaffinity(0, pinning.cpus or self.all_cpus)
-        number = len(self.attempts) + 1
         if self.spec.failover:
             self._mark_log(number, why_moved)
         if not self.records.retry():  # a command nobody could find (no job.json, no process.json): not started
@@ -264,11 +272,15 @@ class Supervisor:
             return False
         try:
             inherited = {k: v for k, v in os.environ.items() if k not in pinning.unset}
-            self.child = self._spawn(inherited | env_added)
+            self.child = self._spawn(command, inherited | env_added)
         except OSError as exc:
             self._finish("failed", f"could not start {self.spec.command[0]!r}: {exc.strerror or exc}")
             return False
         self.tree = CommandTree(self.child, own_group=not self.foreground)
+        if container is not None and container.get("cidfile"):
+            self.container = ContainerFollow(container["engine"], container["engine_words"],
+                                             Path(self.spec.cwd, container["cidfile"]), container["detached"],
+                                             inherited | env_added, self.dir, self._tell)
         child = self.tree.root
         self._write("process.json", {"pid": child.pid, "started": child.create_time(), "booted": since_boot(child)})
         self.attempts.append(Attempt(number, list(pinning.uuids), list(pinning.indices), child.pid, started))
@@ -284,6 +296,14 @@ class Supervisor:
     def _save_attempts(self) -> None:
         self.records.write(ATTEMPTS_RECORD, attempts_json(self.attempts))
 
+    def _tell(self, line: str) -> None:
+        """A line for the user, in the job's output (`gpumon: …`)."""
+        say(line)
+        if self.foreground:
+            print(f"gpumon: {line}", file=sys.stderr, flush=True)
+        else:
+            mark_log(self.dir / "output.log", f"gpumon: {line}\n")
+
     def _mark_log(self, number: int, why_moved: str | None) -> None:
         """Where each attempt begins, in the job's output."""
         line = banner(number, self.spec.failover + 1, self.spec.gpu_indices, self.spec.gpus, why_moved)
@@ -292,12 +312,29 @@ class Supervisor:
         else:
             mark_log(self.dir / "output.log", line)
 
-    def _spawn(self, env: dict[str, str]) -> subprocess.Popen:
+    def _container_command(self, pinning, env_added: dict[str, str], number: int) -> tuple[list[str], dict | None]:
+        """The command to run, with the pin added where it starts a container (jobs/container_command.py),
+        and what was added, for the record."""
+        located = locate(self.spec.command)
+        if located is None:
+            return list(self.spec.command), None
+        found = located.container
+        warning = check_cards(found, list(pinning.uuids), list(pinning.indices), as_typed=True)
+        added = additions(found, list(pinning.uuids), env_added, pinning.cpus, self.dir / f"container-{number}.id",
+                          keep_request=asked_cards(found) is not None)
+        env_added.update(added.env)
+        if warning:
+            self._tell(warning)
+        return located.apply(self.spec.command, added.words), {
+            "engine": found.engine, "engine_words": list(found.engine_words), "detached": found.detached,
+            "cidfile": added.cidfile, "summary": added.summary(found.engine), "warning": warning}
+
+    def _spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
         if self.foreground:  # in the user's terminal, in its foreground process group (Ctrl-C works)
-            return subprocess.Popen(self.spec.command, cwd=self.spec.cwd, env=env)
+            return subprocess.Popen(command, cwd=self.spec.cwd, env=env)
         log = open(self.dir / "output.log", "ab", buffering=0)
         with open(os.devnull, "rb") as devnull:
-            return subprocess.Popen(self.spec.command, cwd=self.spec.cwd, env=env, stdin=devnull, stdout=log,
+            return subprocess.Popen(command, cwd=self.spec.cwd, env=env, stdin=devnull, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
     def _watch(self, backend: Backend, gpus) -> AttemptEnd:
@@ -306,7 +343,7 @@ class Supervisor:
         stopped: str | None = None
         trouble: Trouble | None = None
         blind_since: float | None = None  # since when the job's memory could not be read
-        while not self.tree.ended():
+        while not self._over():
             self.records.retry()
             if self.stop_requested:
                 stopped = self.stop_requested
@@ -315,7 +352,7 @@ class Supervisor:
             snapshot: Snapshot | None = None
             try:
                 snapshot = self.latest = backend.sample()
-                pids = {p.pid for p in self.tree.processes()}
+                pids = {p.pid for p in self._processes()}
                 self.energy.see(snapshot, cards, pids)
                 self.sharing.note_use(gpus)  # the user's reservation of these cards is in use
                 self.sharing.keep_claims()  # someone removed one (the folder's owner can): made again
@@ -347,6 +384,10 @@ class Supervisor:
                 self._stop_child()
                 break
         code = self._reap()
+        if self.container is not None:
+            if self.container.detached and (ended := self.container.exit_code()) is not None:
+                code = ended  # the container's own end, not `run -d`'s
+            self.container.close()
         if (last := self._sample(backend)) is not None:
             self.energy.see(last, cards, None)
         self.energy.attempt_ended()
@@ -375,7 +416,7 @@ class Supervisor:
         deadline = time.monotonic() + seconds
         xids_answer = backend.xid_events
         while (left := deadline - time.monotonic()) > 0 and not self.stop_requested:
-            if while_running and self.tree is not None and self.tree.ended():
+            if while_running and self.tree is not None and self._over():
                 break
             if not xids_answer:  # a backend without XIDs, or whose XIDs failed: just wait
                 time.sleep(min(POLL_S, left))
@@ -390,6 +431,17 @@ class Supervisor:
                     return trouble
         return None
 
+    def _over(self) -> bool:
+        """The command has ended, and the container it started detached too."""
+        assert self.tree is not None
+        return self.tree.ended() and (self.container is None or not self.container.running())
+
+    def _processes(self) -> list[psutil.Process]:
+        """The command, what it started, and its container's processes (not its children)."""
+        assert self.tree is not None
+        found = self.tree.processes()
+        return found + self.container.processes() if self.container is not None else found
+
     def _reap(self) -> int:
         assert self.child is not None and self.tree is not None
         try:
@@ -403,6 +455,13 @@ class Supervisor:
         The command is not reaped until after both (`_reap`), so its group is still reachable."""
         assert self.tree is not None
         self.tree.signal(signal.SIGTERM)
+        if self.container is not None and (problem := self.container.stop(GRACE_S)):
+            say(problem)
+            for proc in self.container.processes():  # what the engine would not stop
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline and not self.tree.ended():
             time.sleep(0.05)

@@ -1,0 +1,213 @@
+"""Jobs that start a container, with real engines (tests/container_lab.py): rootful Podman with a CDI
+spec for the fake cards, and Docker (`--gpus`, the toolkit's hook a stand-in). The fake driver
+lists a real process on the card its CUDA_VISIBLE_DEVICES names, the engine clients excepted (a
+`podman run` never opens a card itself; the container's processes do): what a container sees is
+what its processes' environment says.
+
+Each escape these tests close: the pin not reaching the container, a container asking its engine
+for every card, the watchdog blind to the container (its processes are conmon's or the shim's,
+not the job's), and `run -d` ending the job (and its claim) while the container holds the card.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+
+import container_lab
+import psutil
+import pytest
+from conftest import GIB, Card
+from container_lab import IMAGE
+
+podman_lab, docker_lab, cdi_spec = container_lab.podman_lab, container_lab.docker_lab, container_lab.cdi_spec
+
+# The engine clients are not GPU processes: the fake driver must not list them on the card.
+CLIENTS = ("podman", "docker", "conmon", "containerd-shim", "runc")
+
+
+def cards(fake_driver, count: int = 3) -> list[str]:
+    """Free cards with UUIDs of this test only (scan_env lists every process pinned to a UUID)."""
+    token = secrets.token_hex(2)
+    uuids = [f"GPU-{i}{i}{i}{i}c0de-{token}-1111-2222-33334444555{i}" for i in range(count)]
+    fake_driver.machine.scan_env = True
+    fake_driver.machine.scan_env_ignore = CLIENTS
+    fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-40GB", uuid=u, mem_total=40 * GIB, extra={"cpus": "0"})
+                                 for u in uuids]
+    fake_driver.write()
+    return uuids
+
+
+def run(fake_driver, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return fake_driver.run("run", "--interval", "0.2", *args, timeout=timeout)
+
+
+def jobs(fake_driver) -> list[dict]:
+    return json.loads(fake_driver.run("jobs", "--json").stdout)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ended(fake_driver) -> dict:
+    return wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] not in ("running", "queued")), None),
+                    what="the job's end")
+
+
+def inside_env(log: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line and not line.startswith("gpumon"))
+
+
+@pytest.fixture(autouse=True)
+def _stop_jobs_left_running(fake_driver):
+    yield
+    for job in jobs(fake_driver):
+        if job["state"] in ("running", "queued"):
+            fake_driver.run("jobs", "--stop", job["id"])
+
+
+def test_a_podman_job_gets_exactly_its_card_through_cdi(fake_driver, podman_lab, cdi_spec, monkeypatch):
+    uuids = cards(fake_driver)
+    cdi_spec(uuids)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "1", "--", *podman_lab.words, "run", "--rm", IMAGE,
+                 "sh", "-c", "env; ls /dev")
+    assert result.returncode == 0, result.stderr
+    assert f"container (podman): gpumon added --device nvidia.com/gpu={uuids[1]} (CDI)" in result.stdout
+    job = ended(fake_driver)
+    assert job["state"] == "exited" and job["exit_code"] == 0, job
+    log = open(job["log"]).read()
+    env = inside_env(log)
+    assert env["CUDA_VISIBLE_DEVICES"] == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
+    assert env["GPUMON_JOB_ID"] == job["id"]
+    assert "nvidia1" in log.split() and "nvidia0" not in log.split() and "nvidia2" not in log.split()
+
+
+def test_a_typed_command_line_with_a_container_is_pinned_too(fake_driver, podman_lab, monkeypatch):
+    """The TUI's run dialog runs what was typed in the user's shell: the pin goes inside the line."""
+    uuids = cards(fake_driver)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    line = f"cd / && {podman_lab.shell()} run --rm {IMAGE} env | grep VISIBLE"
+    result = run(fake_driver, "--gpu", "2", "--", "/bin/sh", "-c", line)
+    assert result.returncode == 0, result.stderr
+    assert "container (podman): gpumon added no CDI spec names the card: only NVIDIA_VISIBLE_DEVICES" \
+        in result.stdout
+    job = ended(fake_driver)
+    env = inside_env(open(job["log"]).read())
+    assert env == {"CUDA_VISIBLE_DEVICES": uuids[2], "NVIDIA_VISIBLE_DEVICES": uuids[2]}
+
+
+@pytest.mark.parametrize("request_words", [["--gpus", "all"], ["--gpus", "2"], ["--device", "nvidia.com/gpu=all"],
+                                           ["-e", "NVIDIA_VISIBLE_DEVICES=all"]])
+def test_a_container_that_asks_for_other_cards_is_refused(fake_driver, podman_lab, request_words):
+    cards(fake_driver)
+    result = run(fake_driver, "--gpu", "1", "--", *podman_lab.words, "run", "--rm", *request_words, IMAGE, "true")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "the container asks podman for" in line and "not the job's GPU 1" in line and "--as-typed" in line
+    assert jobs(fake_driver) == []
+
+
+def test_as_typed_starts_it_with_a_warning(fake_driver, podman_lab, monkeypatch):
+    cards(fake_driver)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    # A training script's own --gpus comes after the image: it is the container's, not the engine's.
+    result = run(fake_driver, "--gpu", "0", "--as-typed", "--", *podman_lab.words, "run", "--rm",
+                 "-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "sh", "-c", "echo --gpus 2; env")
+    assert result.returncode == 0, result.stderr
+    job = ended(fake_driver)
+    log = open(job["log"]).read()
+    assert "gpumon: the container asks podman for every card" in log and "started as typed" in log
+    assert inside_env(log)["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+def test_the_watchdog_follows_the_containers_processes(fake_driver, podman_lab, monkeypatch):
+    """A container using 1 GiB against a 512M limit: its processes are conmon's, not the job's."""
+    uuids = cards(fake_driver)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "1", "--mem-limit", "512M", "--", *podman_lab.words, "run", "--rm", IMAGE,
+                 "sleep", "120")
+    assert result.returncode == 0, result.stderr
+    job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None), timeout=60,
+                   what="the watchdog to stop the container")
+    assert job["reason"] == "memory limit exceeded on GPU 1: 1.0 GiB > 512 MiB"
+    assert job["peak_gpu_memory"] == GIB
+    assert podman_lab("ps", "-q") == "", "the container was stopped with its job"
+    assert not [p for p in psutil.process_iter(["environ"]) if uuids[1] in str((p.info["environ"] or {}).get(
+        "CUDA_VISIBLE_DEVICES"))]
+
+
+def test_a_detached_container_keeps_its_job_and_its_card_until_it_ends(fake_driver, podman_lab, monkeypatch):
+    cards(fake_driver, 2)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "auto", "--", *podman_lab.words, "run", "-d", IMAGE, "sleep", "120")
+    assert result.returncode == 0, result.stderr
+    (job,) = jobs(fake_driver)
+    mine = job["gpu_indices"][0]
+    cid = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), what="the container")
+    time.sleep(1.0)  # `podman run -d` has long returned
+    (job,) = jobs(fake_driver)
+    assert job["state"] == "running", job
+    # Its claim is held: the next auto placement is given the other card.
+    other = run(fake_driver, "--gpu", "auto", "--", "sleep", "60")
+    assert other.returncode == 0, other.stderr
+    assert [j["gpu_indices"] for j in jobs(fake_driver) if j["id"] != job["id"]] == [[1 - mine]]
+    # Stopping the job stops the container, through its engine.
+    stopped = fake_driver.run("jobs", "--stop", job["id"])
+    assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: podman_lab("ps", "-q") == "", what="the container to stop")
+    wait_for(lambda: podman_lab("inspect", "-f", "{{.State.Status}}", cid.split()[0]) == "exited",
+             what="the container to be stopped, not killed by signal")
+    done = wait_for(lambda: next((j for j in jobs(fake_driver) if j["id"] == job["id"]
+                                  and j["state"] != "running"), None), what="the job's end")
+    assert done["state"] == "killed"
+
+
+def test_a_detached_container_that_ends_ends_its_job_with_its_status(fake_driver, podman_lab, monkeypatch):
+    cards(fake_driver, 1)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "0", "--", *podman_lab.words, "run", "-d", IMAGE, "sh", "-c", "sleep 2; exit 3")
+    assert result.returncode == 0, result.stderr
+    time.sleep(1.0)
+    assert jobs(fake_driver)[0]["state"] == "running"
+    job = ended(fake_driver)
+    assert (job["state"], job["exit_code"]) == ("exited", 3)
+
+
+def test_a_docker_job_is_pinned_with_gpus_device_and_followed(fake_driver, docker_lab):
+    uuids = cards(fake_driver)
+    result = run(fake_driver, "--gpu", "2", "--mem-limit", "512M", "--", *docker_lab.words, "run", "--rm", IMAGE,
+                 "sh", "-c", "env; sleep 120")
+    assert result.returncode == 0, result.stderr
+    assert f'container (docker): gpumon added --gpus "device={uuids[2]}"' in result.stdout
+    assert "--cpuset-cpus 0" in result.stdout
+    job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
+                   what="the watchdog to stop the container")
+    assert job["reason"] == "memory limit exceeded on GPU 2: 1.0 GiB > 512 MiB"
+    env = inside_env(open(job["log"]).read())
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuids[2] and env["CUDA_VISIBLE_DEVICES"] == uuids[2]
+    assert docker_lab("ps", "-q") == ""
+
+
+def test_docker_refuses_a_count(fake_driver, docker_lab):
+    cards(fake_driver)
+    result = run(fake_driver, "--gpu", "0", "--", *docker_lab.words, "run", "--gpus", "1", IMAGE, "true")
+    assert result.returncode == 2
+    assert "the container asks docker for cards by count (the engine picks which) (--gpus 1)" in result.stderr
+
+
+def test_words_after_the_image_are_the_containers_own():
+    from gpumon.jobs.container_command import asked_cards, find_container
+
+    found = find_container(["podman", "--root", "/r", "run", "-it", "--name", "x", "-v", "/a:/b", IMAGE,
+                            "python", "train.py", "--gpus", "all"])
+    assert found is not None and found.engine_words == ("podman", "--root", "/r") and asked_cards(found) is None
+    assert find_container(["python", "-m", "docker", "run"]) is None
