@@ -12,6 +12,7 @@ not the job's), and `run -d` ending the job (and its claim) while the container 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import time
@@ -23,6 +24,8 @@ from conftest import GIB, Card
 from container_lab import IMAGE
 
 podman_lab, docker_lab, cdi_spec = container_lab.podman_lab, container_lab.docker_lab, container_lab.cdi_spec
+
+pytestmark = pytest.mark.xdist_group("containers")  # one dockerd and one Podman store, not one per worker
 
 # The engine clients are not GPU processes: the fake driver must not list them on the card.
 CLIENTS = ("podman", "docker", "conmon", "containerd-shim", "runc")
@@ -211,3 +214,55 @@ def test_words_after_the_image_are_the_containers_own():
                             "python", "train.py", "--gpus", "all"])
     assert found is not None and found.engine_words == ("podman", "--root", "/r") and asked_cards(found) is None
     assert find_container(["python", "-m", "docker", "run"]) is None
+
+
+# Apptainer and enroot cannot be installed here: stand-ins that do what their documentation says of
+# the command lines gpumon writes. Apptainer: `exec [options] IMAGE CMD`, `--cleanenv` starts from an
+# empty environment, `APPTAINERENV_X=v` becomes `X=v` inside, APPTAINER_CONTAINER names the image.
+# enroot: `start [options] NAME CMD`, the host's environment does not reach the container, `--env K=V`
+# does.
+APPTAINER = r"""#!/bin/sh
+echo "apptainer $*" >> "$STANDIN_LOG"
+shift
+while [ $# -gt 0 ]; do
+  case "$1" in --cleanenv|-e) clean=1; shift;; -B|--bind|--env|-H|--home) shift 2;; -*) shift;; *) break;; esac
+done
+image=$1; shift
+exec env ${clean:+-i} $(env | sed -n 's/^APPTAINERENV_//p') APPTAINER_CONTAINER="$image" "$@"
+"""
+ENROOT = r"""#!/bin/sh
+echo "enroot $*" >> "$STANDIN_LOG"
+shift
+vars=""
+while [ $# -gt 0 ]; do
+  case "$1" in -e|--env) vars="$vars $2"; shift 2;; -c|--conf|-m|--mount|--rc) shift 2;; -*) shift;; *) break;; esac
+done
+shift
+exec env -i $vars "$@"
+"""
+
+
+@pytest.mark.parametrize("engine, words", [("apptainer", ["apptainer", "exec", "--cleanenv", "/img/train.sif"]),
+                                           ("enroot", ["enroot", "start", "--rw", "pytorch"])])
+def test_apptainer_and_enroot_get_the_pin_their_way(fake_driver, tmp_path, monkeypatch, engine, words):
+    uuids = cards(fake_driver)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / engine).write_text(APPTAINER if engine == "apptainer" else ENROOT)
+    (bin_dir / engine).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "argv"))
+    result = run(fake_driver, "--gpu", "1", "--mem-limit", "512M", "--", *words, "sh", "-c", "env; sleep 120")
+    assert result.returncode == 0, result.stderr
+    job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
+                   what="the watchdog to stop the container's process")
+    assert job["reason"].startswith("memory limit exceeded on GPU 1: ")  # the stand-in and the command: 2 GiB
+    env = inside_env(open(job["log"]).read())
+    assert env["CUDA_VISIBLE_DEVICES"] == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
+    argv = (tmp_path / "argv").read_text()
+    if engine == "apptainer":
+        assert argv.startswith("apptainer exec --nv --cleanenv /img/train.sif")
+        assert "gpumon added --nv; APPTAINERENV_{CUDA_VISIBLE_DEVICES,NVIDIA_VISIBLE_DEVICES" in result.stdout
+    else:
+        assert argv.startswith(f"enroot start --env CUDA_VISIBLE_DEVICES={uuids[1]} ")
+        assert "gpumon added --env CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES" in result.stdout
