@@ -33,6 +33,7 @@ or $GPUMON_CONFIG. Command-line options win over it; rules from both are used to
     pods_dir = "/host/var/log/pods"   # the kubelet's pod log directories
     docker_dir = "/host/var/lib/docker"
     podman_dir = "/host/var/lib/containers/storage"
+    nerdctl_dir = "/host/var/lib/nerdctl"
     job_map_dir = "/run/gpu-jobs"     # a file per card (index or UUID) with its jobs, from the prolog
 
     [serve]                           # `gpumon serve`, the web page
@@ -84,7 +85,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
               "web_config_file": (str,)},
     "fleet": {"hosts": (list,), "ssh": (str,), "remote": (str,), "groups": (dict,), "prometheus_url": (str,),
               "prometheus_user": (str,), "prometheus_password_file": (str,)},
-    "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "job_map_dir": (str,)},
+    "owners": {"pods_dir": (str,), "docker_dir": (str,), "podman_dir": (str,), "nerdctl_dir": (str,),
+               "job_map_dir": (str,)},
     "paths": {"sysfs": (str,), "procfs": (str,)},
     "health": {"window": (str,), "interval": (str,), "rules": (dict,), "xid": (dict,), "xid_state": (str,)},
     "serve": {"listen": (str,), "token_file": (str,), "tls_cert": (str,), "tls_key": (str,)},

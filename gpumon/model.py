@@ -88,18 +88,20 @@ class ProcessSample:
     uid: int | None = None
     container: str | None = None
     owner: ProcessOwner | None = None  # JSON "owner": None (null) when the process cannot be seen
+    container_pid: int | None = None  # its pid in its own PID namespace (a container's); None: the host's
 
     def with_host_info(self, user: str | None, command: str | None, cpu_percent: float | None, rss: int | None,
                        started: float | None, uid: int | None, container: str | None,
-                       owner: ProcessOwner | None) -> ProcessSample:
+                       owner: ProcessOwner | None, container_pid: int | None) -> ProcessSample:
         """This process with what the OS says of it. Built field by field: dataclasses.replace
         costs more than reading the OS, every sample, for each of hundreds of processes."""
         return ProcessSample(self.pid, self.type, self.gpu_memory, self.sm_util, user, command, cpu_percent, rss,
-                             started, uid, container, owner)
+                             started, uid, container, owner, container_pid)
 
 
 _NESTED = ("counters", "health")  # objects of their own, not plain JSON values
-_PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started")
+_PROCESS_JSON_FIELDS = ("pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
+                        "container_pid")
 
 
 def _process_to_dict(p: ProcessSample) -> dict[str, Any]:

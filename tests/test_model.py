@@ -37,7 +37,9 @@ SCHEMA_GPU_KEYS = {
 }
 SCHEMA_PROC_KEYS = {"pid", "user", "command", "type", "gpu_memory", "sm_util", "cpu_percent", "rss", "started",
                     # Who owns the process (a Slurm job, a pod, a container, a unit, a user).
-                    "owner"}
+                    "owner",
+                    # Its pid inside its container (its own PID namespace), else null.
+                    "container_pid"}
 
 
 def test_json_has_exactly_the_schema_keys():
@@ -79,7 +81,7 @@ def test_host_info_keeps_every_other_field():
 
     sample = ProcessSample(**{f.name: f"x-{f.name}" for f in dataclasses.fields(ProcessSample)})
     info = dict(user="u", command="c", cpu_percent=1.5, rss=2, started=3.0, uid=4, container="k",
-                owner=ProcessOwner("user", "u"))
+                owner=ProcessOwner("user", "u"), container_pid=5)
     assert sample.with_host_info(**info) == dataclasses.replace(sample, **info)
 
 

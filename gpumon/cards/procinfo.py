@@ -20,11 +20,13 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
 from gpumon.cards.procroot import RootProcess
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample
+from gpumon.owners.containers import container_pid
 from gpumon.owners.reader import HostPaths, OwnerReader, container_label, on_mapped_card
 from gpumon.sanitize import printable
 
@@ -84,6 +86,7 @@ class _Known:
     # The owner's reader's `answers` when the owner was read, while a better name of it was being
     # asked (a Slurm array task's, of scontrol, in the background); None: the owner is settled.
     owner_answers: int | None = None
+    container_pid: int | None = None  # its pid in a PID namespace of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +166,8 @@ class ProcessEnricher:
                 owner = self.owners.read(pid, user)
                 return _Known(proc, user, _command_line(proc), proc.create_time(), _uid(proc), owner,
                               container_label(owner), stat.name, self._clock(), stat.start_ticks, stat.cpu_s,
-                              time.monotonic(), answers if self.owners.unsettled(owner) else None)
+                              time.monotonic(), answers if self.owners.unsettled(owner) else None,
+                              container_pid(pid, Path(self._procfs)))
         except psutil.Error:
             return None
 
@@ -216,7 +220,7 @@ def _apply(sample: ProcessSample, reading: _Reading | None) -> ProcessSample:
         return sample
     known = reading.known
     return sample.with_host_info(known.user, known.command, reading.cpu_percent, reading.rss, known.started,
-                                 known.uid, known.container, known.owner)
+                                 known.uid, known.container, known.owner, known.container_pid)
 
 
 def _on_card(processes: tuple[ProcessSample, ...], jobs: str | None) -> tuple[ProcessSample, ...]:
@@ -226,5 +230,5 @@ def _on_card(processes: tuple[ProcessSample, ...], jobs: str | None) -> tuple[Pr
         return processes
     return tuple(p if p.owner is not None and p.owner.kind == "slurm" else
                  p.with_host_info(p.user, p.command, p.cpu_percent, p.rss, p.started, p.uid, p.container,
-                                  on_mapped_card(p.owner, jobs))
+                                  on_mapped_card(p.owner, jobs), p.container_pid)
                  for p in processes)

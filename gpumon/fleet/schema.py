@@ -135,6 +135,7 @@ def _process(raw: Any, gpu: str, i: int) -> ProcessSample:
             rss=_number(get("rss"), "rss", integer=True),
             started=_number(get("started"), "started"),
             owner=_owner(get("owner")),
+            container_pid=_number(get("container_pid"), "container_pid", integer=True),
         )
     except SchemaError as exc:  # the field's name, within its process: "gpus[0].processes[2].pid …"
         raise SchemaError(f"{gpu}.processes[{i}].{exc}") from None

@@ -27,6 +27,20 @@ def container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return None
 
 
+def container_pid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
+    """The process's pid inside its own PID namespace (the last of /proc/PID/status's `NSpid:`
+    fields), where that is another namespace than the reader's; else None."""
+    try:
+        text = (proc_root / str(pid) / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            fields = line.split()[1:]
+            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else None
+    return None
+
+
 def running_in_container() -> bool:
     """True when gpumon itself runs in a container, so other pid namespaces hide GPU processes."""
     if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():

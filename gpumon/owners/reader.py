@@ -19,12 +19,13 @@ from pathlib import Path
 
 from gpumon.model import ProcessOwner
 from gpumon.owners.cgroups import parse_cgroup
+from gpumon.owners.engines import ROOTLESS_NERDCTL, home_of, image_container, nerdctl_name, watching_ancestor
 from gpumon.owners.records import (
     ContainerNames,
     JobMap,
     PodNames,
     SlurmArrays,
-    slurm_environment,
+    owner_environment,
     slurm_from_environment,
     slurm_job_id,
 )
@@ -40,6 +41,7 @@ class HostPaths:
     pods_dir: Path = Path("/var/log/pods")
     docker_dir: Path = Path("/var/lib/docker")
     podman_dir: Path = Path("/var/lib/containers/storage")
+    nerdctl_dir: Path = Path("/var/lib/nerdctl")
     job_map_dir: Path | None = None
 
 
@@ -61,24 +63,48 @@ class OwnerReader:
         except OSError:  # gone, or hidden: what is known is the user
             text = ""
         facts = parse_cgroup(text)
+        environment = owner_environment(self.paths.procfs, pid)
         if facts.slurm_job is not None:
-            environment = slurm_environment(self.paths.procfs, pid)
             job, name = slurm_job_id(facts.slurm_job, facts.slurm_step, environment, self.arrays)
             return ProcessOwner("slurm", job, name, user)
         if facts.pod_uid is not None:
             return ProcessOwner("k8s", facts.pod_uid, self.pods.name(facts.pod_uid, facts.container_id), user)
         if facts.container_id is not None and facts.engine is not None:
             name = self.containers.name(facts.engine, facts.container_id)
+            if name is None:  # a rootless engine's (systemd gave it a scope under its user's slice)
+                watcher = watching_ancestor(self.paths.procfs, pid)
+                home = home_of(watcher.uid) if watcher is not None else None
+                name = self.containers.name(facts.engine, facts.container_id, home) if home else None
             return ProcessOwner("container", facts.container_id[:SHORT_ID], name, user, facts.engine)
         # Without Slurm's cgroup plugins (proctrack/linuxproc) the job is in the environment only.
-        environment = slurm_environment(self.paths.procfs, pid)
         named = slurm_from_environment(environment)
         if named is not None:
             job, name = slurm_job_id(named[0], named[1], environment)
             return ProcessOwner("slurm", job, name, user)
+        image = image_container(environment)
+        if image is not None:
+            return ProcessOwner("container", image[1], image[1], user, image[0])
+        watched = self._watched(pid, user)
+        if watched is not None:
+            return watched
         if facts.unit is not None:
             return ProcessOwner("unit", facts.unit, None, user)
         return ProcessOwner("user", user or "?", None, user)
+
+    def _watched(self, pid: int, user: str | None) -> ProcessOwner | None:
+        """The container a conmon or containerd shim among the process's ancestors watches (no
+        cgroup names it: a rootless engine's, or one told to make none)."""
+        watcher = watching_ancestor(self.paths.procfs, pid)
+        if watcher is None:
+            return None
+        home = home_of(watcher.uid)
+        name = watcher.name
+        if watcher.engine == "nerdctl" and watcher.namespace is not None:
+            data_root = home / ROOTLESS_NERDCTL if home else self.paths.nerdctl_dir
+            name = nerdctl_name(data_root, watcher.namespace, watcher.id, home)
+        elif name is None:
+            name = self.containers.name(watcher.engine, watcher.id, home)
+        return ProcessOwner("container", watcher.id[:SHORT_ID], name, user, watcher.engine)
 
     @property
     def answers(self) -> int:

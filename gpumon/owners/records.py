@@ -16,6 +16,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from gpumon.owners.engines import IMAGE_VARIABLES, ROOTLESS_DOCKER, ROOTLESS_PODMAN, open_within
 from gpumon.sanitize import printable
 
 MAX_NAME = 253  # a Kubernetes object name is at most this long; longer text is not a name
@@ -33,16 +34,20 @@ def _remember(cache: dict, key: object, value: object) -> None:
     cache[key] = value
 
 
-def slurm_environment(procfs: Path, pid: int) -> dict[str, str]:
-    """The SLURM_* variables a process started with (/proc/PID/environ: readable by its user and
-    root); empty when unreadable."""
+_IMAGE_VARIABLES = tuple(f"{name}=".encode() for name in IMAGE_VARIABLES)
+
+
+def owner_environment(procfs: Path, pid: int) -> dict[str, str]:
+    """The variables of a process's environment that say who owns it, read once: SLURM_* and the
+    image of an Apptainer container (/proc/PID/environ: readable by its user and root); empty
+    when unreadable."""
     try:
         data = (procfs / str(pid) / "environ").read_bytes()
     except OSError:
         return {}
     out = {}
     for item in data.split(b"\0"):
-        if item.startswith(b"SLURM_"):
+        if item.startswith(b"SLURM_") or item.startswith(_IMAGE_VARIABLES):
             key, _, value = item.partition(b"=")
             out[key.decode("ascii", "replace")] = value.decode("utf-8", "replace")
     return out
@@ -235,37 +240,40 @@ class ContainerNames:
     """A Docker or Podman container's name, from the engine's state on disk: Docker's
     `<docker_dir>/containers/<id>/config.v2.json` ("Name": "/llama"), Podman's (containers/storage)
     `<podman_dir>/<driver>-containers/containers.json` ([{"id": …, "names": ["llama"]}, …]) for
-    each storage driver (overlay, vfs, btrfs, zfs): a root may hold several."""
+    each storage driver (overlay, vfs, btrfs, zfs): a root may hold several. A rootless engine's
+    are the same files under its user's `home` (owners/engines), read as another user's files."""
 
     def __init__(self, docker_dir: Path, podman_dir: Path) -> None:
         self.docker_dir = docker_dir
-        self.podman_files = [podman_dir / f"{driver}-containers" / "containers.json" for driver in PODMAN_DRIVERS]
-        self._docker: dict[str, str] = {}
+        self.podman_dir = podman_dir
+        self._docker: dict[tuple[Path, str], str] = {}
         # file -> ((mtime, size), id -> name): read again only when it changed
         self._podman: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
 
-    def name(self, engine: str, container_id: str) -> str | None:
+    def name(self, engine: str, container_id: str, home: Path | None = None) -> str | None:
+        """`home`: the rootless engine's user's home (None: the host's engine)."""
         if engine == "docker":
-            return self._docker_name(container_id)
+            return self._docker_name(home / ROOTLESS_DOCKER if home else self.docker_dir, container_id, home)
         if engine == "podman":
-            for path in self.podman_files:
-                name = self._podman_name(path, container_id)
+            root = home / ROOTLESS_PODMAN if home else self.podman_dir
+            for driver in PODMAN_DRIVERS:
+                name = self._podman_name(root / f"{driver}-containers" / "containers.json", container_id, home)
                 if name is not None:
                     return name
         return None
 
-    def _docker_name(self, container_id: str) -> str | None:
-        known = self._docker.get(container_id)
+    def _docker_name(self, docker_dir: Path, container_id: str, home: Path | None) -> str | None:
+        known = self._docker.get((docker_dir, container_id))
         if known is not None:
             return known
-        state = _read_json(self.docker_dir / "containers" / container_id / "config.v2.json")
+        state = _read_json(docker_dir / "containers" / container_id / "config.v2.json", home)
         name = state.get("Name") if isinstance(state, dict) else None
         if not isinstance(name, str) or not name.strip("/"):
             return None
-        _remember(self._docker, container_id, _clean(name.lstrip("/")))
-        return self._docker[container_id]
+        _remember(self._docker, (docker_dir, container_id), _clean(name.lstrip("/")))
+        return self._docker[(docker_dir, container_id)]
 
-    def _podman_name(self, path: Path, container_id: str) -> str | None:
+    def _podman_name(self, path: Path, container_id: str, home: Path | None) -> str | None:
         try:
             stat = os.stat(path)
         except OSError:
@@ -275,7 +283,7 @@ class ContainerNames:
         known = self._podman.get(path)
         if known is None or known[0] != version:
             names = {}
-            state = _read_json(path)
+            state = _read_json(path, home)
             for entry in state if isinstance(state, list) else ():
                 if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) \
                         or not isinstance(entry.get("names"), list):
@@ -283,17 +291,23 @@ class ContainerNames:
                 first = next((n for n in entry["names"] if isinstance(n, str) and n), None)
                 if first is not None:
                     names[entry["id"]] = _clean(first)
+            if len(self._podman) >= _CACHE_LIMIT:
+                self._podman.clear()
             known = self._podman[path] = (version, names)
         return known[1].get(container_id)
 
 
-def _read_json(path: Path) -> object:
-    try:
-        with open(path, "rb") as file:
-            data = file.read(_MAX_STATE_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > _MAX_STATE_BYTES:
+def _read_json(path: Path, home: Path | None = None) -> object:
+    """`home`: the file is a user's, read only where it really is under that home."""
+    if home is not None:
+        data = open_within(home, path, _MAX_STATE_BYTES)
+    else:
+        try:
+            with open(path, "rb") as file:
+                data = file.read(_MAX_STATE_BYTES + 1)
+        except OSError:
+            return None
+    if data is None or len(data) > _MAX_STATE_BYTES:
         return None
     try:
         return json.loads(data)

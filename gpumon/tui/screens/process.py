@@ -194,6 +194,8 @@ class ProcessScreen(Screen[None]):
             table.add_row("gpumon job", plain(self.job))
         table.add_row("User", plain(p.user) if p.user else Text(NA))
         table.add_row("Owner", _owner(p))
+        if p.container_pid is not None:
+            table.add_row("Pid in container", str(p.container_pid))
         table.add_row("Started", _started(p.started, self.now))
         table.add_row("Type", "compute" if p.type == "compute" else "graphics")
         cards = Text()

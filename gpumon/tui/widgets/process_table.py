@@ -67,6 +67,11 @@ SORT_VALUES = {
 }
 
 
+def _pid_text(p: ProcessSample) -> str:
+    """The host's pid, and in parentheses the one the process has in its container."""
+    return str(p.pid) if p.container_pid is None else f"{p.pid} ({p.container_pid})"
+
+
 def _owner_text(process: ProcessSample) -> str:
     if process.owner is None:
         return "-"
@@ -132,7 +137,7 @@ class ProcessTable(SortableTable):
         if row.unclaimed:  # said first: it is what a person must see
             prefix = f"[no claim: {row.unclaimed}] " + prefix
         return (
-            str(row.gpu), str(p.pid), p.user or "?", "C" if p.type == "compute" else "G",
+            str(row.gpu), _pid_text(p), p.user or "?", "C" if p.type == "compute" else "G",
             _bytes(p.gpu_memory), "N/A" if p.sm_util is None else str(p.sm_util),
             "N/A" if p.cpu_percent is None else f"{p.cpu_percent:.0f}", _bytes(p.rss),
             _age(None if row.age is None else int(max(0, row.age))), _owner_text(p),
