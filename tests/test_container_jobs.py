@@ -266,3 +266,43 @@ def test_apptainer_and_enroot_get_the_pin_their_way(fake_driver, tmp_path, monke
     else:
         assert argv.startswith(f"enroot start --env CUDA_VISIBLE_DEVICES={uuids[1]} ")
         assert "gpumon added --env CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES" in result.stdout
+
+
+def test_r_with_a_container_command_pins_it_and_a_request_for_all_cards_stays_in_the_dialog(
+        fake_driver, podman_lab, monkeypatch):
+    """The run dialog: what was typed runs in the user's shell, the pin inside the line; a
+    container asking for every card is answered in the dialog, what was typed kept."""
+    from test_tui import run as run_app
+    from test_tui import started
+    from test_tui_host import app_on, wait_until
+
+    from gpumon.tui.screens.run_dialog import RunDialog
+
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    token = secrets.token_hex(2)
+    uuids = [f"GPU-{i}{i}{i}{i}d1a1-{token}-1111-2222-33334444555{i}" for i in range(2)]
+    fake_driver.machine.scan_env = True
+    fake_driver.machine.scan_env_ignore = CLIENTS
+    backend, app = app_on(fake_driver, [Card(uuid=u, mem_total=40 * GIB) for u in uuids])
+    asks_all = f"{podman_lab.shell()} run --rm --gpus all {IMAGE} env"
+    typed = f"{podman_lab.shell()} run --rm {IMAGE} env"
+
+    async def go():
+        async with app.run_test(size=(160, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("r", *asks_all, "enter")
+            assert isinstance(app.screen, RunDialog), "the dialog stays, with what was typed"
+            error = str(app.screen.query_one("#run-error").render())
+            assert "the container asks podman for every card (--gpus all), not the job's GPU 0" in error
+            app.screen.query_one("#run-command").value = typed
+            await pilot.press("enter")
+            return await wait_until(pilot, lambda: next((j for j in jobs(fake_driver)
+                                                         if j["state"] not in ("running", "queued")), None),
+                                    "the container job's end")
+
+    try:
+        job = run_app(go())
+    finally:
+        backend.close()
+    env = inside_env(open(job["log"]).read())
+    assert env["CUDA_VISIBLE_DEVICES"] == uuids[0] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[0]

@@ -15,6 +15,7 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from gpumon.errors import UsageError
+from gpumon.jobs.container_command import OtherCards, check_cards, locate
 from gpumon.jobs.launch import DIALOG_FAILOVER
 from gpumon.jobs.placement import busy_note
 from gpumon.model import GpuSample
@@ -41,6 +42,18 @@ class RunChoice:
     foreground: bool
     wait: bool
     failover: int = 0  # moves to other cards allowed if the card fails
+
+
+def container_problem(command: str, gpu: GpuSample) -> str | None:
+    """Why a typed command line's container would see other cards than the card's, or None."""
+    located = locate(["/bin/sh", "-c", command])
+    if located is None:
+        return None
+    try:
+        check_cards(located.container, [gpu.ref or ""], [gpu.index])
+    except OtherCards as exc:
+        return str(exc)
+    return None
 
 
 def directory_problem(text: str) -> str | None:
@@ -151,7 +164,8 @@ class RunDialog(ModalScreen[RunChoice | None]):
         if not command:
             error.update("Type a command to run.")
             return None
-        for problem, field in ((not self.remote and directory_problem(cwd), "#run-cwd"),
+        for problem, field in ((container_problem(command, self.gpu), "#run-command"),
+                               (not self.remote and directory_problem(cwd), "#run-cwd"),
                                (limit and size_problem(limit, self.gpu), "#run-limit")):
             if problem:
                 error.update(Text(problem))
