@@ -52,6 +52,13 @@ def test_select_answers_the_card_slurm_has_not_given(one_card_taken, fake_driver
     assert chosen.returncode == 0, chosen.stderr
     assert chosen.stdout.strip() == uuids(fake_driver)[1]
     assert f"GPU 0 skipped: allocated by Slurm to job {job} ({USER})" in chosen.stderr
+    # Inside that job (its environment, as slurmstepd sets it) its own card is the one to choose.
+    cards = uuids(fake_driver)
+    inside = subprocess.run([sys.executable, "-m", "gpumon", "select", "--verbose"], capture_output=True, text=True,
+                            timeout=60, env={**fake_driver.env, "SLURM_JOB_ID": job, "CUDA_VISIBLE_DEVICES": cards[0]})
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout.strip() == cards[0]
+    assert "allocated by Slurm" not in inside.stderr
 
 
 def test_run_auto_lands_on_the_other_card_and_a_named_one_warns(one_card_taken, fake_driver, stop_jobs):
