@@ -6,15 +6,21 @@ on the card, and gpumon (here root, outside the job) must still leave that card 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import test_claims
 from conftest import Card
 from slurm_lab import GPU_MINORS, USER, real_slurm  # noqa: F401 - the fixture
 from test_claims import jobs
+
+from gpumon.cards.backends.nvml import NvmlBackend
+from gpumon.owners.holders import card_holder
+from gpumon.tui.app import create_app
 
 pytestmark = pytest.mark.xdist_group("slurm")
 stop_jobs = test_claims.stop_jobs
@@ -93,3 +99,23 @@ def test_the_card_reads_as_the_jobs_in_snapshot_and_users(one_card_taken, fake_d
                             capture_output=True, text=True, timeout=60, env=fake_driver.env)
     assert listed.returncode == 0, listed.stderr
     assert ["job", job] in [line.split()[:2] for line in listed.stdout.splitlines()], listed.stdout
+
+
+def test_the_tui_shows_the_card_as_the_jobs(one_card_taken, fake_driver):
+    job = one_card_taken
+    backend = NvmlBackend(lib_path=str(fake_driver.lib))
+
+    async def go():
+        async with create_app(backend, interval=0.2).run_test(size=(160, 40)) as pilot:
+            app = pilot.app
+            deadline = time.monotonic() + 20
+            while not any(h.kind == "slurm" for h in app.holding) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            return [(h.label, h.cards) for h in app.holding], [card_holder(g) for g in app.sampler.latest.gpus]
+
+    try:
+        holding, holders = asyncio.run(go())
+    finally:
+        backend.close()
+    assert holding == [(f"job {job}", (0,))]
+    assert holders == [f"job {job}", None]  # what the card panels show beside the name
