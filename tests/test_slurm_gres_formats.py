@@ -120,3 +120,18 @@ def test_a_host_without_slurm_forks_no_scontrol(fake_driver, tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not asked.exists()
+
+
+def test_a_controller_that_does_not_answer_is_not_asked_every_sample(tmp_path):
+    """slurmctld down: scontrol fails at once; the samples that follow within FRESH_S ask nothing."""
+    failing, asked = tmp_path / "scontrol", tmp_path / "asked"
+    failing.write_text(f"#!/bin/sh\necho asked >> {asked}\necho 'slurm_load_jobs error: Unable to contact' >&2\n"
+                       "exit 1\n")
+    failing.chmod(0o755)
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    slurm = SlurmGres(str(failing), tmp_path / "slurm.conf", "n1")
+    assert slurm.allocations(_cards(0), wait_s=10) == {}
+    for _ in range(20):  # twenty samples
+        assert slurm.allocations(_cards(0)) == {}
+        time.sleep(0.01)
+    assert asked.read_text().splitlines() == ["asked"]

@@ -198,6 +198,7 @@ class SlurmGres:
         self.node = node or socket.gethostname().split(".")[0]
         self._answer: tuple[float, list[GresJob], list[int] | None] | None = None
         self._asking = False
+        self._asked_at = float("-inf")  # monotonic: a failing scontrol is not run again every sample
         self._tried = threading.Event()  # set once a first question has an answer, or has failed
         self._lock = threading.Lock()
 
@@ -211,8 +212,7 @@ class SlurmGres:
         if not self.usable:
             return None
         answer = self._answer
-        now = time.monotonic()
-        if answer is None or now - answer[0] >= self.FRESH_S:
+        if time.monotonic() - self._asked_at >= self.FRESH_S:
             self._ask()
         if answer is None and wait_s > 0:
             self._tried.wait(wait_s)
@@ -243,6 +243,7 @@ class SlurmGres:
             if self._asking:
                 return
             self._asking = True
+            self._asked_at = time.monotonic()
         # A daemon: a hung scontrol never holds up gpumon's exit.
         threading.Thread(target=self._refresh, name="gpumon-slurm-gres", daemon=True).start()
 
