@@ -199,6 +199,12 @@ class GpuSample:
     # drawn from them (gpumon/counters.py); JSON: each counter a key of the card, and "health".
     counters: CardCounters | None = None
     health: Health | None = None
+    # Not in the JSON schema: the card's /dev/nvidiaN (NVML's minor number), as a scheduler's
+    # device list names it. None: not known (not NVIDIA, or the driver did not say).
+    minor_number: int | None = None
+    # Not in the JSON schema ("owner" says "job ID"): the Slurm job this host's Slurm has given the
+    # whole card (its GRES), whether or not that job's processes are on it yet (owners/slurm_gres.py).
+    allocated_to: ProcessOwner | None = None
 
     @property
     def key(self) -> str:
@@ -277,6 +283,8 @@ def _gpu_to_dict(gpu: GpuSample) -> dict[str, Any]:
     out.pop("error")
     out.pop("mig_devices")
     out.pop("vendor_index")
+    out.pop("minor_number")
+    out.pop("allocated_to")
     if gpu.throttle_reasons is not None:
         out["throttle_reasons"] = list(gpu.throttle_reasons)
     out["processes"] = [_process_to_dict(p) for p in gpu.processes]

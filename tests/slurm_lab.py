@@ -1,6 +1,8 @@
 """A real single-node Slurm for tests (session fixture `real_slurm`): Debian's slurm-wlm and munge
 on loopback, proctrack/cgroup and task/cgroup on this host's cgroups, its config, state and
-sockets in a directory of its own, and a real user (`useradd`) who submits the jobs. Slow to
+sockets in a directory of its own, and a real user (`useradd`) who submits the jobs. The node
+has two GPUs as GRES (`--gres=gpu:N`): gres.conf's `File=` devices are char devices the lab makes
+(`mknod`, major 195 as the NVIDIA driver's) with minor numbers GPU_MINORS, in that order. Slow to
 start, so one per test session; every daemon is stopped by its pid, the user removed and the
 cgroups slurmd made removed at the end. Without the tools or root: skipped with the reason, a
 failure when CI=true (../shared/REAL-MANAGERS.md says what runs here)."""
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -20,6 +23,7 @@ import pytest
 from conftest import IN_CI, add_suite_user
 
 USER = "gpumonslurm"
+GPU_MINORS = (3, 5)  # /dev/nvidia3 is the node's GRES gpu 0, /dev/nvidia5 its gpu 1
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo", "useradd", "userdel", "runuser")
 
 
@@ -106,6 +110,11 @@ class RealSlurm:
 
 def _write_config(root: Path, node: str, ports: list[int]) -> None:
     munge_socket = root / "munge" / "munge.socket"
+    devices = root / "dev"
+    devices.mkdir()
+    for minor in GPU_MINORS:
+        os.mknod(devices / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    (root / "gres.conf").write_text("".join(f"Name=gpu File={devices}/nvidia{minor}\n" for minor in GPU_MINORS))
     (root / "slurm.conf").write_text(f"""\
 ClusterName=gpumonlab
 SlurmctldHost={node}(127.0.0.1)
@@ -133,7 +142,8 @@ ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+GresTypes=gpu
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:{len(GPU_MINORS)} State=UNKNOWN
 PartitionName=lab Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """)
     (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nCgroupMountpoint=/sys/fs/cgroup\n")

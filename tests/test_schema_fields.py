@@ -13,7 +13,8 @@ from gpumon.counters import CLOCK_EVENT_TIMES, CardCounters, Health, HealthReaso
 from gpumon.fleet.schema import GPU_APART, fields_by_type, snapshot_from_remote
 from gpumon.model import FABRIC_STATES, GpuSample, ProcessOwner, ProcessSample, Snapshot
 
-NEVER_SENT = {"error": None, "mig_devices": (), "vendor_index": None}  # model._gpu_to_dict leaves them out
+# model._gpu_to_dict leaves them out
+NEVER_SENT = {"error": None, "mig_devices": (), "vendor_index": None, "minor_number": None, "allocated_to": None}
 BY_TYPE = {"int | None": 7, "float | None": 2.5, "str | None": "some text", "bool | None": True}
 
 

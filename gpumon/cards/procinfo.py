@@ -28,6 +28,7 @@ from gpumon.cards.procroot import RootProcess
 from gpumon.model import GpuSample, ProcessOwner, ProcessSample
 from gpumon.owners.containers import container_pid
 from gpumon.owners.reader import HostPaths, OwnerReader, container_label, on_mapped_card
+from gpumon.owners.slurm_gres import on_allocated_card
 from gpumon.sanitize import printable
 
 # A command line that changes without the process name changing is noticed within this long.
@@ -139,15 +140,19 @@ class ProcessEnricher:
         self.owners = owners or OwnerReader(paths)
         self._procfs = procfs or str(self.owners.paths.procfs)
 
-    def enrich_gpus(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
-        """Every card's processes, each pid read once; forgets pids no card lists any more."""
+    def enrich_gpus(self, gpus: tuple[GpuSample, ...], allocations_wait_s: float = 0.0) -> tuple[GpuSample, ...]:
+        """Every card's processes, each pid read once; forgets pids no card lists any more. A card
+        this node's Slurm gave a job is that job's (`allocations_wait_s`: how long a first answer
+        from Slurm is waited for)."""
         pids = {p.pid for gpu in gpus for p in gpu.processes}
         readings = {pid: self._read(pid) for pid in pids}
         self.forget_missing(pids)
+        allocated = self.owners.card_allocations(gpus, allocations_wait_s)
         return tuple(
-            dataclasses.replace(gpu, processes=_on_card(tuple(_apply(p, readings[p.pid]) for p in gpu.processes),
-                                                         self.owners.card_jobs(gpu.index, gpu.uuid)))
-            if gpu.processes else gpu
+            on_allocated_card(dataclasses.replace(
+                gpu, processes=_on_card(tuple(_apply(p, readings[p.pid]) for p in gpu.processes),
+                                        self.owners.card_jobs(gpu.index, gpu.uuid)))
+                if gpu.processes else gpu, allocated.get(gpu.index))
             for gpu in gpus
         )
 

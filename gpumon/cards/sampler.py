@@ -199,14 +199,16 @@ class Sampler:
     def subscribe(self, callback: Subscriber) -> None:
         self._subscribers.append(callback)
 
-    def collect(self, wait_s: float | None = None) -> Snapshot:
+    def collect(self, wait_s: float | None = None, allocations_wait_s: float = 0.0) -> Snapshot:
         """One blocking pass: read the backend and enrich processes. Runs in the worker thread.
-        Slow cards are waited for up to `wait_s` (default: half the interval)."""
+        Slow cards are waited for up to `wait_s` (default: half the interval); a first answer from
+        Slurm of the cards it has given jobs, up to `allocations_wait_s` (later ones come in the
+        background)."""
         assert self.backend is not None, "open() the sampler first"
         snapshot = self.backend.sample_within(card_wait(self.interval) if wait_s is None else wait_s)
         if self.enricher is None:
             return snapshot
-        return dataclasses.replace(snapshot, gpus=self.enricher.enrich_gpus(snapshot.gpus))
+        return dataclasses.replace(snapshot, gpus=self.enricher.enrich_gpus(snapshot.gpus, allocations_wait_s))
 
     def _publish(self, snapshot: Snapshot) -> None:
         for callback in self._subscribers:
@@ -275,5 +277,6 @@ class Sampler:
 
 def sample_once(backend: Backend, wait_s: float = ONCE_WAIT_S, owners: HostPaths = HostPaths()) -> Snapshot:
     """A single enriched snapshot, for `gpumon snapshot` and scripts; cards that have not answered
-    within `wait_s` are reported as they stand ("stale"); `owners`: as Sampler's."""
-    return Sampler(backend, owners=owners).collect(wait_s=wait_s)
+    within `wait_s` are reported as they stand ("stale"); `owners`: as Sampler's. On a Slurm node
+    the cards Slurm has given jobs are waited for too (ONCE_WAIT_S at most): one look is all it gets."""
+    return Sampler(backend, owners=owners).collect(wait_s=wait_s, allocations_wait_s=ONCE_WAIT_S)

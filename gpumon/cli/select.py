@@ -27,7 +27,7 @@ from gpumon.errors import EXIT_ALERT, EXIT_OK, UsageError
 from gpumon.jobs.child_gpumon import child_argv
 from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing
 from gpumon.jobs.pinning import named_cards, vendor_env
-from gpumon.jobs.placement import Choice, TooFewFree, choose, outside_allocation
+from gpumon.jobs.placement import Choice, TooFewFree, allocated_elsewhere, choose, outside_allocation
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     sharing = LaunchSharing(settings.sharing, lambda line: print(f"gpumon: {line}", file=sys.stderr))
 
     outside = outside_allocation(snapshot, os.environ)  # inside a Slurm job or a container: its cards
+    outside.update(allocated_elsewhere(snapshot, os.environ))  # on a Slurm node: not its other jobs' cards
 
     def best(taken: CardsTaken) -> Choice:
         return choose(snapshot, args.count, topo, min_free=args.min_free, max_util=args.max_util,

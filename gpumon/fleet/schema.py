@@ -58,7 +58,7 @@ def fields_by_type(cls: type, apart: frozenset[str], *types: str) -> tuple[tuple
 # Read one by one in _gpu, but for the last three: never sent (model._gpu_to_dict leaves them out).
 GPU_APART = frozenset({"index", "uuid", "name", "pci_bus_id", "owner", "state", "processes", "throttle_reasons",
                        "fabric", "mig_mode", "asleep", "vendor", "counters", "health", "error", "mig_devices",
-                       "vendor_index"})
+                       "vendor_index", "minor_number", "allocated_to"})
 COUNTER_APART = frozenset({"recovery_action", "energy_source", "clock_event_s"})  # read one by one in _counters
 _INT, _FLOAT, _TEXT, _FLAG = "int | None", "float | None", "str | None", "bool | None"
 _INT_FIELDS, _FLOAT_FIELDS, _TEXT_FIELDS = fields_by_type(GpuSample, GPU_APART, _INT, _FLOAT, _TEXT)

@@ -34,7 +34,14 @@ from gpumon.jobs.claims_and_queue import CardsTaken, LaunchSharing, notes_for, q
 from gpumon.jobs.container_command import OtherCards, check_cards, locate
 from gpumon.jobs.limits import card_limits  # noqa: F401 - the TUI's dialogs read the defaults here
 from gpumon.jobs.naming import command_line_name, program_name
-from gpumon.jobs.placement import auto_count, busy_note, never_met, outside_allocation, resolve_spec
+from gpumon.jobs.placement import (
+    allocated_elsewhere,
+    auto_count,
+    busy_note,
+    never_met,
+    outside_allocation,
+    resolve_spec,
+)
 from gpumon.model import GpuSample, Snapshot, Topology
 from gpumon.owners.reader import HostPaths
 from gpumon.sharing.folder import SharingSettings
@@ -85,9 +92,12 @@ def prepare(request: LaunchRequest, snapshot: Snapshot, topo: Topology | None, b
     taken = taken or CardsTaken()
     # Inside a Slurm job or a container: auto and the queue choose among the cards it grants.
     outside = outside_allocation(snapshot, os.environ)
-    if request.wait and (never := never_met(request.gpu_spec, snapshot, request.min_free, outside)):
+    # On a Slurm node: not the cards Slurm has given its other jobs.
+    allocated = allocated_elsewhere(snapshot, os.environ)
+    if request.wait and (never := never_met(request.gpu_spec, snapshot, request.min_free, outside, allocated)):
         raise UsageError(f"cannot queue: {never}; it would wait for good, and every queued job behind it too")
-    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None, {**outside, **taken.skip},
+    gpus = resolve_spec(request.gpu_spec, snapshot, topo, free_min, free_util, None,
+                        {**outside, **allocated, **taken.skip},
                         taken.mine) if not (request.wait and request.gpu_spec.startswith("auto")) else []
     limit = None
     if request.mem_limit:
@@ -274,6 +284,9 @@ def launch(request: LaunchRequest, backend: Backend, backend_args: dict[str, Any
                 if why := outside_allocation(snapshot, os.environ).get(gpu.ref or ""):
                     print(f"gpumon: GPU {gpu.index} is {why}: the job may not be able to open it; starting there "
                           "as asked", file=sys.stderr)
+                if why := allocated_elsewhere(snapshot, os.environ).get(gpu.ref or ""):
+                    print(f"gpumon: GPU {gpu.index} is {why}; starting there as asked (the card is shared)",
+                          file=sys.stderr)
             for gpu in chosen:
                 if note := busy_note(gpu):
                     print(f"gpumon: {note}; starting there as asked", file=sys.stderr)

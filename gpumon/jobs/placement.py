@@ -342,21 +342,43 @@ def outside_allocation(snapshot: Snapshot, env: Mapping[str, str]) -> dict[str, 
             if g.ref and g.index not in indices and vendor(g.vendor).cuda}
 
 
+def own_slurm_job(env: Mapping[str, str]) -> set[str]:
+    """The ids that name the Slurm job this environment runs in (JOBID, an array task's
+    ARRAYJOB_TASK too); empty outside Slurm."""
+    ids = {env.get("SLURM_JOB_ID", "")}
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    if array and task:
+        ids.add(f"{array}_{task}")
+    return ids - {""}
+
+
+def allocated_elsewhere(snapshot: Snapshot, env: Mapping[str, str]) -> dict[str, str]:
+    """Cards this node's Slurm has given to jobs other than the one this environment runs in (ref
+    -> why, in words), as placement's `taken`: a job's card is its own, however idle it looks."""
+    ours = own_slurm_job(env)
+    return {g.ref: f"allocated by Slurm to job {printable(job.id)}" + (f" ({printable(job.user)})" if job.user else "")
+            for g in snapshot.gpus if g.ref and (job := g.allocated_to) is not None and job.id not in ours}
+
+
 def never_met(spec: str, snapshot: Snapshot, min_free: str | None = None,
-              outside: Collection[str] = ()) -> str | None:
+              outside: Collection[str] = (), allocated: Mapping[str, str] | None = None) -> str | None:
     """Why no state of this host's cards could ever meet a queued request, or None: more cards
-    than it has healthy (within its allocation: `outside` are the cards it does not grant), or more
-    free memory than a card has. A queue must not wait for it."""
+    than it has healthy (within its allocation: `outside` are the cards it does not grant; and
+    besides those Slurm has given its jobs, `allocated`: Slurm keeps giving them to its own), or
+    more free memory than a card has. A queue must not wait for it."""
     count = auto_count(spec)
+    allocated = allocated or {}
     if count is None:
         named = resolve_spec(spec, snapshot)
     else:
         first = snapshot.gpus[0].vendor if snapshot.gpus else DEFAULT_VENDOR
         named = [g for g in snapshot.gpus if g.vendor == first and g.state == "ok" and g.ref not in outside
+                 and g.ref not in allocated
                  and not (g.health is not None and g.health.verdict == "fail") and not (g.mig_mode and count > 1)]
         if count > len(named):
             others = [g for g in snapshot.gpus if g not in named]
-            why = "; ".join(f"GPU {g.index}: {free_enough(g) or 'another vendor'}" for g in others[:3])
+            why = "; ".join(f"GPU {g.index}: {allocated.get(g.ref or '') or free_enough(g) or 'another vendor'}"
+                            for g in others[:3])
             where = "this allocation grants" if any(g.ref in outside for g in snapshot.gpus) else "this host has"
             return (f"--gpu {spec} asks for {count} cards; {where} {len(named)} that could run it"
                     + (f" ({why})" if why else ""))

@@ -6,7 +6,8 @@ the background has come, `unsettled`): its cgroup paths
 (owners/cgroups.py) say which job, pod, container or unit it runs in, and the host's own records
 (owners/records.py) give names to the ids. Where no Slurm cgroup exists (proctrack/linuxproc),
 the job is the one `SLURM_JOB_ID` in the process's environment names. A card that a scheduler's prolog mapped to jobs
-(`[owners] job_map_dir`) gives its processes that job when their cgroups name none.
+(`[owners] job_map_dir`) gives its processes that job when their cgroups name none. A card this
+node's Slurm has given a job (its GRES, owners/slurm_gres.py) is that job's, processes or not.
 
 Where the host's records are is configurable, as node_exporter's `--path.procfs` is: gpumon in a
 container sees the host's /proc, /var/log/pods and engine state wherever they are mounted.
@@ -14,10 +15,11 @@ container sees the host's /proc, /var/log/pods and engine state wherever they ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumon.model import ProcessOwner
+from gpumon.model import GpuSample, ProcessOwner
 from gpumon.owners.cgroups import parse_cgroup
 from gpumon.owners.engines import ROOTLESS_NERDCTL, home_of, image_container, nerdctl_name, watching_ancestor
 from gpumon.owners.records import (
@@ -29,6 +31,7 @@ from gpumon.owners.records import (
     slurm_from_environment,
     slurm_job_id,
 )
+from gpumon.owners.slurm_gres import SlurmGres
 
 SHORT_ID = 12  # a container's id as its engine shows it
 
@@ -55,6 +58,7 @@ class OwnerReader:
         self.containers = ContainerNames(self.paths.docker_dir, self.paths.podman_dir)
         self.job_map = JobMap(self.paths.job_map_dir) if self.paths.job_map_dir is not None else None
         self.arrays = SlurmArrays()
+        self.slurm_gres = SlurmGres()
 
     def read(self, pid: int, user: str | None) -> ProcessOwner:
         """The owner of a live process whose user is `user` (None: not known)."""
@@ -119,6 +123,11 @@ class OwnerReader:
     def card_jobs(self, index: int, uuid: str | None) -> str | None:
         """The jobs a scheduler mapped this card to, if it keeps such a map."""
         return self.job_map.jobs(index, uuid) if self.job_map is not None else None
+
+    def card_allocations(self, gpus: Sequence[GpuSample], wait_s: float = 0.0) -> dict[int, ProcessOwner]:
+        """NVML index -> the Slurm job this node's Slurm gave the card to (`wait_s`: how long a
+        first answer is waited for; later ones come in the background)."""
+        return self.slurm_gres.allocations(gpus, wait_s)
 
 
 def on_mapped_card(owner: ProcessOwner | None, jobs: str) -> ProcessOwner:

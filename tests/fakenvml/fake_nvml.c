@@ -14,6 +14,7 @@
  *   topo_default 50                    # common-ancestor level for unlisted pairs
  *   gpu name="NVIDIA H100" uuid=GPU-... bus=00000000:17:00.0 mem_total=N
  *       mem_used=N util=40 mem_util=20 temp=30..90 ...   (one line, see gpu_set)
+ *       minor=N                        # its /dev/nvidiaN (default: its index)
  *   proc gpu=0 pid=1234 mem=N type=compute sm=40
  *   link 0 1 10                        # nvmlDeviceGetTopologyCommonAncestor level
  *   nvlink 0 1 4                       # four active NVLinks between cards 0 and 1
@@ -129,6 +130,7 @@ struct gpu {
     unsigned long long cpus[CPU_WORDS];
     int has_cpus;
     int numa;
+    int minor; /* its /dev/nvidiaN; < 0: its index */
     double lost_after; /* < 0: never */
     int handle_error;
     fail_t fails[MAX_FAILS];
@@ -351,6 +353,7 @@ static void gpu_set(struct gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "pci_device_id")) g->pci_device_id = strtoul(v, NULL, 0);
     else if (!strcmp(k, "cpus")) { parse_cpus(v, g->cpus); g->has_cpus = 1; }
     else if (!strcmp(k, "numa")) g->numa = atoi(v);
+    else if (!strcmp(k, "minor")) g->minor = atoi(v);
     else if (!strcmp(k, "lost_after")) g->lost_after = atof(v);
     else if (!strcmp(k, "handle_error")) g->handle_error = atoi(v);
     else if (!strcmp(k, "unsupported")) parse_fails(g, v, E_NOT_SUPPORTED);
@@ -390,6 +393,7 @@ static void gpu_defaults(struct gpu *g, int index) {
     g->mem_total.lo = g->mem_total.hi = 16.0 * (1 << 30);
     g->power_limit_mw.lo = g->power_limit_mw.hi = 300000;
     g->numa = -1;
+    g->minor = -1;
     g->lost_after = -1;
     g->back_after = -1;
     g->remap_pending_after = -1;
@@ -732,7 +736,7 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
 
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
     ENTER(dev, "minor");
-    *minor = dev->index;
+    *minor = dev->minor >= 0 ? dev->minor : dev->index;
     LEAVE(OK);
 }
 

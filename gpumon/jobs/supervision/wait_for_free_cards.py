@@ -7,8 +7,9 @@ import os
 
 from gpumon.errors import GpumonError
 from gpumon.jobs.claims_and_queue import CardsTaken, SupervisorSharing
-from gpumon.jobs.placement import free_enough, outside_allocation, resolve_spec
+from gpumon.jobs.placement import allocated_elsewhere, free_enough, outside_allocation, resolve_spec
 from gpumon.model import Snapshot, Topology
+from gpumon.owners.slurm_gres import SlurmGres, with_allocations
 
 FREE_SAMPLES_IN_A_ROW = 3
 
@@ -19,13 +20,16 @@ class FreeCardsWait:
         self.gpu_spec, self.topo, self.min_free, self.max_util = gpu_spec, topo, min_free, max_util
         self.sharing = sharing  # says what the job waits for (`gpumon queue`, J)
         self.streak: tuple[tuple[str, ...], int] = ((), 0)
+        self.slurm = SlurmGres()  # on a Slurm node: the cards it has given its jobs
 
     def pick(self, taken: CardsTaken, snapshot: Snapshot):
         """The cards, on the queue's turn (`taken`: cards claimed by others, and the user's own
         reserved ones), once free FREE_SAMPLES_IN_A_ROW samples in a row; else None."""
         # Auto chooses within the launcher's allocation (a card named by hand waits for that card).
         outside = outside_allocation(snapshot, os.environ) if self.gpu_spec.strip().startswith("auto") else {}
-        skip = {**outside, **taken.skip}
+        # Never a card Slurm has given another job, auto or named (a queued job waits for it).
+        allocated = allocated_elsewhere(with_allocations(snapshot, self.slurm, SlurmGres.TIMEOUT_S), os.environ)
+        skip = {**outside, **allocated, **taken.skip}
         try:
             gpus = resolve_spec(self.gpu_spec, snapshot, self.topo, self.min_free, self.max_util, None,
                                 skip, taken.mine)

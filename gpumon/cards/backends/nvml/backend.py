@@ -214,7 +214,8 @@ class NvmlBackend(PerCardBackend):
 
     def _identity(self, card: Card, **values: Any) -> GpuSample:
         return GpuSample(index=card.index, uuid=card.uuid, name=card.name, pci_bus_id=card.pci_bus_id,
-                         numa_node=card.numa_node, cpu_affinity=card.cpu_affinity, mig_mode=card.mig_mode,
+                         minor_number=card.minor_number, numa_node=card.numa_node,
+                         cpu_affinity=card.cpu_affinity, mig_mode=card.mig_mode,
                          fabric=card.fabric, compute_mode=card.compute_mode, **values)
 
     # -- the driver going away and coming back --

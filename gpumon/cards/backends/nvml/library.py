@@ -133,6 +133,7 @@ class Card:
         self.uuid: str | None = None
         self.name = "?"
         self.pci_bus_id: str | None = None
+        self.minor_number: int | None = None  # its /dev/nvidiaN
         self.numa_node: int | None = None
         self.cpu_affinity: str | None = None
         self.skip: set[str] = set()

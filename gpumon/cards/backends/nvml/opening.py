@@ -32,6 +32,7 @@ def open_card(card: Card) -> None:
         card.uuid = decode(pynvml.nvmlDeviceGetUUID(card.handle))
         card.name = decode(pynvml.nvmlDeviceGetName(card.handle))
         card.pci_bus_id = decode(pynvml.nvmlDeviceGetPciInfo_v3(card.handle).busId)
+        card.minor_number = card.read("minor", pynvml.nvmlDeviceGetMinorNumber)
         card.cpu_affinity = _cpu_affinity(card)
         card.numa_node = _numa_node(card)
         read_slow_state(card)
