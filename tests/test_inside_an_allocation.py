@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import test_claims
+from fakedrm import RX7900, RX7900_HWMON
 from test_claims import free_cards, jobs
 
 stop_jobs = test_claims.stop_jobs
@@ -49,3 +50,18 @@ def test_auto_select_and_the_queue_stay_inside_the_allocation(fake_driver, stop_
             "to open it; starting there as asked") in named.stderr
     doc = json.loads(fake_driver.run("jobs", "--json").stdout)
     assert sorted(i for job in doc for i in job["gpu_indices"]) == [2, 3]
+
+
+def test_an_amd_allocation_is_read_from_rocr_visible_devices(fake_kernel):
+    """A Slurm job on AMD cards: Slurm sets ROCR_VISIBLE_DEVICES (ROCm's numbers) for its GRES."""
+    for i in range(3):
+        fake_kernel.sys.amd(address=f"0000:0{3 + i}:00.0", files=RX7900, hwmon=RX7900_HWMON, number=i)
+    allocation = {**fake_kernel.env, "ROCR_VISIBLE_DEVICES": "1", "SLURM_JOB_ID": "77"}
+    outside = fake_kernel.run("select", "--count", "3")
+    assert outside.returncode == 0, outside.stderr
+    every = outside.stdout.strip().split(",")
+    inside = fake_kernel.run("select", "--verbose", env=allocation)
+    assert inside.returncode == 0, inside.stderr
+    assert "GPU 0 skipped: outside this allocation (Slurm job 77: ROCR_VISIBLE_DEVICES=1)" in inside.stderr
+    assert inside.stdout.strip() in every
+    assert fake_kernel.run("select", "--count", "2", env=allocation).returncode == 1, "it grants one card"

@@ -84,18 +84,25 @@ def cuda_ordinals(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> dict[int
 ALLOCATION_MARKS = ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "NVIDIA_VISIBLE_DEVICES")
 
 
-def granted(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> tuple[set[int], str] | None:
-    """The NVML indices of the cards an allocation grants this environment (a Slurm job's
-    CUDA_VISIBLE_DEVICES, a container's), and the allocation in words; None where there is none.
+def granted(gpus: Sequence[GpuSample], env: Mapping[str, str]) -> tuple[set[int], set[int], str] | None:
+    """The indices of the cards an allocation grants this environment (a Slurm job's
+    CUDA_VISIBLE_DEVICES, a container's; on AMD cards a Slurm job's ROCR_VISIBLE_DEVICES), those of
+    the cards its variable speaks of (CUDA's or AMD's), and the allocation in words; None where there is none.
     A CUDA_VISIBLE_DEVICES of the user's own (an earlier `select --export` in this shell) is no
     allocation: only one beside Slurm's or the container toolkit's variables is. An entry whose card
     only CUDA's own order could tell (integers, mixed models) grants nothing here: gpumon does not guess."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
     marks = [m for m in ALLOCATION_MARKS if env.get(m)]
-    if visible is None or not marks:
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    if (visible is None and rocr is None) or not marks:
         return None
-    ordinals = cuda_ordinals(gpus, env) or {}
     job = env.get("SLURM_JOB_ID")
     who = f"Slurm job {job}" if job else marks[0]
+    if visible is None and rocr is not None:  # AMD's: ROCm's own numbers or its UUIDs, of AMD cards
+        amd = [g for g in gpus if g.vendor == "amd"]
+        named = {g.index for token in (t.strip() for t in rocr.split(",")) for g in amd
+                 if token == g.uuid or (token.isascii() and token.isdigit() and g.vendor_index == int(token))}
+        return named, {g.index for g in amd}, f"{who}: ROCR_VISIBLE_DEVICES={rocr}"
+    ordinals = cuda_ordinals(gpus, env) or {}
     return ({index for index, ordinal in ordinals.items() if ordinal.isdigit()},
-            f"{who}: CUDA_VISIBLE_DEVICES={visible}")
+            {g.index for g in gpus if vendor(g.vendor).cuda}, f"{who}: CUDA_VISIBLE_DEVICES={visible}")

@@ -337,9 +337,9 @@ def outside_allocation(snapshot: Snapshot, env: Mapping[str, str]) -> dict[str, 
     given = granted(snapshot.gpus, env)
     if given is None:
         return {}
-    indices, words = given
+    indices, spoken_of, words = given
     return {g.ref: f"outside this allocation ({printable(words)})" for g in snapshot.gpus
-            if g.ref and g.index not in indices and vendor(g.vendor).cuda}
+            if g.ref and g.index in spoken_of and g.index not in indices}
 
 
 def own_slurm_job(env: Mapping[str, str]) -> set[str]:
