@@ -306,3 +306,38 @@ def test_r_with_a_container_command_pins_it_and_a_request_for_all_cards_stays_in
         backend.close()
     env = inside_env(open(job["log"]).read())
     assert env["CUDA_VISIBLE_DEVICES"] == uuids[0] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[0]
+
+
+def test_failover_stops_the_container_and_starts_a_new_one_on_the_new_card(fake_driver, podman_lab, monkeypatch):
+    uuids = cards(fake_driver, 2)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "0", "--failover", "1", "--", *podman_lab.words, "run", "--rm", IMAGE,
+                 "sleep", "120")
+    assert result.returncode == 0, result.stderr
+    first = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), what="the first container")
+    fake_driver.machine.cards[0].extra["lost_after"] = 0
+    fake_driver.write()
+
+    def moved():
+        (job,) = jobs(fake_driver)
+        running = podman_lab("ps", "-q", "--no-trunc")
+        return job if len(job["attempts"]) == 2 and job["state"] == "running" and running and running != first \
+            else None
+
+    job = wait_for(moved, what="the job on its new card, in a new container")
+    assert job["gpu_indices"] == [1] and job["attempts"][0]["moved_because"] == "GPU 0 is lost"
+    second = podman_lab("ps", "-q", "--no-trunc")
+    env = podman_lab("inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", second).splitlines()
+    assert f"CUDA_VISIBLE_DEVICES={uuids[1]}" in env and f"NVIDIA_VISIBLE_DEVICES={uuids[1]}" in env
+    assert first not in podman_lab("ps", "-a", "-q", "--no-trunc"), "the first container was stopped (and removed)"
+
+
+def test_a_detached_container_that_could_not_be_made_ends_its_job_at_once(fake_driver, podman_lab, monkeypatch):
+    cards(fake_driver, 1)
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    started = time.monotonic()
+    result = run(fake_driver, "--gpu", "0", "--", *podman_lab.words, "run", "-d", "localhost/no-such-image", "true")
+    assert result.returncode in (0, 1), result.stderr
+    job = ended(fake_driver)
+    assert job["state"] == "exited" and job["exit_code"] != 0
+    assert time.monotonic() - started < 8, "no waiting for a container that was never made"

@@ -69,7 +69,7 @@ class ContainerFollow:
             if not _ID.fullmatch(text):
                 return
             self.id, self._since = text, time.monotonic()
-        if self.monitor is None and not self.ended:
+        if self.monitor is None and not self.ended and self.problem is None:
             self.monitor = _monitor_of(self.id)
             if self.monitor is not None:
                 write_atomic(self.dir / RECORD, json.dumps({
@@ -100,15 +100,16 @@ class ContainerFollow:
             return []
 
     def running(self) -> bool:
-        """Whether a detached container still runs (an attached one ends with its command)."""
+        """Whether a detached container still runs (an attached one ends with its command); asked
+        once the command has ended."""
         if not self.detached or self.ended:
             return False
         self._find()
+        # Asked once the command has ended: an engine writes the id before `run -d` returns, so
+        # none now means no container was made (a missing image, a bad option).
         if self.waiter is not None:
             if self.waiter.poll() is None:
                 return True
-        elif self.id is None and time.monotonic() - self._since < FIND_WITHIN_S:
-            return True  # its id is not written yet
         elif self.monitor is not None and _running(self.monitor):
             return True
         self.ended = True
