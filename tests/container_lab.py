@@ -38,7 +38,8 @@ def _unusable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _rootfs(path: Path) -> Path:
+def busybox_rootfs(path: Path) -> Path:
+    """A rootfs tarball of busybox-static and its applets' links, for `podman/docker import`."""
     if not Path("/bin/busybox").exists():
         _unusable("busybox-static is not installed")
     with tarfile.open(path, "w") as tar:
@@ -47,6 +48,7 @@ def _rootfs(path: Path) -> Path:
             link = tarfile.TarInfo(f"bin/{name}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link, io.BytesIO())
+    os.chmod(path, 0o644)  # a rootless user imports it too
     return path
 
 
@@ -101,7 +103,7 @@ def podman_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     engine = Engine("podman", ["podman", "--root", str(base / "storage"), "--runroot", str(runroot),
                                "--storage-driver", "vfs"], {"CONTAINERS_CONF": str(conf)})
     cgroups_before = _cgroups("libpod_parent")
-    engine("import", str(_rootfs(base / "rootfs.tar")), IMAGE)
+    engine("import", str(busybox_rootfs(base / "rootfs.tar")), IMAGE)
     try:
         yield engine
     finally:
@@ -142,7 +144,7 @@ def docker_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 _unusable("dockerd did not start: " + (base / "dockerd.log").read_text()[-500:])
             time.sleep(0.2)
-        engine("import", str(_rootfs(base / "rootfs.tar")), IMAGE)
+        engine("import", str(busybox_rootfs(base / "rootfs.tar")), IMAGE)
         yield engine
     finally:
         subprocess.run([*engine.words, "rm", "-f", *engine("ps", "-aq", check=False).split()], capture_output=True)

@@ -18,7 +18,7 @@ import pytest
 import test_claims_users
 import test_owners_rootless
 from conftest import GIB, Card, require_tool
-from container_lab import IMAGE, _rootfs
+from container_lab import IMAGE, busybox_rootfs
 
 rootless_user = test_owners_rootless.rootless_user
 pytestmark = pytest.mark.xdist_group("containers")
@@ -41,7 +41,7 @@ def test_a_rootless_podman_job_is_pinned_followed_and_limited(rootless_user, fak
     conf = user.home / "containers.conf"
     conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\nnetns = "none"\n'
                     '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "none"\n')
-    image = _rootfs(user.home / "rootfs.tar")
+    image = busybox_rootfs(user.home / "rootfs.tar")
     place = Path(tempfile.mkdtemp(prefix="gpumon-claims-"))
     os.chmod(place, 0o1777)
     for path in (lib, config, conf, image):

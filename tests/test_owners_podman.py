@@ -4,16 +4,15 @@ container, by the name Podman gave it, read from `<root>/vfs-containers/containe
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import IN_CI, require_tool
+from container_lab import busybox_rootfs
 
 from gpumon.owners.reader import HostPaths, OwnerReader
 
@@ -33,13 +32,7 @@ def test_a_podman_container_on_vfs_storage_has_its_name(tmp_path):
     runroot = Path(tempfile.mkdtemp(prefix="gpumon-podman-"))  # Podman wants a runroot under 50 characters
     base = [podman, "--root", str(root), "--runroot", str(runroot), "--storage-driver", "vfs",
             "--cgroup-manager", "cgroupfs", "--runtime", "runc", "--events-backend", "none"]
-    image = tmp_path / "rootfs.tar"
-    with tarfile.open(image, "w") as tar:
-        tar.add("/bin/busybox", arcname="bin/busybox")
-        for name in ("sh", "sleep"):
-            link = tarfile.TarInfo(f"bin/{name}")
-            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(link, io.BytesIO())
+    image = busybox_rootfs(tmp_path / "rootfs.tar")
 
     def run(*args: str) -> str:
         done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)

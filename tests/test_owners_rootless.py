@@ -6,37 +6,25 @@ CUDA_VISIBLE_DEVICES names). A rootless Docker container is known the same way, 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pwd
 import secrets
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from conftest import IN_CI, Card, add_suite_user, end_users_processes, require_tool
+from container_lab import busybox_rootfs
 
 from gpumon.owners.containers import container_pid
 from gpumon.owners.reader import OwnerReader
 
 NAME = "gpumon-rootless-box"
 UUID = "GPU-0000c0de-aaaa-bbbb-cccc-0000000000{}"
-
-
-def _busybox_image(path: Path) -> Path:
-    with tarfile.open(path, "w") as tar:
-        tar.add("/bin/busybox", arcname="bin/busybox")
-        for name in ("sh", "sleep"):
-            link = tarfile.TarInfo(f"bin/{name}")
-            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(link, io.BytesIO())
-    os.chmod(path, 0o644)
-    return path
 
 
 def _append(path: str, line: str) -> None:
@@ -122,7 +110,7 @@ def test_a_rootless_podman_container_is_named_and_its_inside_pid_shown(rootless_
     fake_driver.machine.cards = [Card(uuid=uuid)]
     fake_driver.machine.scan_env = True
     fake_driver.write()
-    image = _busybox_image(user.home / "rootfs.tar")
+    image = busybox_rootfs(user.home / "rootfs.tar")
     os.chown(image, user.uid, user.uid)
     user.podman("import", str(image), "localhost/gpumon-busybox")
     try:
