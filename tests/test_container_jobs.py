@@ -22,6 +22,7 @@ import psutil
 import pytest
 from conftest import GIB, Card
 from container_lab import IMAGE
+from test_jobs import wait_for
 
 podman_lab, docker_lab, cdi_spec = container_lab.podman_lab, container_lab.docker_lab, container_lab.cdi_spec
 
@@ -51,18 +52,9 @@ def jobs(fake_driver) -> list[dict]:
     return json.loads(fake_driver.run("jobs", "--json").stdout)
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def ended(fake_driver) -> dict:
     return wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] not in ("running", "queued")), None),
-                    what="the job's end")
+                    timeout=60, what="the job's end")
 
 
 def inside_env(log: str) -> dict[str, str]:
@@ -139,8 +131,8 @@ def test_the_watchdog_follows_the_containers_processes(fake_driver, podman_lab, 
     result = run(fake_driver, "--gpu", "1", "--mem-limit", "512M", "--", *podman_lab.words, "run", "--rm", IMAGE,
                  "sleep", "120")
     assert result.returncode == 0, result.stderr
-    job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None), timeout=60,
-                   what="the watchdog to stop the container")
+    job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
+                   timeout=60, what="the watchdog to stop the container")
     assert job["reason"] == "memory limit exceeded on GPU 1: 1.0 GiB > 512 MiB"
     assert job["peak_gpu_memory"] == GIB
     assert podman_lab("ps", "-q") == "", "the container was stopped with its job"
@@ -155,7 +147,7 @@ def test_a_detached_container_keeps_its_job_and_its_card_until_it_ends(fake_driv
     assert result.returncode == 0, result.stderr
     (job,) = jobs(fake_driver)
     mine = job["gpu_indices"][0]
-    cid = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), what="the container")
+    cid = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), timeout=60, what="the container")
     time.sleep(1.0)  # `podman run -d` has long returned
     (job,) = jobs(fake_driver)
     assert job["state"] == "running", job
@@ -166,11 +158,11 @@ def test_a_detached_container_keeps_its_job_and_its_card_until_it_ends(fake_driv
     # Stopping the job stops the container, through its engine.
     stopped = fake_driver.run("jobs", "--stop", job["id"])
     assert stopped.returncode == 0, stopped.stderr
-    wait_for(lambda: podman_lab("ps", "-q") == "", what="the container to stop")
+    wait_for(lambda: podman_lab("ps", "-q") == "", timeout=60, what="the container to stop")
     wait_for(lambda: podman_lab("inspect", "-f", "{{.State.Status}}", cid.split()[0]) == "exited",
-             what="the container to be stopped, not killed by signal")
+             timeout=60, what="the container to be stopped, not killed by signal")
     done = wait_for(lambda: next((j for j in jobs(fake_driver) if j["id"] == job["id"]
-                                  and j["state"] != "running"), None), what="the job's end")
+                                  and j["state"] != "running"), None), timeout=60, what="the job's end")
     assert done["state"] == "killed"
 
 
@@ -193,7 +185,7 @@ def test_a_docker_job_is_pinned_with_gpus_device_and_followed(fake_driver, docke
     assert f'container (docker): gpumon added --gpus "device={uuids[2]}"' in result.stdout
     assert "--cpuset-cpus 0" in result.stdout
     job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
-                   what="the watchdog to stop the container")
+                   timeout=60, what="the watchdog to stop the container")
     assert job["reason"] == "memory limit exceeded on GPU 2: 1.0 GiB > 512 MiB"
     env = inside_env(open(job["log"]).read())
     assert env["NVIDIA_VISIBLE_DEVICES"] == uuids[2] and env["CUDA_VISIBLE_DEVICES"] == uuids[2]
@@ -255,7 +247,7 @@ def test_apptainer_and_enroot_get_the_pin_their_way(fake_driver, tmp_path, monke
     result = run(fake_driver, "--gpu", "1", "--mem-limit", "512M", "--", *words, "sh", "-c", "env; sleep 120")
     assert result.returncode == 0, result.stderr
     job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
-                   what="the watchdog to stop the container's process")
+                   timeout=60, what="the watchdog to stop the container's process")
     assert job["reason"].startswith("memory limit exceeded on GPU 1: ")  # the stand-in and the command: 2 GiB
     env = inside_env(open(job["log"]).read())
     assert env["CUDA_VISIBLE_DEVICES"] == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
@@ -314,7 +306,7 @@ def test_failover_stops_the_container_and_starts_a_new_one_on_the_new_card(fake_
     result = run(fake_driver, "--gpu", "0", "--failover", "1", "--", *podman_lab.words, "run", "--rm", IMAGE,
                  "sleep", "120")
     assert result.returncode == 0, result.stderr
-    first = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), what="the first container")
+    first = wait_for(lambda: podman_lab("ps", "-q", "--no-trunc"), timeout=60, what="the first container")
     fake_driver.machine.cards[0].extra["lost_after"] = 0
     fake_driver.write()
 
@@ -324,7 +316,7 @@ def test_failover_stops_the_container_and_starts_a_new_one_on_the_new_card(fake_
         return job if len(job["attempts"]) == 2 and job["state"] == "running" and running and running != first \
             else None
 
-    job = wait_for(moved, what="the job on its new card, in a new container")
+    job = wait_for(moved, timeout=60, what="the job on its new card, in a new container")
     assert job["gpu_indices"] == [1] and job["attempts"][0]["moved_because"] == "GPU 0 is lost"
     second = podman_lab("ps", "-q", "--no-trunc")
     env = podman_lab("inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", second).splitlines()

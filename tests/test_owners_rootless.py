@@ -13,12 +13,12 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from conftest import IN_CI, Card, add_suite_user, end_users_processes, require_tool
 from container_lab import busybox_rootfs
+from test_jobs import wait_for
 
 from gpumon.owners.containers import container_pid
 from gpumon.owners.reader import OwnerReader
@@ -87,16 +87,6 @@ def rootless_user():
         subprocess.run(["userdel", name], capture_output=True)
 
 
-def _wait_for(condition, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_rootless_podman_container_is_named_and_its_inside_pid_shown(rootless_user, fake_driver, tmp_path):
     require_tool("podman")
     require_tool("runc")
@@ -133,7 +123,7 @@ def test_a_rootless_podman_container_is_named_and_its_inside_pid_shown(rootless_
             doc = json.loads(fake_driver.run("snapshot", "--json").stdout)
             return next((p for p in doc["gpus"][0]["processes"] if p["pid"] == pid), None)
 
-        process = _wait_for(listed, "the container's process on its card")
+        process = wait_for(listed, timeout=30, what="the container's process on its card")
         assert process["container_pid"] == 1
         assert (process["owner"]["engine"], process["owner"]["name"]) == ("podman", NAME)
     finally:
