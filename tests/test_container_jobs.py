@@ -38,8 +38,8 @@ def cards(fake_driver, count: int = 3) -> list[str]:
     uuids = [f"GPU-{i}{i}{i}{i}c0de-{token}-1111-2222-33334444555{i}" for i in range(count)]
     fake_driver.machine.scan_env = True
     fake_driver.machine.scan_env_ignore = CLIENTS
-    fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-40GB", uuid=u, mem_total=40 * GIB, extra={"cpus": "0"})
-                                 for u in uuids]
+    fake_driver.machine.cards = [Card("NVIDIA A100-SXM4-40GB", uuid=u, mem_total=40 * GIB,
+                                      extra={"cpus": "0", "numa": 0}) for u in uuids]
     fake_driver.write()
     return uuids
 
@@ -180,15 +180,17 @@ def test_a_detached_container_that_ends_ends_its_job_with_its_status(fake_driver
 def test_a_docker_job_is_pinned_with_gpus_device_and_followed(fake_driver, docker_lab):
     uuids = cards(fake_driver)
     result = run(fake_driver, "--gpu", "2", "--mem-limit", "512M", "--", *docker_lab.words, "run", "--rm", IMAGE,
-                 "sh", "-c", "env; sleep 120")
+                 "sh", "-c", "env; grep _allowed_list /proc/self/status; sleep 120")
     assert result.returncode == 0, result.stderr
     assert f'container (docker): gpumon added --gpus "device={uuids[2]}"' in result.stdout
-    assert "--cpuset-cpus 0" in result.stdout
+    assert "--cpuset-cpus 0; --cpuset-mems 0" in result.stdout
     job = wait_for(lambda: next((j for j in jobs(fake_driver) if j["state"] == "killed"), None),
                    timeout=60, what="the watchdog to stop the container")
     assert job["reason"] == "memory limit exceeded on GPU 2: 1.0 GiB > 512 MiB"
-    env = inside_env(open(job["log"]).read())
+    log = open(job["log"]).read()
+    env = inside_env(log)
     assert env["NVIDIA_VISIBLE_DEVICES"] == uuids[2] and env["CUDA_VISIBLE_DEVICES"] == uuids[2]
+    assert "Cpus_allowed_list:\t0" in log and "Mems_allowed_list:\t0" in log
     assert docker_lab("ps", "-q") == ""
 
 
@@ -333,3 +335,16 @@ def test_a_detached_container_that_could_not_be_made_ends_its_job_at_once(fake_d
     job = ended(fake_driver)
     assert job["state"] == "exited" and job["exit_code"] != 0
     assert time.monotonic() - started < 8, "no waiting for a container that was never made"
+
+
+def test_a_numa_node_this_machine_cannot_use_is_not_asked_of_the_engine(fake_driver, podman_lab, monkeypatch):
+    """A container asked for another node's memory would not start at all."""
+    cards(fake_driver, 1)
+    fake_driver.machine.cards[0].extra["numa"] = 7
+    fake_driver.write()
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--gpu", "0", "--", *podman_lab.words, "run", "--rm", IMAGE, "true")
+    assert result.returncode == 0, result.stderr
+    assert "--cpuset-cpus 0" in result.stdout and "--cpuset-mems" not in result.stdout
+    job = ended(fake_driver)
+    assert (job["state"], job["exit_code"]) == ("exited", 0)

@@ -12,7 +12,8 @@ the container's own command, whose `--gpus` is a training script's, not the engi
   `--gpus "device=<UUID>,..."` (the toolkit's hook); Podman without one: only
   `NVIDIA_VISIBLE_DEVICES`, which the toolkit's legacy OCI hook reads.
 - Always `-e` the pin (CUDA_VISIBLE_DEVICES by UUID, NVIDIA_VISIBLE_DEVICES, GPUMON_JOB_ID) and the
-  memory-limit variables, `--cpuset-cpus` for the cards' CPUs where a daemon starts the container
+  memory-limit variables, `--cpuset-cpus` and `--cpuset-mems` for the cards' CPUs and NUMA memory
+  where a daemon starts the container
   (rootless Podman's conmon inherits the job's affinity instead: it has no cgroup to set), and
   `--cidfile` so the supervisor can follow the container (jobs/container_processes.py).
 - Apptainer/Singularity: `--nv` and the variables as `APPTAINERENV_…`/`SINGULARITYENV_…` (set in
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpumon.jobs.container_command import CDI_KIND, ContainerCommand
-from gpumon.units import format_cpu_list
+from gpumon.units import format_cpu_list, parse_cpu_list
 
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 _MAX_SPEC = 4 << 20  # a CDI spec larger than this is not read
@@ -89,7 +90,7 @@ def _spec_names(text: str, is_json: bool) -> set[str]:
 
 
 def additions(container: ContainerCommand, refs: Sequence[str], variables: dict[str, str],
-              cpus: Sequence[int] | None, cidfile: Path, keep_request: bool = False,
+              cpus: Sequence[int] | None, cidfile: Path, keep_request: bool = False, mems: Sequence[int] = (),
               cdi: set[str] | None = None) -> Added:
     """What to add after the subcommand. `variables`: what the job's own environment gets (the pin,
     the limit's variables), to pass inside; `keep_request`: the command's own GPU request stays (it
@@ -120,15 +121,31 @@ def additions(container: ContainerCommand, refs: Sequence[str], variables: dict[
     for key, value in inside.items():
         added.words += ["-e", f"{key}={value}"]
     added.shown.append("-e " + " ".join(_shown(inside)))
-    if cpus and not (family == "podman" and _rootless()) and not _has(container, "--cpuset-cpus"):
+    cgroup = not (family == "podman" and _rootless())
+    if cpus and cgroup and not _has(container, "--cpuset-cpus"):
         added.words += ["--cpuset-cpus", format_cpu_list(cpus)]
         added.shown.append(f"--cpuset-cpus {format_cpu_list(cpus)}")
+    if mems and cgroup and not _has(container, "--cpuset-mems"):
+        added.words += ["--cpuset-mems", format_cpu_list(mems)]
+        added.shown.append(f"--cpuset-mems {format_cpu_list(mems)}")
     if _has(container, "--cidfile"):
         added.cidfile = container.values("--cidfile")[0]
     else:
         added.words += ["--cidfile", str(cidfile)]
         added.cidfile = str(cidfile)
     return added
+
+
+def usable_nodes(nodes: Iterable[int | None], status: Path = Path("/proc/self/status")) -> list[int]:
+    """The cards' NUMA nodes that this process may allocate memory on (a container asked for
+    another node's memory would not start)."""
+    try:
+        allowed = next((line.split(":", 1)[1] for line in status.read_text().splitlines()
+                        if line.startswith("Mems_allowed_list:")), "")
+    except OSError:
+        return []
+    mine = set(parse_cpu_list(allowed.strip())) if allowed.strip() else set()
+    return sorted({n for n in nodes if n is not None and n >= 0 and n in mine})
 
 
 def _shown(variables: dict[str, str]) -> list[str]:

@@ -42,7 +42,7 @@ from gpumon.jobs.attempts import RECORD as ATTEMPTS_RECORD
 from gpumon.jobs.attempts import Attempt, attempts_json, banner
 from gpumon.jobs.claims_and_queue import SupervisorSharing
 from gpumon.jobs.container_command import asked_cards, check_cards, locate
-from gpumon.jobs.container_pin import additions
+from gpumon.jobs.container_pin import additions, usable_nodes
 from gpumon.jobs.container_processes import ContainerFollow
 from gpumon.jobs.files import WAITING_RECORD, take_environment
 from gpumon.jobs.limits import by_index, card_limits, job_memory, limit_environment, limits_for, over_limit, unwatched
@@ -249,7 +249,8 @@ class Supervisor:
                                                dict(os.environ))
             env_added.update(extra)
         number = len(self.attempts) + 1
-        command, container = self._container_command(pinning, env_added, number)
+        command, container = self._container_command(pinning, env_added, number,
+                                                      [g.numa_node for g in gpus] if self.spec.numa else [])
         if container is not None:  # the hooks that read a host path do not reach inside
             applied = [a for a in applied if a != "pytorch"]
         self.spec = dataclasses.replace(
@@ -312,7 +313,8 @@ class Supervisor:
         else:
             mark_log(self.dir / "output.log", line)
 
-    def _container_command(self, pinning, env_added: dict[str, str], number: int) -> tuple[list[str], dict | None]:
+    def _container_command(self, pinning, env_added: dict[str, str], number: int,
+                           nodes: list[int | None]) -> tuple[list[str], dict | None]:
         """The command to run, with the pin added where it starts a container (jobs/container_command.py),
         and what was added, for the record."""
         located = locate(self.spec.command)
@@ -321,7 +323,7 @@ class Supervisor:
         found = located.container
         warning = check_cards(found, list(pinning.uuids), list(pinning.indices), as_typed=True)
         added = additions(found, list(pinning.uuids), env_added, pinning.cpus, self.dir / f"container-{number}.id",
-                          keep_request=asked_cards(found) is not None)
+                          keep_request=asked_cards(found) is not None, mems=usable_nodes(nodes))
         env_added.update(added.env)
         if warning:
             self._tell(warning)
