@@ -348,3 +348,15 @@ def test_a_numa_node_this_machine_cannot_use_is_not_asked_of_the_engine(fake_dri
     assert "--cpuset-cpus 0" in result.stdout and "--cpuset-mems" not in result.stdout
     job = ended(fake_driver)
     assert (job["state"], job["exit_code"]) == ("exited", 0)
+
+
+def test_a_container_on_another_hosts_engine_is_said_to_be_unwatched(fake_driver, docker_lab):
+    """`docker -H tcp://…`: its processes run on that host; the limit is not pretended to apply."""
+    cards(fake_driver, 1)
+    result = run(fake_driver, "--gpu", "0", "--mem-limit", "8G", "--", "docker", "-H", "tcp://127.0.0.1:9", "run",
+                 "--rm", IMAGE, "true")
+    assert result.returncode == 0, result.stderr
+    job = ended(fake_driver)
+    log = open(job["log"]).read()
+    assert ("gpumon: the docker container runs on another host's engine (-H tcp://127.0.0.1:9): gpumon cannot see "
+            "its processes there: its memory limit, peak and energy are not watched") in log

@@ -107,9 +107,10 @@ def find_container(command: Sequence[str]) -> ContainerCommand | None:
         if value is None and option in _GLOBAL_VALUES[family] and i + 1 < len(words):
             value = words[i + 1]
             i += 1
-        remote = remote or option in ("--remote", "-r", "--url", "--connection") and family == "podman" \
-            or option in ("-H", "--host", "--context", "-c") and family == "docker" and not (value or "").startswith(
-                "unix://")
+        if family == "podman" and option in ("--remote", "-r", "--url", "--connection"):
+            remote = True
+        elif family in ("docker", "nerdctl") and option in ("-H", "--host"):
+            remote = not _local_address(value or "")
         i += 1
     if i < len(words) and words[i] == "container" and family in DAEMON_ENGINES:
         i += 1
@@ -121,8 +122,16 @@ def find_container(command: Sequence[str]) -> ContainerCommand | None:
         o in ("-d", "--detach") and v in (None, "true") or (o.startswith("-") and not o.startswith("--")
                                                              and "d" in o[1:] and set(o[1:]) <= _SHORT_FLAGS)
         for o, v in options)
-    return ContainerCommand(engine, at, tuple(words[start:at]), tuple(options), detached,
-                            remote or bool(os.environ.get("CONTAINER_HOST") and family == "podman"))
+    if family == "podman" and os.environ.get("CONTAINER_HOST"):
+        remote = True
+    elif family == "docker" and not any(o in ("-H", "--host") for o in words[start:at]):
+        remote = not _local_address(os.environ.get("DOCKER_HOST", ""))
+    return ContainerCommand(engine, at, tuple(words[start:at]), tuple(options), detached, remote)
+
+
+def _local_address(address: str) -> bool:
+    """Whether an engine's address is on this machine: a unix socket (or none: the default one)."""
+    return not address or address.startswith(("unix://", "/"))
 
 
 def _options(family: str, words: list[str]) -> list[tuple[str, str | None]]:

@@ -48,7 +48,7 @@ class ContainerFollow:
     """One attempt's container, from the id its engine writes to `cidfile`."""
 
     def __init__(self, engine: str, engine_words: list[str], cidfile: Path, detached: bool,
-                 env: dict[str, str], directory: Path, tell: Callable[[str], None]) -> None:
+                 env: dict[str, str], directory: Path, tell: Callable[[str], None], remote: bool = False) -> None:
         """`env`: the job's (the engine's `wait` and `stop` must reach the same engine); `tell`:
         says a line to the user (why the container cannot be followed)."""
         self.engine, self.engine_words, self.cidfile, self.detached = engine, engine_words, cidfile, detached
@@ -59,6 +59,9 @@ class ContainerFollow:
         self.problem: str | None = None  # why it cannot be followed, once known
         self._since = time.monotonic()
         self.ended = False
+        if remote:  # its processes run on the engine's host, not here
+            self._problem(f"the {engine} container runs on another host's engine ({' '.join(engine_words[1:])}): "
+                          "gpumon cannot see its processes there: its memory limit, peak and energy are not watched")
 
     def _find(self) -> None:
         if self.id is None:

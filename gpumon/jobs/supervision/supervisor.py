@@ -281,7 +281,7 @@ class Supervisor:
         if container is not None and container.get("cidfile"):
             self.container = ContainerFollow(container["engine"], container["engine_words"],
                                              Path(self.spec.cwd, container["cidfile"]), container["detached"],
-                                             inherited | env_added, self.dir, self._tell)
+                                             inherited | env_added, self.dir, self._tell, container["remote"])
         child = self.tree.root
         self._write("process.json", {"pid": child.pid, "started": child.create_time(), "booted": since_boot(child)})
         self.attempts.append(Attempt(number, list(pinning.uuids), list(pinning.indices), child.pid, started))
@@ -329,6 +329,7 @@ class Supervisor:
             self._tell(warning)
         return located.apply(self.spec.command, added.words), {
             "engine": found.engine, "engine_words": list(found.engine_words), "detached": found.detached,
+            "remote": found.remote,
             "cidfile": added.cidfile, "summary": added.summary(found.engine), "warning": warning}
 
     def _spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen:
