@@ -24,6 +24,8 @@ from conftest import GIB, Card
 from container_lab import IMAGE
 from test_jobs import wait_for
 
+from gpumon.jobs import records
+
 podman_lab, docker_lab, cdi_spec = container_lab.podman_lab, container_lab.docker_lab, container_lab.cdi_spec
 
 pytestmark = pytest.mark.xdist_group("containers")  # one dockerd and one Podman store, not one per worker
@@ -93,8 +95,8 @@ def test_a_typed_command_line_with_a_container_is_pinned_too(fake_driver, podman
     line = f"cd / && {podman_lab.shell()} run --rm {IMAGE} env | grep VISIBLE"
     result = run(fake_driver, "--gpu", "2", "--", "/bin/sh", "-c", line)
     assert result.returncode == 0, result.stderr
-    assert "container (podman): gpumon added no CDI spec names the card: only NVIDIA_VISIBLE_DEVICES" \
-        in result.stdout
+    assert "container (podman): gpumon added -e CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES" in result.stdout
+    assert "(no CDI spec names the card: the NVIDIA toolkit's hook reads NVIDIA_VISIBLE_DEVICES)" in result.stdout
     job = ended(fake_driver)
     env = inside_env(open(job["log"]).read())
     assert env == {"CUDA_VISIBLE_DEVICES": uuids[2], "NVIDIA_VISIBLE_DEVICES": uuids[2]}
@@ -143,7 +145,9 @@ def test_the_watchdog_follows_the_containers_processes(fake_driver, podman_lab, 
 def test_a_detached_container_keeps_its_job_and_its_card_until_it_ends(fake_driver, podman_lab, monkeypatch):
     cards(fake_driver, 2)
     monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
-    result = run(fake_driver, "--gpu", "auto", "--", *podman_lab.words, "run", "-d", IMAGE, "sleep", "120")
+    name = f"trainer-{secrets.token_hex(2)}"
+    result = run(fake_driver, "--gpu", "auto", "--", *podman_lab.words, "run", "-d", "--name", name, IMAGE,
+                 "sleep", "120")
     assert result.returncode == 0, result.stderr
     (job,) = jobs(fake_driver)
     mine = job["gpu_indices"][0]
@@ -151,6 +155,13 @@ def test_a_detached_container_keeps_its_job_and_its_card_until_it_ends(fake_driv
     time.sleep(1.0)  # `podman run -d` has long returned
     (job,) = jobs(fake_driver)
     assert job["state"] == "running", job
+    # On its card: the container's process, named as Podman named it (its storage is not the
+    # default one: conmon's argv says the name), its pid inside beside the host's, and the job's.
+    inside = int(podman_lab("inspect", "-f", "{{.State.Pid}}", name))
+    doc = json.loads(fake_driver.run("snapshot", "--json").stdout)
+    (listed,) = [p for p in doc["gpus"][mine]["processes"] if p["pid"] == inside]
+    assert (listed["owner"]["engine"], listed["owner"]["name"], listed["container_pid"]) == ("podman", name, 1)
+    assert inside in {p.pid for p in records.list_jobs()[0].processes()}, "the views mark it as the job's"
     # Its claim is held: the next auto placement is given the other card.
     other = run(fake_driver, "--gpu", "auto", "--", "sleep", "60")
     assert other.returncode == 0, other.stderr

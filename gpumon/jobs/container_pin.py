@@ -46,9 +46,10 @@ class Added:
     env: dict[str, str] = field(default_factory=dict)
     shown: list[str] = field(default_factory=list)
     cidfile: str | None = None
+    note: str = ""  # what the additions leave to the engine's set-up
 
     def summary(self, engine: str) -> str:
-        return f"container ({engine}): gpumon added " + "; ".join(self.shown)
+        return f"container ({engine}): gpumon added " + "; ".join(self.shown) + (f" ({self.note})" if self.note else "")
 
 
 def cdi_names(dirs: Iterable[Path] = CDI_DIRS) -> set[str]:
@@ -117,7 +118,7 @@ def additions(container: ContainerCommand, refs: Sequence[str], variables: dict[
             added.words += ["--gpus", '"device=' + ",".join(refs) + '"']
             added.shown.append('--gpus "device=' + ",".join(refs) + '"')
         else:
-            added.shown.append("no CDI spec names the card: only NVIDIA_VISIBLE_DEVICES (the toolkit's hook)")
+            added.note = "no CDI spec names the card: the NVIDIA toolkit's hook reads NVIDIA_VISIBLE_DEVICES"
     for key, value in inside.items():
         added.words += ["-e", f"{key}={value}"]
     added.shown.append("-e " + " ".join(_shown(inside)))

@@ -75,10 +75,13 @@ class OwnerReader:
             return ProcessOwner("k8s", facts.pod_uid, self.pods.name(facts.pod_uid, facts.container_id), user)
         if facts.container_id is not None and facts.engine is not None:
             name = self.containers.name(facts.engine, facts.container_id)
-            if name is None:  # a rootless engine's (systemd gave it a scope under its user's slice)
+            if name is None:  # a rootless engine's (systemd gave it a scope under its user's slice), or
+                # an engine of its own storage (`podman --root DIR`): its conmon's argv has the name
                 watcher = watching_ancestor(self.paths.procfs, pid)
                 home = home_of(watcher.uid) if watcher is not None else None
                 name = self.containers.name(facts.engine, facts.container_id, home) if home else None
+                if name is None and watcher is not None and watcher.id == facts.container_id:
+                    name = watcher.name
             return ProcessOwner("container", facts.container_id[:SHORT_ID], name, user, facts.engine)
         # Without Slurm's cgroup plugins (proctrack/linuxproc) the job is in the environment only.
         named = slurm_from_environment(environment)
