@@ -118,9 +118,14 @@ class ContainerFollow:
         self.ended = True
         return False
 
-    def exit_code(self) -> int | None:
-        """The detached container's exit status, as `ENGINE wait` printed it."""
-        if self.waiter is None or self.waiter.poll() is None or self.waiter.stdout is None:
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """The detached container's exit status, as `ENGINE wait` printed it (waiting up to
+        `wait_s` for it: a container just stopped is still being reaped by its engine)."""
+        if self.waiter is None or self.waiter.stdout is None:
+            return None
+        try:
+            self.waiter.wait(wait_s)
+        except subprocess.TimeoutExpired:
             return None
         words = self.waiter.stdout.read().split()
         return int(words[-1]) if words and words[-1].lstrip(b"-").isdigit() else None

@@ -262,7 +262,7 @@ def load_job(directory: Path) -> Job | None:
     elif alive(job.supervisor_pid, job.supervisor_started, job.supervisor_booted):
         # Waiting for a card, or the command just ended and the supervisor is recording it.
         job.state, job.supervised = ("queued" if job.pid is None else "running"), True
-        if job.pid is not None:
+        if job.pid is not None and not (spec.container or {}).get("detached"):  # `run -d`: its container runs
             job.reason = RECORD_PENDING
         if job.pid is None and job.attempts and job.attempts[-1].moved_because:  # --failover: between cards
             job.reason = f"waiting for free cards to move to, after {job.attempts[-1].moved_because}"

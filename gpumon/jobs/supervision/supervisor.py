@@ -388,7 +388,7 @@ class Supervisor:
                 break
         code = self._reap()
         if self.container is not None:
-            if self.container.detached and (ended := self.container.exit_code()) is not None:
+            if self.container.detached and (ended := self.container.exit_code(GRACE_S)) is not None:
                 code = ended  # the container's own end, not `run -d`'s
             self.container.close()
         if (last := self._sample(backend)) is not None:
