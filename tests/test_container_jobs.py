@@ -373,3 +373,16 @@ def test_a_container_on_another_hosts_engine_is_said_to_be_unwatched(fake_driver
     log = open(job["log"]).read()
     assert ("gpumon: the docker container runs on another host's engine (-H tcp://127.0.0.1:9): gpumon cannot see "
             "its processes there: its memory limit, peak and energy are not watched") in log
+
+
+def test_a_queued_container_job_is_pinned_to_the_card_it_gets(fake_driver, podman_lab, monkeypatch):
+    uuids = cards(fake_driver, 2)
+    fake_driver.machine.cards[0].extra["util"] = 90  # busy: the queue gives the job card 1
+    fake_driver.write()
+    monkeypatch.setenv("CONTAINERS_CONF", podman_lab.env["CONTAINERS_CONF"])
+    result = run(fake_driver, "--wait", "--gpu", "auto", "--", *podman_lab.words, "run", "--rm", IMAGE, "env")
+    assert result.returncode == 0, result.stderr
+    job = ended(fake_driver)
+    assert job["gpu_indices"] == [1] and job["exit_code"] == 0, job
+    env = inside_env(open(job["log"]).read())
+    assert env["CUDA_VISIBLE_DEVICES"] == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
