@@ -164,11 +164,12 @@ def docker_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 @pytest.fixture
 def cdi_spec(tmp_path: Path):
-    """cdi_spec(uuids) writes /etc/cdi/gpumon-test-*.json naming each card by UUID and index, each
-    a device node the test made (`mknod c 195 N`); removed after the test."""
+    """cdi_spec(uuids, names) writes /etc/cdi/gpumon-test-*.json naming each card by UUID and/or
+    index (`nvidia-ctk cdi generate`'s strategies), each a device node the test made (`mknod c 195
+    N`); removed after the test."""
     made: list[Path] = []
 
-    def write(uuids: list[str]) -> Path:
+    def write(uuids: list[str], names: tuple[str, ...] = ("uuid", "index")) -> Path:
         devices = []
         for i, uuid in enumerate(uuids):
             node = tmp_path / f"nvidia{i}"
@@ -176,7 +177,7 @@ def cdi_spec(tmp_path: Path):
                 os.mknod(node, 0o666 | 0o020000, os.makedev(195, i))
             edits = {"deviceNodes": [{"path": f"/dev/nvidia{i}", "hostPath": str(node)}],
                      "env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}
-            devices += [{"name": uuid, "containerEdits": edits}, {"name": str(i), "containerEdits": edits}]
+            devices += [{"name": uuid if by == "uuid" else str(i), "containerEdits": edits} for by in names]
         Path("/etc/cdi").mkdir(exist_ok=True)
         spec = Path("/etc/cdi") / f"gpumon-test-{os.getpid()}-{tmp_path.name}.json"
         spec.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,

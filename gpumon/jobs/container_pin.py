@@ -90,8 +90,24 @@ def _spec_names(text: str, is_json: bool) -> set[str]:
     return set(_YAML_NAME.findall(text)) if kind and kind.group(1) == CDI_KIND else set()
 
 
+def cdi_device_names(refs: Sequence[str], indices: Sequence[int], names: set[str]) -> list[str]:
+    """The CDI names of the job's cards, [] unless a spec names every one: its UUID where the spec
+    has it (`nvidia-ctk cdi generate --device-name-strategy=uuid`), else a whole card's NVML index
+    (the default strategy's names; a MIG slice's index would be its card's, so never for those)."""
+    out = []
+    for ref, index in zip(refs, indices):
+        if ref in names:
+            out.append(ref)
+        elif ref.startswith("GPU-") and str(index) in names:
+            out.append(str(index))
+        else:
+            return []
+    return out
+
+
 def additions(container: ContainerCommand, refs: Sequence[str], variables: dict[str, str],
               cpus: Sequence[int] | None, cidfile: Path, keep_request: bool = False, mems: Sequence[int] = (),
+              indices: Sequence[int] = (),
               cdi: set[str] | None = None) -> Added:
     """What to add after the subcommand. `variables`: what the job's own environment gets (the pin,
     the limit's variables), to pass inside; `keep_request`: the command's own GPU request stays (it
@@ -109,11 +125,13 @@ def additions(container: ContainerCommand, refs: Sequence[str], variables: dict[
                      shown=["--env " + " ".join(_shown(inside))])
     added = Added()
     if not keep_request:
-        names = cdi if cdi is not None else cdi_names()
-        if family in ("podman", "nerdctl") and refs and all(r in names for r in refs):
-            for ref in refs:
-                added.words += ["--device", f"{CDI_KIND}={ref}"]
-            added.shown.append(f"--device {CDI_KIND}=" + ",".join(refs) + " (CDI)")
+        named = cdi_device_names(refs, indices, cdi if cdi is not None else cdi_names())
+        if family in ("podman", "nerdctl") and named:
+            for name in named:
+                added.words += ["--device", f"{CDI_KIND}={name}"]
+            added.shown.append(f"--device {CDI_KIND}=" + ",".join(named) + " (CDI)")
+            if "NVIDIA_VISIBLE_DEVICES" not in variables:  # the spec sets it (nvidia-ctk's: `void`, for the hook)
+                inside.pop("NVIDIA_VISIBLE_DEVICES")
         elif family in ("docker", "nerdctl"):
             added.words += ["--gpus", '"device=' + ",".join(refs) + '"']
             added.shown.append('--gpus "device=' + ",".join(refs) + '"')

@@ -323,7 +323,8 @@ class Supervisor:
         found = located.container
         warning = check_cards(found, list(pinning.uuids), list(pinning.indices), as_typed=True)
         added = additions(found, list(pinning.uuids), env_added, pinning.cpus, self.dir / f"container-{number}.id",
-                          keep_request=asked_cards(found) is not None, mems=usable_nodes(nodes))
+                          keep_request=asked_cards(found) is not None, mems=usable_nodes(nodes),
+                          indices=list(pinning.indices))
         env_added.update(added.env)
         if warning:
             self._tell(warning)
