@@ -52,15 +52,15 @@ def busybox_rootfs(path: Path) -> Path:
     return path
 
 
-def _cgroups(name: str) -> set[Path]:
+def engine_cgroups(name: str) -> set[Path]:
     """The engine's parent cgroup (`docker`, `libpod_parent`) in each hierarchy that has it."""
     root = Path("/sys/fs/cgroup")
     return {p for p in [root / name, *root.glob(f"*/{name}")] if p.is_dir()}
 
 
-def _remove_new_cgroups(name: str, before: set[Path]) -> None:
+def remove_new_cgroups(name: str, before: set[Path]) -> None:
     """The engine's parent cgroups this lab made, once empty (one in use stays: rmdir refuses it)."""
-    for top in _cgroups(name) - before:
+    for top in engine_cgroups(name) - before:
         for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
             try:
                 path.rmdir()
@@ -102,13 +102,13 @@ def podman_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
                     '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "none"\n')
     engine = Engine("podman", ["podman", "--root", str(base / "storage"), "--runroot", str(runroot),
                                "--storage-driver", "vfs"], {"CONTAINERS_CONF": str(conf)})
-    cgroups_before = _cgroups("libpod_parent")
+    cgroups_before = engine_cgroups("libpod_parent")
     engine("import", str(busybox_rootfs(base / "rootfs.tar")), IMAGE)
     try:
         yield engine
     finally:
         engine("rm", "-a", "-f", "-t", "0", check=False)
-        _remove_new_cgroups("libpod_parent", cgroups_before)
+        remove_new_cgroups("libpod_parent", cgroups_before)
         engine("rmi", "-a", "-f", check=False)
         subprocess.run(["umount", "-R", str(runroot)], capture_output=True)
         shutil.rmtree(runroot, ignore_errors=True)
@@ -130,7 +130,7 @@ def docker_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     hook.write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
     hook.chmod(0o755)
     socket = base / "docker.sock"
-    cgroups_before = _cgroups("docker")
+    cgroups_before = engine_cgroups("docker")
     log = open(base / "dockerd.log", "wb")
     daemon = subprocess.Popen(
         [str(dockerd), "--iptables=false", "--ip6tables=false", "--bridge=none", "-H", f"unix://{socket}",
@@ -155,7 +155,7 @@ def docker_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
             daemon.kill()
             daemon.wait()
         log.close()
-        _remove_new_cgroups("docker", cgroups_before)
+        remove_new_cgroups("docker", cgroups_before)
         for mount in sorted((line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                              if line.split()[1].startswith(str(base))), reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, require_tool
-from container_lab import busybox_rootfs
+from container_lab import busybox_rootfs, engine_cgroups, remove_new_cgroups
 
 from gpumon.owners.reader import HostPaths, OwnerReader
 
 NAME = "gpumon-vfs-box"
+pytestmark = pytest.mark.xdist_group("containers")  # beside the other Podman tests: their cgroups are removed
 
 
 def test_a_podman_container_on_vfs_storage_has_its_name(tmp_path):
@@ -33,6 +34,7 @@ def test_a_podman_container_on_vfs_storage_has_its_name(tmp_path):
     base = [podman, "--root", str(root), "--runroot", str(runroot), "--storage-driver", "vfs",
             "--cgroup-manager", "cgroupfs", "--runtime", "runc", "--events-backend", "none"]
     image = busybox_rootfs(tmp_path / "rootfs.tar")
+    cgroups_before = engine_cgroups("libpod_parent")
 
     def run(*args: str) -> str:
         done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
@@ -54,3 +56,4 @@ def test_a_podman_container_on_vfs_storage_has_its_name(tmp_path):
         subprocess.run([*base, "rm", "-f", "-t", "0", NAME], capture_output=True, timeout=60)
         subprocess.run([*base, "rmi", "-f", "localhost/gpumon-busybox"], capture_output=True, timeout=60)
         shutil.rmtree(runroot, ignore_errors=True)
+        remove_new_cgroups("libpod_parent", cgroups_before)

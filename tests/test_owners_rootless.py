@@ -24,6 +24,7 @@ from gpumon.owners.containers import container_pid
 from gpumon.owners.reader import OwnerReader
 
 NAME = "gpumon-rootless-box"
+pytestmark = pytest.mark.xdist_group("containers")  # one Podman test at a time, as the others
 UUID = "GPU-0000c0de-aaaa-bbbb-cccc-0000000000{}"
 
 
