@@ -392,3 +392,30 @@ def test_a_queued_container_job_is_pinned_to_the_card_it_gets(fake_driver, podma
     assert job["gpu_indices"] == [1] and job["exit_code"] == 0, job
     env = inside_env(open(job["log"]).read())
     assert env["CUDA_VISIBLE_DEVICES"] == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
+
+
+def test_a_container_job_launched_on_another_host_is_pinned_there(ssh_lab, podman_lab):
+    """`run --host`: that host's gpumon pins the container (its own summary comes back)."""
+    host = ssh_lab.host("c")
+    token = secrets.token_hex(2)
+    uuids = [f"GPU-{i}{i}{i}{i}5511-{token}-1111-2222-33334444555{i}" for i in range(2)]
+    host.machine.cards = [Card(uuid=u, mem_total=40 * GIB) for u in uuids]
+    host.machine.scan_env = True
+    host.machine.scan_env_ignore = CLIENTS
+    host.write()
+    # No CONTAINERS_CONF over ssh: its settings as the engine's options (../shared/REAL-MANAGERS.md).
+    launched = ssh_lab.gpumon("run", "--host", "c", "--gpu", "1", "--", *podman_lab.words, "--runtime", "runc",
+                              "--cgroup-manager", "cgroupfs", "--events-backend", "none", "run", "--rm",
+                              "--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                              IMAGE, "env")
+    assert launched.returncode == 0, launched.stderr
+    assert "container (podman): gpumon added" in launched.stdout
+
+    def done():
+        listed = json.loads(ssh_lab.gpumon("jobs", "--hosts", "c", "--json").stdout or "[]")
+        return next((j for j in listed if j["state"] in DONE), None)
+
+    job = wait_for(done, timeout=60, what="the job there to end")
+    log = open(job["log"]).read()
+    env = inside_env(log)
+    assert env.get("CUDA_VISIBLE_DEVICES") == uuids[1] and env["NVIDIA_VISIBLE_DEVICES"] == uuids[1], (job, log)
