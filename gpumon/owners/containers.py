@@ -27,18 +27,22 @@ def container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return None
 
 
-def container_pid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
-    """The process's pid inside its own PID namespace (the last of /proc/PID/status's `NSpid:`
-    fields), where that is another namespace than the reader's; else None."""
+def status_fields(pid: int, key: str, proc_root: Path = Path("/proc")) -> list[str] | None:
+    """The fields of one line of /proc/PID/status (`NSpid:`, `Uid:`), without its key; None when
+    the process or the line is not there."""
     try:
         text = (proc_root / str(pid) / "status").read_text(errors="replace")
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("NSpid:"):
-            fields = line.split()[1:]
-            return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else None
-    return None
+    prefix = key + ":"
+    return next((line.split()[1:] for line in text.splitlines() if line.startswith(prefix)), None)
+
+
+def container_pid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
+    """The process's pid inside its own PID namespace (the last of /proc/PID/status's `NSpid:`
+    fields), where that is another namespace than the reader's; else None."""
+    fields = status_fields(pid, "NSpid", proc_root) or []
+    return int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else None
 
 
 def running_in_container() -> bool:

@@ -24,6 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpumon.owners.containers import status_fields
 from gpumon.sanitize import printable
 
 MAX_DEPTH = 32  # ancestors looked at, at most (a container's init is its watcher's child)
@@ -78,15 +79,8 @@ def _argv(procfs: Path, pid: int) -> list[str]:
 
 
 def _real_uid(procfs: Path, pid: int) -> int | None:
-    try:
-        text = (procfs / str(pid) / "status").read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
+    fields = status_fields(pid, "Uid", procfs) or []
+    return int(fields[0]) if fields and fields[0].isdigit() else None
 
 
 def _options(argv: list[str], names: dict[str, str]) -> dict[str, str]:
