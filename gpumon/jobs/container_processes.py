@@ -28,6 +28,7 @@ from gpumon.sanitize import printable
 RECORD = "container.json"
 _ID = re.compile(r"[0-9a-f]{64}")
 _MONITORS = ("conmon", "containerd-shim")  # process names (comm) of the engines' monitors
+LOOK_EVERY_S = 1.0  # the supervisor asks every 50 ms whether a detached container still runs
 FIND_WITHIN_S = 10.0  # a container not found this long after its id was written is not followed
 
 
@@ -58,6 +59,7 @@ class ContainerFollow:
         self.waiter: subprocess.Popen | None = None
         self.problem: str | None = None  # why it cannot be followed, once known
         self._since = time.monotonic()
+        self._looked = 0.0  # when the monitor was last looked for (a pass over every process)
         self.ended = False
         if remote:  # its processes run on the engine's host, not here
             self._problem(f"the {engine} container runs on another host's engine ({' '.join(engine_words[1:])}): "
@@ -72,7 +74,9 @@ class ContainerFollow:
             if not _ID.fullmatch(text):
                 return
             self.id, self._since = text, time.monotonic()
-        if self.monitor is None and not self.ended and self.problem is None:
+        if self.monitor is None and not self.ended and self.problem is None \
+                and time.monotonic() - self._looked >= LOOK_EVERY_S:
+            self._looked = time.monotonic()
             self.monitor = _monitor_of(self.id)
             if self.monitor is not None:
                 write_atomic(self.dir / RECORD, json.dumps({
